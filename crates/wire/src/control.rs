@@ -1,0 +1,401 @@
+//! The control channel between a client and an endpoint (TLS 1.3, mutually authenticated):
+//! hello, opening a sink or a source session, progress events, and the data-connection bind
+//! handshake that ties each data stream to an authenticated session.
+//!
+//! A session is created by the client, which picks a random session id and a random 32-byte
+//! data key and sends both over the authenticated control channel. Every data connection then
+//! proves knowledge of the key by answering a fresh challenge (HMAC-SHA256), so a connection
+//! cannot join a session without the control channel's authority, nor be replayed.
+
+use crate::checksum::{Algorithm, Digest};
+use crate::codec::{self, DecodeError, FrameHeader, MAX_MESSAGE_LEN};
+use crate::error::ErrorInfo;
+use hmac::{KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+
+/// Version of the control and data protocol; peers refuse other versions.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// First bytes of a clear-text data connection (control and private data connections start with
+/// a TLS ClientHello instead).
+pub const DATA_MAGIC: &[u8; 8] = b"HAULDAT1";
+
+pub const KIND_REQUEST: u8 = 0x40;
+pub const KIND_RESPONSE: u8 = 0x41;
+pub const KIND_CHALLENGE: u8 = 0x01;
+pub const KIND_BIND: u8 = 0x02;
+pub const KIND_BIND_RESULT: u8 = 0x03;
+
+/// Length limits of control-channel and bind frames.
+pub fn limits(kind: u8) -> Option<(u32, u32)> {
+    match kind {
+        KIND_REQUEST | KIND_RESPONSE => Some((1, MAX_MESSAGE_LEN)),
+        KIND_CHALLENGE | KIND_BIND | KIND_BIND_RESULT => Some((1, 4096)),
+        _ => None,
+    }
+}
+
+pub type SessionId = [u8; 16];
+pub type DataKey = [u8; 32];
+
+/// TCP buffer limits and congestion control of a host, exchanged so that each side can plan
+/// streams and buffers from both ends' limits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLimits {
+    /// `net.ipv4.tcp_rmem` maximum: the receive autotuning ceiling.
+    pub tcp_rmem_max: u64,
+    /// `net.ipv4.tcp_wmem` maximum: the send autotuning ceiling.
+    pub tcp_wmem_max: u64,
+    /// `net.core.rmem_max`: ceiling of an explicit SO_RCVBUF.
+    pub core_rmem_max: u64,
+    /// `net.core.wmem_max`: ceiling of an explicit SO_SNDBUF.
+    pub core_wmem_max: u64,
+    /// Congestion control modules the host can use.
+    pub congestion: Vec<String>,
+}
+
+/// Whether data streams are encrypted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Protect {
+    /// Authenticated at bind time, data in clear; integrity from block CRCs and file checksums.
+    Clear,
+    /// Every data stream is a TLS 1.3 connection.
+    Private,
+}
+
+/// Per-session choices, set by the client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionOptions {
+    pub checksums: Vec<Algorithm>,
+    pub block_size: u32,
+    pub protect: Protect,
+    /// Congestion control for the data sockets; `None` keeps the automatic choice.
+    pub congestion: Option<String>,
+    /// Fail if `congestion` cannot be set (explicit user choice) rather than falling back.
+    pub congestion_required: bool,
+    /// Aggregate rate cap in bits per second.
+    pub rate_bps: Option<u64>,
+    /// Explicit SO_SNDBUF/SO_RCVBUF for data sockets.
+    pub tcp_buffer: Option<u64>,
+    /// Number of data streams; `None` lets the opener plan it.
+    pub streams: Option<u32>,
+    pub resume: bool,
+    /// Files read ahead and in flight at once.
+    pub concurrency: u32,
+    /// fsync files before they are renamed into place.
+    pub fsync: bool,
+    pub stall_timeout_ms: u64,
+    /// Largest number of attempts for one file after failed verification.
+    pub file_attempts: u32,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        Self {
+            checksums: vec![Algorithm::Crc32c],
+            block_size: 1 << 20,
+            protect: Protect::Clear,
+            congestion: None,
+            congestion_required: false,
+            rate_bps: None,
+            tcp_buffer: None,
+            streams: None,
+            resume: false,
+            concurrency: 8,
+            fsync: true,
+            stall_timeout_ms: 60_000,
+            file_attempts: 3,
+        }
+    }
+}
+
+/// Where a source endpoint pushes its data in a third-party transfer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushTarget {
+    /// `host:port` of the destination endpoint.
+    pub addr: String,
+    /// Name to verify the destination's certificate against.
+    pub server_name: String,
+    pub session: SessionId,
+    pub key: DataKey,
+    pub peer_limits: HostLimits,
+}
+
+/// Client to endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    Hello {
+        version: u16,
+        agent: String,
+        limits: HostLimits,
+    },
+    /// Receive files under `dest` (cp semantics: into `dest` if it is a directory).
+    OpenSink {
+        session: SessionId,
+        key: DataKey,
+        dest: String,
+        options: SessionOptions,
+    },
+    /// Send `path` (a file, or a tree with `recursive`), optionally only `range` (offset,
+    /// length) of a file; push to `push` or wait for the client's data connections.
+    OpenSource {
+        session: SessionId,
+        key: DataKey,
+        path: String,
+        recursive: bool,
+        range: Option<(u64, u64)>,
+        options: SessionOptions,
+        push: Option<PushTarget>,
+    },
+    Stat {
+        path: String,
+    },
+    Cancel,
+}
+
+/// Entry information returned by `Stat`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryInfo {
+    pub is_dir: bool,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: crate::data::Timestamp,
+}
+
+/// What a session did, reported by an endpoint at its end.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSummary {
+    /// Payload bytes sent or received over the network.
+    pub bytes_moved: u64,
+    /// Bytes not sent because the destination already had them (resume).
+    pub bytes_skipped: u64,
+    pub files_done: u64,
+    pub files_failed: u64,
+    pub streams: u32,
+    /// Blocks sent again after a CRC failure or a lost stream.
+    pub blocks_resent: u64,
+    pub streams_lost: u32,
+    /// How streams and buffers were chosen.
+    pub plan: String,
+    /// Congestion control actually in use on the data sockets.
+    pub congestion: String,
+    pub tcp_retransmits: u64,
+}
+
+/// Endpoint to client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    Welcome {
+        version: u16,
+        agent: String,
+        /// Local identity the certificate subject is mapped to.
+        identity: String,
+        subject: String,
+        limits: HostLimits,
+    },
+    SinkReady {
+        /// The destination as resolved: a directory receiving entries, or a target name.
+        dest_is_dir: bool,
+    },
+    SourceReady {
+        files: u64,
+        bytes: u64,
+    },
+    Progress {
+        bytes: u64,
+        files: u64,
+    },
+    FileDone {
+        path: String,
+        bytes: u64,
+        digests: Vec<Digest>,
+    },
+    FileFailed {
+        path: String,
+        error: ErrorInfo,
+    },
+    Done(SessionSummary),
+    Stat(Option<EntryInfo>),
+    Error(ErrorInfo),
+}
+
+impl Request {
+    pub fn encode(&self) -> Vec<u8> {
+        codec::encode_message(KIND_REQUEST, self)
+    }
+}
+
+impl Response {
+    pub fn encode(&self) -> Vec<u8> {
+        codec::encode_message(KIND_RESPONSE, self)
+    }
+}
+
+/// Decodes a request body (frame kind must be [`KIND_REQUEST`]).
+pub fn decode_request(header: FrameHeader, body: &[u8]) -> Result<Request, DecodeError> {
+    if header.kind != KIND_REQUEST {
+        return Err(DecodeError::UnknownKind(header.kind));
+    }
+    codec::decode_body(body)
+}
+
+/// Decodes a response body (frame kind must be [`KIND_RESPONSE`]).
+pub fn decode_response(header: FrameHeader, body: &[u8]) -> Result<Response, DecodeError> {
+    if header.kind != KIND_RESPONSE {
+        return Err(DecodeError::UnknownKind(header.kind));
+    }
+    codec::decode_body(body)
+}
+
+/// The endpoint's challenge to a new data connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Challenge {
+    pub version: u16,
+    pub nonce: [u8; 32],
+}
+
+/// A data connection's request to join a session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    pub version: u16,
+    pub session: SessionId,
+    pub stream: u32,
+    pub proof: [u8; 32],
+    /// Limits of the connecting host, for the session's planning.
+    pub limits: HostLimits,
+}
+
+/// The endpoint's answer to a bind.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BindResult {
+    Accepted,
+    Refused(ErrorInfo),
+}
+
+pub fn encode_challenge(c: &Challenge) -> Vec<u8> {
+    codec::encode_message(KIND_CHALLENGE, c)
+}
+pub fn encode_bind(b: &Bind) -> Vec<u8> {
+    codec::encode_message(KIND_BIND, b)
+}
+pub fn encode_bind_result(r: &BindResult) -> Vec<u8> {
+    codec::encode_message(KIND_BIND_RESULT, r)
+}
+
+/// Decodes a bind-handshake frame body of the expected kind.
+pub fn decode_bind_frame<T: for<'a> Deserialize<'a>>(
+    expected_kind: u8,
+    header: FrameHeader,
+    body: &[u8],
+) -> Result<T, DecodeError> {
+    if header.kind != expected_kind {
+        return Err(DecodeError::UnknownKind(header.kind));
+    }
+    codec::decode_body(body)
+}
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+fn proof_mac(key: &DataKey, nonce: &[u8; 32], session: &SessionId, stream: u32) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC accepts any key length");
+    mac.update(b"longhaul data bind v1");
+    mac.update(nonce);
+    mac.update(session);
+    mac.update(&stream.to_be_bytes());
+    mac
+}
+
+/// The proof a data connection sends: HMAC-SHA256(key, label | nonce | session | stream).
+pub fn bind_proof(key: &DataKey, nonce: &[u8; 32], session: &SessionId, stream: u32) -> [u8; 32] {
+    let out = proof_mac(key, nonce, session, stream)
+        .finalize()
+        .into_bytes();
+    let mut proof = [0u8; 32];
+    proof.copy_from_slice(&out);
+    proof
+}
+
+/// Checks a proof in constant time.
+pub fn verify_bind_proof(
+    key: &DataKey,
+    nonce: &[u8; 32],
+    session: &SessionId,
+    stream: u32,
+    proof: &[u8; 32],
+) -> bool {
+    proof_mac(key, nonce, session, stream)
+        .verify_slice(proof)
+        .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::FrameBuffer;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn requests_and_responses_round_trip() {
+        let reqs = vec![
+            Request::Hello {
+                version: 1,
+                agent: "haul/0.1".into(),
+                limits: HostLimits::default(),
+            },
+            Request::OpenSink {
+                session: [1; 16],
+                key: [2; 32],
+                dest: "data/run1".into(),
+                options: SessionOptions::default(),
+            },
+            Request::OpenSource {
+                session: [1; 16],
+                key: [2; 32],
+                path: "x".into(),
+                recursive: true,
+                range: Some((5, 10)),
+                options: SessionOptions {
+                    protect: Protect::Private,
+                    ..Default::default()
+                },
+                push: Some(PushTarget {
+                    addr: "198.18.0.2:2811".into(),
+                    server_name: "b".into(),
+                    session: [3; 16],
+                    key: [4; 32],
+                    peer_limits: HostLimits {
+                        tcp_rmem_max: 6 << 20,
+                        ..Default::default()
+                    },
+                }),
+            },
+            Request::Stat { path: "x".into() },
+            Request::Cancel,
+        ];
+        let mut fb = FrameBuffer::new();
+        for r in &reqs {
+            fb.extend(&r.encode());
+        }
+        for r in &reqs {
+            let (h, body) = fb.next_frame(limits).unwrap().unwrap();
+            assert_eq!(&decode_request(h, &body).unwrap(), r);
+        }
+        let resp = Response::Error(ErrorInfo::new(ErrorKind::Unmapped, "who are you"));
+        fb.extend(&resp.encode());
+        let (h, body) = fb.next_frame(limits).unwrap().unwrap();
+        assert_eq!(decode_response(h, &body).unwrap(), resp);
+        assert!(decode_request(h, &body).is_err());
+    }
+
+    #[test]
+    fn bind_proof_binds_every_field() {
+        let key = [7u8; 32];
+        let nonce = [9u8; 32];
+        let p = bind_proof(&key, &nonce, &[1; 16], 3);
+        assert!(verify_bind_proof(&key, &nonce, &[1; 16], 3, &p));
+        assert!(!verify_bind_proof(&key, &[8; 32], &[1; 16], 3, &p));
+        assert!(!verify_bind_proof(&key, &nonce, &[2; 16], 3, &p));
+        assert!(!verify_bind_proof(&key, &nonce, &[1; 16], 4, &p));
+        assert!(!verify_bind_proof(&[6; 32], &nonce, &[1; 16], 3, &p));
+    }
+}
