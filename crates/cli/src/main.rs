@@ -1,3 +1,70 @@
-fn main() {
-    println!("Hello, world!");
+//! `haul`: the one longhaul binary. Thin over the library crates: parses the command line,
+//! sets up logging and signals, runs the command, and maps errors to documented exit codes.
+
+mod args;
+mod cp;
+mod creds;
+mod pki;
+mod progress;
+mod serve;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match args::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // Help and version go to stdout with status 0; usage errors exit 2.
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_logging(&cli);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("haul: error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    // Blocking threads (file readers) must not keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("haul: error: {e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}
+
+fn init_logging(cli: &args::Cli) {
+    let default = match (&cli.command, cli.verbose) {
+        (_, v) if v >= 2 => "debug",
+        (_, 1) => "info",
+        (args::Command::Serve(_), _) => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HAUL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
+    match cli.command {
+        args::Command::Cp(a) => cp::run(a).await,
+        args::Command::Serve(a) => serve::run(a).await.map(|()| 0),
+        args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
+        args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),
+    }
 }

@@ -1,14 +1,23 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! The longhaul transfer engine: drives the `wire` state machines over TCP data streams with
+//! tokio, and owns everything that touches the operating system on the data path: sockets and
+//! their tuning, TLS, files (confined to an exported root where needed), checksumming threads,
+//! restart ledgers. The `haul` binary, and later the storage node and metadata server, are thin
+//! layers over [`endpoint::run`] and [`client::copy`].
+//!
+//! What it does not own: protocol decisions (in `wire`) and the command line (in `haul`).
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod client;
+pub mod conn;
+pub mod endpoint;
+pub mod error;
+pub mod faults;
+pub mod pki;
+pub mod pool;
+pub mod progress;
+pub mod sink_session;
+pub mod source_session;
+pub mod store;
+pub mod sys;
+pub mod tls;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use error::TransferError;

@@ -175,6 +175,11 @@ impl MultiHasher {
     }
 }
 
+/// The CRC32C of `a ++ b` from the CRC32C of `a`, of `b`, and the length of `b`.
+pub fn crc_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
+    crc32c::crc32c_combine(crc_a, crc_b, len_b as usize)
+}
+
 /// CRC32C of a block payload.
 pub fn block_crc(data: &[u8]) -> u32 {
     crc32c::crc32c(data)

@@ -148,6 +148,8 @@ pub struct Have {
     pub file: FileId,
     pub attempt: u32,
     pub ranges: Vec<(u64, u64)>,
+    /// The destination already holds the complete file (same size and mtime): nothing to send.
+    pub complete: bool,
 }
 
 /// The destination's verdict on a file: committed with these checksums, or failed.
@@ -319,6 +321,7 @@ mod tests {
                 file: 1,
                 attempt: 0,
                 ranges: vec![(0, 10), (20, 30)],
+                complete: false,
             }),
             DataFrame::FileAck(FileAck {
                 file: 9,

@@ -108,6 +108,8 @@ pub enum SinkEvent {
         path: String,
         size: u64,
         digests: Vec<Digest>,
+        /// The destination already had it; nothing was received.
+        skipped: bool,
     },
     FileFailed {
         file: FileId,
@@ -362,6 +364,7 @@ impl<P> Sink<P> {
                         file,
                         attempt,
                         ranges: have.pairs().to_vec(),
+                        complete: false,
                     });
                     self.reply(stream, frame);
                 }
@@ -684,6 +687,39 @@ impl<P> Sink<P> {
                 path,
                 size,
                 digests,
+                skipped: false,
+            }));
+    }
+
+    /// Opening a resumed file found the final file already complete: tell the source to skip it.
+    pub fn on_already_complete(&mut self, file: FileId, attempt: u32) {
+        let Some(f) = self.files.get_mut(&file) else {
+            return;
+        };
+        if f.begin.attempt != attempt || f.state != State::Opening {
+            return;
+        }
+        f.state = State::Done;
+        self.stats.files_done += 1;
+        self.stats.bytes_resumed += f.begin.size;
+        let (path, size, stream) = (f.begin.path.clone(), f.begin.size, f.reply_stream);
+        if let Some(stashed) = self.stash.remove(&file) {
+            self.stash_bytes -= stashed.iter().map(|s| s.len as u64).sum::<u64>();
+        }
+        let have = Have {
+            file,
+            attempt,
+            ranges: Vec::new(),
+            complete: true,
+        };
+        self.reply(stream, DataFrame::Have(have));
+        self.actions
+            .push_back(SinkAction::Event(SinkEvent::FileDone {
+                file,
+                path,
+                size,
+                digests: Vec::new(),
+                skipped: true,
             }));
     }
 

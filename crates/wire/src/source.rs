@@ -109,6 +109,8 @@ pub enum SourceEvent {
         path: String,
         size: u64,
         digests: Vec<Digest>,
+        /// The destination already had it; nothing was sent.
+        skipped: bool,
     },
     FileFailed {
         file: FileId,
@@ -551,6 +553,22 @@ impl<P> Source<P> {
                 if f.attempt != h.attempt || f.state != FileState::AwaitingHave {
                     return Ok(());
                 }
+                if h.complete {
+                    f.state = FileState::Done;
+                    self.awaiting_have -= 1;
+                    self.unfinished -= 1;
+                    self.stats.files_done += 1;
+                    self.stats.bytes_skipped += f.spec.size;
+                    self.events.push_back(SourceEvent::FileDone {
+                        file: h.file,
+                        path: f.spec.path.clone(),
+                        size: f.spec.size,
+                        digests: Vec::new(),
+                        skipped: true,
+                    });
+                    self.announce();
+                    return Ok(());
+                }
                 let have = RangeSet::from_pairs(&h.ranges)
                     .ok_or_else(|| ProtocolViolation("invalid resume ranges".into()))?;
                 if have.pairs().last().is_some_and(|&(_, e)| e > f.spec.size) {
@@ -581,6 +599,7 @@ impl<P> Source<P> {
                             path: f.spec.path.clone(),
                             size: f.spec.size,
                             digests,
+                            skipped: false,
                         });
                     }
                     Err(e) => {

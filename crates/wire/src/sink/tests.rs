@@ -399,3 +399,26 @@ fn end_before_begin_is_kept_until_the_begin_arrives() {
         .is_err()
     );
 }
+
+#[test]
+fn already_complete_files_are_reported_as_skipped() {
+    let now = Instant::now();
+    let mut sink: Sink<Vec<u8>> = Sink::new(SinkConfig::default());
+    sink.add_stream(0);
+    sink.on_begin(0, begin(3, 50, true), now).unwrap();
+    drain(&mut sink);
+    sink.on_already_complete(3, 0);
+    let acts = drain(&mut sink);
+    assert!(matches!(
+        &acts[0],
+        SinkAction::Send {
+            frame: DataFrame::Have(Have { complete: true, .. }),
+            ..
+        }
+    ));
+    assert!(matches!(
+        &acts[1],
+        SinkAction::Event(SinkEvent::FileDone { skipped: true, .. })
+    ));
+    assert_eq!(sink.open_files(), 0);
+}

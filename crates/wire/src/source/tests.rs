@@ -211,6 +211,7 @@ fn resume_waits_for_have_and_skips_present_ranges() {
             file: 0,
             attempt: 0,
             ranges: vec![(0, 2000), (3000, 4000)],
+            complete: false,
         }),
         now,
     )
@@ -265,6 +266,7 @@ fn have_beyond_file_end_is_a_violation() {
                 file: 0,
                 attempt: 0,
                 ranges: vec![(0, 200)],
+                complete: false,
             }),
             now,
         )
@@ -407,4 +409,39 @@ fn read_failure_aborts_the_file_at_the_sink() {
     assert!(out.len() == 1 && out[0].contains("FileAbort"), "{out:?}");
     assert!(src.is_finished());
     assert_eq!(src.stats().files_failed, 2);
+}
+
+#[test]
+fn complete_files_are_skipped_on_resume() {
+    let now = t0();
+    let mut src: Source<Vec<u8>> = Source::new(SourceConfig {
+        resume: true,
+        ..Default::default()
+    });
+    src.add_stream(0, now);
+    src.add_file(spec("a", 5000));
+    src.finish_adding();
+    frames(&mut src, 0, now);
+    src.on_frame(
+        0,
+        DataFrame::Have(Have {
+            file: 0,
+            attempt: 0,
+            ranges: vec![],
+            complete: true,
+        }),
+        now,
+    )
+    .unwrap();
+    assert!(src.claim().is_none());
+    assert!(src.is_finished());
+    assert!(matches!(
+        src.poll_event(),
+        Some(SourceEvent::FileDone {
+            skipped: true,
+            size: 5000,
+            ..
+        })
+    ));
+    assert_eq!(src.stats().bytes_skipped, 5000);
 }

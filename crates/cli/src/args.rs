@@ -1,0 +1,307 @@
+//! The command line: every subcommand and flag with its help text, written next to it.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    success
+  1    some files failed (others were copied), or another local failure
+  2    usage error (bad flag or argument)
+  3    source not found
+  4    host unreachable or connection lost (after all retries)
+  5    authentication or authorization failed (certificate refused or expired,
+       identity not in the endpoint's mapfile, permission denied)
+  6    destination cannot take the data (not writable, disk full, path outside
+       the exported root)
+  7    data did not verify against the source checksum (after all retries)
+  8    transfer stalled: no data moved for --stall-timeout (after all retries)
+  9    protocol error (malformed data from the peer, version mismatch)
+  130  interrupted";
+
+/// longhaul: move and replicate large datasets across long fat networks.
+#[derive(Parser, Debug)]
+#[command(name = "haul", version, about, after_help = EXIT_CODES, propagate_version = true)]
+pub struct Cli {
+    /// More log output on stderr (-v info, -vv debug); HAUL_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Copy files or trees between local paths and endpoints, or between two endpoints.
+    Cp(CpArgs),
+    /// Export a directory tree as a standalone endpoint.
+    Serve(ServeArgs),
+    /// Manage a certificate authority.
+    #[command(subcommand)]
+    Ca(CaCommand),
+    /// Issue certificates.
+    #[command(subcommand)]
+    Cert(CertCommand),
+}
+
+/// Where TLS credentials come from.
+#[derive(Args, Debug, Clone)]
+pub struct CredArgs {
+    /// Certificate (PEM) [default: ~/.haul/cert.pem]
+    #[arg(long, env = "HAUL_CERT", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// Private key of the certificate (PEM) [default: ~/.haul/key.pem]
+    #[arg(long, env = "HAUL_KEY", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// CA certificate(s) to trust (PEM) [default: ~/.haul/ca.pem]
+    #[arg(long, env = "HAUL_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// No TLS and no certificates: for local tests only. Anyone who can reach the port can
+    /// read and write. Both sides must use it.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum ProtectArg {
+    /// Data streams in clear text; integrity still guaranteed by block CRCs and file checksums.
+    Clear,
+    /// Data streams encrypted with TLS 1.3; fails if that cannot be had.
+    Private,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum ProgressArg {
+    /// A progress bar when stderr is a terminal.
+    Auto,
+    Always,
+    Never,
+}
+
+const CP_EXAMPLES: &str = "\
+Examples:
+  Upload a file to an endpoint:
+    haul cp run42.nc haul://dtn1.example.org/data/
+  Download a tree:
+    haul cp -r haul://dtn1.example.org/cmip5/tas ./tas
+  Third-party copy: the data flows from dtn1 straight to dtn2:
+    haul cp -r haul://dtn1.example.org/cmip5 haul://dtn2.example.org/mirror/
+  Resume an interrupted copy, sending only what is missing:
+    haul cp --resume -r ./run42 haul://dtn2.example.org/runs/
+  Cap the rate, encrypt, and record adler32 and md5 too:
+    haul cp --rate 800M --protect private --checksum adler32,md5 big.h5 haul://dtn2:5811/in/
+  A byte range of a file:
+    haul cp --offset 1G --length 256M haul://dtn1/big.dat part.dat
+
+Without flags, haul picks streams from the path's round-trip time and both hosts' TCP
+buffer limits, uses BBR when the host has it, checksums everything with CRC32C while it
+streams, retries and resumes on failure, and stops a transfer that moves no data for 60 s.";
+
+#[derive(Args, Debug)]
+#[command(after_help = CP_EXAMPLES)]
+pub struct CpArgs {
+    /// Source: a local path or haul://host[:port]/path
+    pub src: String,
+    /// Destination: a local path or haul://host[:port]/path (an existing directory receives
+    /// the source under its own name)
+    pub dst: String,
+    /// Copy directories recursively.
+    #[arg(short, long)]
+    pub recursive: bool,
+    /// Parallel TCP streams [default: planned from RTT, buffer limits and data size]
+    #[arg(short = 'p', long = "parallel", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub parallel: Option<u32>,
+    /// Socket buffer per stream, e.g. 64M [default: kernel autotuning, or sized from RTT x rate]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub tcp_buffer: Option<u64>,
+    /// Congestion control for the data streams [default: bbr if available]
+    #[arg(long, value_name = "ALGO", value_parser = ["bbr", "cubic", "reno"])]
+    pub cc: Option<String>,
+    /// Rate cap for the whole transfer in bits/s, e.g. 800M, 2.5G; paced, not bursty.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub rate: Option<u64>,
+    /// Files in flight at once.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub concurrency: u32,
+    /// Extra checksums, comma separated: adler32, md5, sha256, xxh3 (crc32c is always on).
+    #[arg(long, value_name = "LIST", default_value = "crc32c")]
+    pub checksum: String,
+    /// Resume from restart markers left by an interrupted transfer; files already complete at
+    /// the destination (same size and mtime) are skipped.
+    #[arg(long)]
+    pub resume: bool,
+    /// Copy only from this byte offset of a single file (e.g. 1G).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, requires = "length")]
+    pub offset: Option<u64>,
+    /// Copy only this many bytes of a single file.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    pub length: Option<u64>,
+    /// Cancel and resume a transfer that moves no data for this long.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub stall_timeout: std::time::Duration,
+    /// Attempts after the first one, each resuming, with exponential back-off.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub retries: u32,
+    /// Protection of the data streams.
+    #[arg(long, value_enum, default_value = "clear")]
+    pub protect: ProtectArg,
+    /// Block size.
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_size)]
+    pub block_size: u64,
+    /// Do not fsync files before renaming them into place (faster, less durable).
+    #[arg(long)]
+    pub no_fsync: bool,
+    /// Bandwidth to plan for when no --rate is given, in bits/s.
+    #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
+    pub link_rate: u64,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Progress bar on stderr.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub progress: ProgressArg,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Example:\n  haul serve --root /data --listen 0.0.0.0:5811 --cert host.pem --key host.key --ca ca.pem --mapfile mapfile"
+)]
+pub struct ServeArgs {
+    /// Directory tree to export; no path may leave it.
+    #[arg(long, value_name = "DIR")]
+    pub root: PathBuf,
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:5811")]
+    pub listen: String,
+    /// Mapfile: lines of "<certificate subject>" <local identity>; unmapped subjects are
+    /// refused [default: ~/.haul/mapfile]
+    #[arg(long, env = "HAUL_MAPFILE", value_name = "FILE")]
+    pub mapfile: Option<PathBuf>,
+    /// Refuse writes.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Most connections at once (control and data).
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Bandwidth to plan for when pushing to another endpoint, in bits/s.
+    #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
+    pub link_rate: u64,
+    /// Print the bound address on stdout once listening (useful with port 0).
+    #[arg(long)]
+    pub print_addr: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CaCommand {
+    /// Create a certificate authority (ca.pem, ca.key) in a directory.
+    Init(CaInitArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CaInitArgs {
+    /// Directory for ca.pem and ca.key.
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Organization name in subjects.
+    #[arg(long, default_value = "longhaul")]
+    pub org: String,
+    /// Validity in days.
+    #[arg(long, default_value_t = 3650)]
+    pub days: i64,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CertCommand {
+    /// Issue a host or user certificate signed by the CA.
+    Issue(CertIssueArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  haul cert issue --ca ca/ --host dtn1.example.org --host 198.18.0.1 --out dtn1\n  haul cert issue --ca ca/ --user alice --out alice\nThe printed subject is what goes into endpoint mapfiles."
+)]
+pub struct CertIssueArgs {
+    /// CA directory (from `haul ca init`).
+    #[arg(long, value_name = "DIR")]
+    pub ca: PathBuf,
+    /// Output prefix: writes PREFIX.pem and PREFIX.key.
+    #[arg(long, value_name = "PREFIX")]
+    pub out: PathBuf,
+    /// Host certificate for these names or addresses (repeat for several).
+    #[arg(
+        long = "host",
+        value_name = "NAME",
+        conflicts_with = "user",
+        required_unless_present = "user"
+    )]
+    pub hosts: Vec<String>,
+    /// User certificate for this name.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// Organization name in the subject.
+    #[arg(long, default_value = "longhaul")]
+    pub org: String,
+    /// Validity in days from now.
+    #[arg(long, default_value_t = 365)]
+    pub days: i64,
+    /// Explicit validity start (RFC 3339), e.g. for testing expiry.
+    #[arg(long, value_name = "TIME", requires = "not_after")]
+    pub not_before: Option<String>,
+    /// Explicit validity end (RFC 3339).
+    #[arg(long, value_name = "TIME", requires = "not_before")]
+    pub not_after: Option<String>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    wire::units::parse_size(s)
+}
+
+fn parse_rate(s: &str) -> Result<u64, String> {
+    wire::units::parse_rate(s)
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    wire::units::parse_duration(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_of_cp_has_examples_and_exit_codes_are_documented() {
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("cp")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("Third-party copy"));
+        assert!(help.contains("--stall-timeout"));
+        let top = Cli::command().render_long_help().to_string();
+        assert!(top.contains("Exit codes"));
+    }
+
+    #[test]
+    fn bad_sizes_are_refused_with_the_rule() {
+        let err = Cli::try_parse_from(["haul", "cp", "--tcp-buffer", "lots", "a", "b"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid size"), "{err}");
+        let err = Cli::try_parse_from(["haul", "cp", "-p", "0", "a", "b"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("0"), "{err}");
+    }
+}

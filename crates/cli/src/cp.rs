@@ -1,0 +1,164 @@
+//! `haul cp`.
+
+use crate::args::{CpArgs, ProtectArg};
+use crate::creds;
+use crate::progress::{self, Progress};
+use std::io::IsTerminal;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use transfer::TransferError;
+use transfer::client::{self, CopyOptions, CopyReport, Location};
+use transfer::conn::ClientTls;
+use transfer::progress::Counters;
+use wire::control::{Protect, SessionOptions};
+use wire::retry::RetryPolicy;
+
+fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferError> {
+    let checksums = wire::checksum::parse_algorithms(&a.checksum).map_err(TransferError::Usage)?;
+    if a.block_size < 4096 || a.block_size > wire::codec::MAX_BLOCK_LEN as u64 {
+        return Err(TransferError::Usage(
+            "--block-size must be between 4K and 16M".into(),
+        ));
+    }
+    if a.stall_timeout.is_zero() {
+        return Err(TransferError::Usage(
+            "--stall-timeout must be positive".into(),
+        ));
+    }
+    let range = match (a.offset, a.length) {
+        (Some(o), Some(l)) => Some((o, l)),
+        (None, Some(l)) => Some((0, l)),
+        (Some(_), None) => unreachable!("clap requires --length with --offset"),
+        (None, None) => None,
+    };
+    let session = SessionOptions {
+        checksums,
+        block_size: a.block_size as u32,
+        protect: match a.protect {
+            ProtectArg::Clear => Protect::Clear,
+            ProtectArg::Private => Protect::Private,
+        },
+        congestion: a.cc.clone(),
+        congestion_required: a.cc.is_some(),
+        rate_bps: a.rate,
+        tcp_buffer: a.tcp_buffer,
+        streams: a.parallel,
+        resume: a.resume,
+        concurrency: a.concurrency,
+        fsync: !a.no_fsync,
+        stall_timeout_ms: a.stall_timeout.as_millis() as u64,
+        file_attempts: 3,
+    };
+    Ok(CopyOptions {
+        recursive: a.recursive,
+        range,
+        session,
+        retry: RetryPolicy {
+            max_attempts: a.retries + 1,
+            ..Default::default()
+        },
+        tls,
+        link_bps: a.link_rate,
+    })
+}
+
+pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
+    let src = Location::parse(&a.src)?;
+    let dst = Location::parse(&a.dst)?;
+    if a.protect == ProtectArg::Private && a.creds.insecure {
+        return Err(TransferError::Usage(
+            "--protect private needs TLS and cannot be combined with --insecure".into(),
+        ));
+    }
+    let tls = match creds::load(&a.creds)? {
+        Some(c) if src.is_remote() || dst.is_remote() => Some(ClientTls {
+            config: transfer::tls::client_config(&c)?,
+        }),
+        _ => None,
+    };
+    let opts = options(&a, tls)?;
+    let counters = Arc::new(Counters::default());
+    let (etx, erx) = mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            c2.cancel();
+        }
+    });
+    let bar = Progress::start(progress::wanted(a.progress), counters.clone(), erx);
+    let result = client::copy(&src, &dst, &opts, counters, etx, cancel).await;
+    bar.finish().await;
+    match result {
+        Ok(report) => {
+            let code = exit_code(&report);
+            if a.json {
+                print_json(&report, code);
+            } else if std::io::stderr().is_terminal() {
+                eprintln!("{}", summary_line(&report));
+            }
+            for (path, msg) in &report.failures {
+                if !a.json {
+                    eprintln!("haul: failed: {path}: {msg}");
+                }
+            }
+            Ok(code)
+        }
+        Err(e) => {
+            if a.json {
+                let v = serde_json::json!({ "error": e.to_string(), "exit_code": e.exit_code() });
+                println!("{v}");
+            }
+            Err(e)
+        }
+    }
+}
+
+fn exit_code(r: &CopyReport) -> u8 {
+    match &r.first_failure {
+        None => 0,
+        Some(e) => {
+            let code = TransferError::from(e.clone()).exit_code();
+            if code == 1 { 1 } else { code as u8 }
+        }
+    }
+}
+
+fn print_json(r: &CopyReport, code: u8) {
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("exit_code".into(), code.into());
+    }
+    println!("{v}");
+}
+
+fn summary_line(r: &CopyReport) -> String {
+    let skipped = if r.bytes_skipped > 0 {
+        format!(
+            ", {} already there",
+            wire::units::format_bytes(r.bytes_skipped)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{} in {} files, {:.1} s, {} ({} streams, {}{}{})",
+        wire::units::format_bytes(r.bytes_total),
+        r.files,
+        r.seconds,
+        wire::units::format_rate(r.mbit_per_s * 1e6),
+        r.streams,
+        if r.congestion.is_empty() {
+            "default cc".to_string()
+        } else {
+            r.congestion.clone()
+        },
+        skipped,
+        if r.retries > 0 {
+            format!(", {} retries", r.retries)
+        } else {
+            String::new()
+        },
+    )
+}

@@ -1,0 +1,69 @@
+//! `haul serve`: a standalone endpoint.
+
+use crate::args::ServeArgs;
+use crate::creds;
+use transfer::TransferError;
+use transfer::endpoint::{EndpointConfig, EndpointTls};
+use transfer::tls::{self, Mapfile};
+
+pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
+    let (tls, mapfile) = match creds::load(&a.creds)? {
+        None => (None, Mapfile::default()),
+        Some(c) => {
+            let path = a.mapfile.clone().unwrap_or_else(creds::default_mapfile);
+            let mapfile = Mapfile::load(&path).map_err(|e| {
+                TransferError::Usage(format!(
+                    "{e}; an endpoint with TLS needs a mapfile of allowed subjects (--mapfile)"
+                ))
+            })?;
+            if mapfile.is_empty() {
+                tracing::warn!(path = %path.display(), "the mapfile maps nobody: every client will be refused");
+            }
+            (
+                Some(EndpointTls {
+                    server: tls::server_config(&c)?,
+                    client: tls::client_config(&c)?,
+                }),
+                mapfile,
+            )
+        }
+    };
+    let meta = std::fs::metadata(&a.root)
+        .map_err(|e| TransferError::Usage(format!("--root {}: {e}", a.root.display())))?;
+    if !meta.is_dir() {
+        return Err(TransferError::Usage(format!(
+            "--root {} is not a directory",
+            a.root.display()
+        )));
+    }
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .map_err(|e| TransferError::Usage(format!("cannot listen on {}: {e}", a.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| TransferError::Local(e.to_string()))?;
+    tracing::info!(%addr, root = %a.root.display(), tls = tls.is_some(), "serving");
+    if a.print_addr {
+        println!("{addr}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    let cfg = EndpointConfig {
+        root: a.root,
+        tls,
+        mapfile,
+        max_connections: a.max_connections,
+        read_only: a.read_only,
+        link_bps: a.link_rate,
+    };
+    transfer::endpoint::run(cfg, listener, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,899 @@
+//! The client side of `haul cp`: parses the two locations, runs the transfer as an upload, a
+//! download, or a third-party copy between two endpoints (the data flows from one endpoint
+//! straight to the other; the client only orchestrates), and retries: an attempt that fails
+//! for a reason that can pass (lost connection, stall, failed verification) is resumed from
+//! the destination's restart ledgers after a back-off, up to the retry limit.
+
+use crate::conn::{self, ClientTls, Session, StreamTarget};
+use crate::endpoint::open_streams;
+use crate::error::TransferError;
+use crate::progress::{Counters, Event, EventSender};
+use crate::sink_session::{SinkSpec, run_sink};
+use crate::source_session::{SourceSpec, run_source};
+use crate::store::{self, Destination, Root, SourceEntry};
+use crate::sys;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use wire::checksum::Digest;
+use wire::control::{HostLimits, PushTarget, Request, Response, SessionOptions, SessionSummary};
+use wire::error::ErrorInfo;
+use wire::plan::{Choices, PathFacts, Plan, plan};
+use wire::retry::{RetryPolicy, StallDetector};
+
+/// Default TCP port of a haul endpoint.
+pub const DEFAULT_PORT: u16 = 5811;
+
+/// One side of a copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    Local(PathBuf),
+    Remote {
+        host: String,
+        port: u16,
+        path: String,
+    },
+}
+
+impl Location {
+    /// Parses `haul://host[:port]/path` or a local path.
+    pub fn parse(s: &str) -> Result<Self, TransferError> {
+        let Some(rest) = s.strip_prefix("haul://") else {
+            if s.contains("://") {
+                return Err(TransferError::Usage(format!(
+                    "{s}: unsupported URL scheme; use a local path or haul://host[:port]/path"
+                )));
+            }
+            if s.is_empty() {
+                return Err(TransferError::Usage("empty path".into()));
+            }
+            return Ok(Location::Local(PathBuf::from(s)));
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let bad = || TransferError::Usage(format!("{s}: expected haul://host[:port]/path"));
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let end = v6.find(']').ok_or_else(bad)?;
+            let host = &v6[..end];
+            let port = match &v6[end + 1..] {
+                "" => DEFAULT_PORT,
+                p => p
+                    .strip_prefix(':')
+                    .and_then(|p| p.parse().ok())
+                    .ok_or_else(bad)?,
+            };
+            (host.to_string(), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), p.parse().map_err(|_| bad())?),
+                None => (authority.to_string(), DEFAULT_PORT),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad());
+        }
+        Ok(Location::Remote {
+            host,
+            port,
+            path: path.to_string(),
+        })
+    }
+
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Location::Remote { .. })
+    }
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Local(p) => write!(f, "{}", p.display()),
+            Location::Remote { host, port, path } => {
+                write!(f, "haul://{}{path}", conn::format_addr(host, *port))
+            }
+        }
+    }
+}
+
+/// How to copy.
+#[derive(Clone)]
+pub struct CopyOptions {
+    pub recursive: bool,
+    /// `(offset, length)` of a single source file.
+    pub range: Option<(u64, u64)>,
+    pub session: SessionOptions,
+    pub retry: RetryPolicy,
+    /// `None` for `--insecure` (plain control connections).
+    pub tls: Option<ClientTls>,
+    /// Bandwidth the plan should be able to reach (bits/s).
+    pub link_bps: u64,
+}
+
+/// One file in the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct FileReport {
+    pub path: String,
+    pub bytes: u64,
+    pub checksums: std::collections::BTreeMap<String, String>,
+    pub skipped: bool,
+}
+
+/// What a copy did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CopyReport {
+    pub source: String,
+    pub destination: String,
+    /// Bytes of the dataset (or range).
+    pub bytes_total: u64,
+    /// Bytes that crossed the network in the final attempt.
+    pub bytes_moved: u64,
+    /// Bytes the destination already had (resume) in the final attempt.
+    pub bytes_skipped: u64,
+    pub files: u64,
+    pub files_failed: u64,
+    pub seconds: f64,
+    /// Dataset bytes per second of wall clock, in Mbit/s.
+    pub mbit_per_s: f64,
+    pub streams: u32,
+    pub attempts: u32,
+    pub retries: u32,
+    pub blocks_resent: u64,
+    pub streams_lost: u32,
+    pub plan: String,
+    pub congestion: String,
+    pub protect: String,
+    pub tcp_retransmits: u64,
+    pub checksums: Vec<String>,
+    pub file_list: Vec<FileReport>,
+    pub failures: Vec<(String, String)>,
+    #[serde(skip)]
+    pub first_failure: Option<ErrorInfo>,
+}
+
+struct Attempt {
+    bytes_total: u64,
+    files: u64,
+    source: SessionSummary,
+    sink: SessionSummary,
+    plan: String,
+}
+
+/// Copies `src` to `dst`. Events (per file, retries) go to `events`; live counters to
+/// `counters`. Returns the report, also when some files failed (see `files_failed`).
+pub async fn copy(
+    src: &Location,
+    dst: &Location,
+    opts: &CopyOptions,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<CopyReport, TransferError> {
+    if let (Location::Local(_), Location::Local(_)) = (src, dst) {
+        return Err(TransferError::Usage(
+            "both sides are local; one of them must be an endpoint (haul://host/path)".into(),
+        ));
+    }
+    if opts.range.is_some() && opts.recursive {
+        return Err(TransferError::Usage(
+            "--offset/--length apply to a single file, not with -r".into(),
+        ));
+    }
+    let started = Instant::now();
+    let (rec_tx, mut rec_rx) = mpsc::unbounded_channel::<Event>();
+    let mut history: Vec<String> = Vec::new();
+    let mut attempt = 1u32;
+    let stall_timeout = Duration::from_millis(opts.session.stall_timeout_ms.max(100));
+    let mut report = CopyReport {
+        source: src.to_string(),
+        destination: dst.to_string(),
+        ..Default::default()
+    };
+    let mut done_files: std::collections::BTreeMap<String, FileReport> = Default::default();
+    let mut failed_files: std::collections::BTreeMap<String, ErrorInfo> = Default::default();
+    loop {
+        let resume = opts.session.resume || attempt > 1;
+        let attempt_cancel = cancel.child_token();
+        let run = run_attempt(
+            src,
+            dst,
+            opts,
+            resume,
+            counters.clone(),
+            rec_tx.clone(),
+            attempt_cancel.clone(),
+        );
+        tokio::pin!(run);
+        let mut stall = StallDetector::new(stall_timeout, Instant::now());
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let result = loop {
+            tokio::select! {
+                r = &mut run => break r,
+                Some(ev) = rec_rx.recv() => {
+                    record(&ev, &mut done_files, &mut failed_files);
+                    let _ = events.send(ev);
+                }
+                _ = tick.tick() => {
+                    let progress = Counters::get(&counters.bytes_done) + Counters::get(&counters.bytes_sent);
+                    if stall.observe(Instant::now(), progress) {
+                        attempt_cancel.cancel();
+                        let _ = (&mut run).await;
+                        break Err(TransferError::Stalled(format!(
+                            "no data moved for {}", humanize(stall_timeout)
+                        )));
+                    }
+                }
+                _ = cancel.cancelled() => {
+                    attempt_cancel.cancel();
+                    let _ = (&mut run).await;
+                    return Err(TransferError::Interrupted);
+                }
+            }
+        };
+        while let Ok(ev) = rec_rx.try_recv() {
+            record(&ev, &mut done_files, &mut failed_files);
+            let _ = events.send(ev);
+        }
+        // Files that failed in this attempt but are retryable get another chance.
+        let retryable_files =
+            !failed_files.is_empty() && failed_files.values().all(|e| e.retryable);
+        let outcome = match result {
+            Ok(a) if retryable_files && attempt < opts.retry.max_attempts => Err((
+                TransferError::Integrity(format!(
+                    "{} files failed ({})",
+                    failed_files.len(),
+                    failed_files
+                        .values()
+                        .next()
+                        .map(|e| e.message.clone())
+                        .unwrap_or_default()
+                )),
+                Some(a),
+            )),
+            Ok(a) => Ok(a),
+            Err(e) => Err((e, None)),
+        };
+        match outcome {
+            Ok(a) => {
+                fill_report(
+                    &mut report,
+                    &a,
+                    opts,
+                    attempt,
+                    started,
+                    done_files,
+                    failed_files,
+                );
+                return Ok(report);
+            }
+            Err((e, _))
+                if e.retryable() && attempt < opts.retry.max_attempts && !cancel.is_cancelled() =>
+            {
+                let delay = opts.retry.delay_before(attempt).unwrap_or_default();
+                history.push(format!("attempt {attempt}: {e}"));
+                let _ = events.send(Event::Retrying {
+                    attempt: attempt + 1,
+                    delay_ms: delay.as_millis() as u64,
+                    reason: e.to_string(),
+                });
+                failed_files.clear();
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = cancel.cancelled() => return Err(TransferError::Interrupted),
+                }
+                attempt += 1;
+            }
+            Err((e, _)) => {
+                if history.is_empty() {
+                    return Err(e);
+                }
+                history.push(format!("attempt {attempt}: {e}"));
+                let msg = format!(
+                    "{e}; tried {attempt} times, resuming each time ({})",
+                    history.join("; ")
+                );
+                return Err(match e {
+                    TransferError::Stalled(_) => TransferError::Stalled(msg),
+                    TransferError::Connect(_) => TransferError::Connect(msg),
+                    TransferError::Integrity(_) => TransferError::Integrity(msg),
+                    other => other,
+                });
+            }
+        }
+    }
+}
+
+fn humanize(d: Duration) -> String {
+    if d.as_millis() % 1000 == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+fn record(
+    ev: &Event,
+    done: &mut std::collections::BTreeMap<String, FileReport>,
+    failed: &mut std::collections::BTreeMap<String, ErrorInfo>,
+) {
+    match ev {
+        Event::FileDone {
+            path,
+            size,
+            digests,
+            skipped,
+        } => {
+            failed.remove(path);
+            let checksums = digests
+                .iter()
+                .map(|d: &Digest| (d.algorithm.to_string(), d.hex()))
+                .collect();
+            done.insert(
+                path.clone(),
+                FileReport {
+                    path: path.clone(),
+                    bytes: *size,
+                    checksums,
+                    skipped: *skipped,
+                },
+            );
+        }
+        Event::FileFailed { path, error } => {
+            if !done.contains_key(path) {
+                failed.insert(path.clone(), error.clone());
+            }
+        }
+        _ => {}
+    }
+}
+
+fn fill_report(
+    report: &mut CopyReport,
+    a: &Attempt,
+    opts: &CopyOptions,
+    attempt: u32,
+    started: Instant,
+    done: std::collections::BTreeMap<String, FileReport>,
+    failed: std::collections::BTreeMap<String, ErrorInfo>,
+) {
+    report.bytes_total = a.bytes_total;
+    report.bytes_moved = a.source.bytes_moved;
+    report.bytes_skipped = a.source.bytes_skipped.max(a.sink.bytes_skipped);
+    report.files = a.files;
+    report.files_failed = failed.len() as u64;
+    report.seconds = started.elapsed().as_secs_f64();
+    report.mbit_per_s = a.bytes_total as f64 * 8.0 / report.seconds.max(1e-9) / 1e6;
+    report.streams = a.source.streams.max(a.sink.streams);
+    report.attempts = attempt;
+    report.retries = attempt - 1;
+    report.blocks_resent = a.source.blocks_resent;
+    report.streams_lost = a.source.streams_lost;
+    report.plan = a.plan.clone();
+    report.congestion = a.source.congestion.clone();
+    report.protect = format!("{:?}", opts.session.protect).to_lowercase();
+    report.tcp_retransmits = a.source.tcp_retransmits;
+    report.checksums = opts
+        .session
+        .checksums
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    report.file_list = done.into_values().collect();
+    report.first_failure = failed.values().next().cloned();
+    report.failures = failed.into_iter().map(|(p, e)| (p, e.message)).collect();
+}
+
+fn random_ids() -> ([u8; 16], [u8; 32]) {
+    (rand::random(), rand::random())
+}
+
+fn choices(opts: &CopyOptions) -> Choices {
+    Choices {
+        streams: opts.session.streams,
+        tcp_buffer: opts.session.tcp_buffer,
+        rate_bps: opts.session.rate_bps,
+        link_bps: opts.link_bps,
+        ..Default::default()
+    }
+}
+
+async fn run_attempt(
+    src: &Location,
+    dst: &Location,
+    opts: &CopyOptions,
+    resume: bool,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<Attempt, TransferError> {
+    let mut session = opts.session.clone();
+    session.resume = resume;
+    match (src, dst) {
+        (Location::Local(p), Location::Remote { host, port, path }) => {
+            upload(
+                p, host, *port, path, opts, session, counters, events, cancel,
+            )
+            .await
+        }
+        (Location::Remote { host, port, path }, Location::Local(p)) => {
+            download(
+                host, *port, path, p, opts, session, counters, events, cancel,
+            )
+            .await
+        }
+        (
+            Location::Remote {
+                host: ha,
+                port: pa,
+                path: a,
+            },
+            Location::Remote {
+                host: hb,
+                port: pb,
+                path: b,
+            },
+        ) => {
+            third_party(
+                (ha, *pa, a),
+                (hb, *pb, b),
+                opts,
+                session,
+                counters,
+                events,
+                cancel,
+            )
+            .await
+        }
+        (Location::Local(_), Location::Local(_)) => unreachable!("refused in copy"),
+    }
+}
+
+async fn expect_ready(s: &mut Session) -> Result<Response, TransferError> {
+    loop {
+        match s.reader.response().await? {
+            Response::Error(e) => return Err(e.into()),
+            Response::Progress { .. } => continue,
+            other => return Ok(other),
+        }
+    }
+}
+
+fn stream_target(
+    s: &Session,
+    tls: Option<&ClientTls>,
+    session: &SessionOptions,
+    id: [u8; 16],
+    key: [u8; 32],
+    buffer: Option<u64>,
+) -> Result<StreamTarget, TransferError> {
+    let tls = match (session.protect, tls) {
+        (wire::control::Protect::Clear, _) => None,
+        (wire::control::Protect::Private, Some(t)) => Some(t.clone()),
+        (wire::control::Protect::Private, None) => {
+            return Err(TransferError::Usage(
+                "--protect private needs TLS; it cannot be combined with --insecure".into(),
+            ));
+        }
+    };
+    Ok(StreamTarget {
+        addr: conn::format_addr(&s.host, s.port),
+        host: s.host.clone(),
+        tls,
+        session: id,
+        key,
+        buffer,
+        limits: sys::host_limits(),
+    })
+}
+
+/// Waits for the endpoint's final `Done`, relaying its events.
+async fn await_done(
+    s: &mut Session,
+    events: &EventSender,
+    counters: Option<&Counters>,
+) -> Result<SessionSummary, TransferError> {
+    loop {
+        match s.reader.response().await? {
+            Response::Done(summary) => return Ok(summary),
+            Response::Error(e) => return Err(e.into()),
+            Response::Progress { bytes, files } => {
+                if let Some(c) = counters {
+                    Counters::set(&c.bytes_done, bytes);
+                    Counters::set(&c.files_done, files);
+                }
+            }
+            Response::FileDone {
+                path,
+                bytes,
+                digests,
+            } => {
+                if counters.is_some() {
+                    let _ = events.send(Event::FileDone {
+                        path,
+                        size: bytes,
+                        digests,
+                        skipped: false,
+                    });
+                }
+            }
+            Response::FileFailed { path, error } => {
+                if counters.is_some() {
+                    let _ = events.send(Event::FileFailed { path, error });
+                }
+            }
+            other => tracing::debug!(?other, "unexpected message during a session"),
+        }
+    }
+}
+
+fn plan_for(
+    rtt: Duration,
+    sender: HostLimits,
+    receiver: HostLimits,
+    bytes: u64,
+    files: u64,
+    opts: &CopyOptions,
+) -> Plan {
+    plan(
+        &PathFacts {
+            rtt,
+            sender,
+            receiver,
+            total_bytes: bytes,
+            files,
+        },
+        &choices(opts),
+    )
+}
+
+async fn enumerate_local(
+    path: &std::path::Path,
+    recursive: bool,
+) -> Result<Vec<SourceEntry>, TransferError> {
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        store::enumerate(&Root::Ambient, &p, recursive, &mut |e| {
+            out.push(e);
+            true
+        })
+        .map(|()| out)
+    })
+    .await
+    .map_err(|e| TransferError::Local(e.to_string()))?
+    .map_err(TransferError::from)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn upload(
+    local: &std::path::Path,
+    host: &str,
+    port: u16,
+    rpath: &str,
+    opts: &CopyOptions,
+    mut session: SessionOptions,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<Attempt, TransferError> {
+    let entries = enumerate_local(local, opts.recursive).await?;
+    if opts.range.is_some()
+        && (entries.len() != 1 || entries[0].kind != wire::data::EntryKind::File)
+    {
+        return Err(TransferError::Usage(
+            "--offset/--length apply to a single file".into(),
+        ));
+    }
+    let files = entries.len() as u64;
+    let bytes: u64 = match opts.range {
+        Some((_, l)) => l,
+        None => entries.iter().map(|e| e.size).sum(),
+    };
+    let limits = sys::host_limits();
+    let mut s = conn::connect_control(host, port, opts.tls.as_ref(), &limits).await?;
+    let p = plan_for(s.rtt, limits, s.limits.clone(), bytes, files, opts);
+    session.streams = Some(p.streams);
+    if p.socket_buffer.is_some() && session.tcp_buffer.is_none() {
+        session.tcp_buffer = p.socket_buffer;
+    }
+    let _ = events.send(Event::Plan {
+        streams: p.streams,
+        explanation: p.explanation.clone(),
+    });
+    let (id, key) = random_ids();
+    s.writer
+        .send_request(&Request::OpenSink {
+            session: id,
+            key,
+            dest: rpath.to_string(),
+            options: session.clone(),
+        })
+        .await?;
+    match expect_ready(&mut s).await? {
+        Response::SinkReady { .. } => {}
+        other => {
+            return Err(TransferError::Protocol(format!(
+                "unexpected answer to the sink request: {other:?}"
+            )));
+        }
+    }
+    let target = stream_target(&s, opts.tls.as_ref(), &session, id, key, session.tcp_buffer)?;
+    let (tx, rx) = mpsc::channel(64);
+    let opener = tokio::spawn(open_streams(target, 0, p.streams, tx, cancel.clone()));
+    let spec = SourceSpec {
+        root: Arc::new(Root::Ambient),
+        entries,
+        range: opts.range,
+        options: session.clone(),
+    };
+    let source = run_source(spec, rx, counters.clone(), events.clone(), cancel.clone());
+    tokio::pin!(source);
+    // The endpoint reports errors of the whole session on the control connection meanwhile.
+    let outcome = loop {
+        tokio::select! {
+            r = &mut source => break r,
+            resp = s.reader.response() => match resp {
+                Ok(Response::Error(e)) => { cancel.cancel(); let _ = (&mut source).await; return Err(e.into()); }
+                Ok(Response::Done(_)) | Err(_) => {
+                    // The sink ended before the source: let the source tell why.
+                    break (&mut source).await;
+                }
+                Ok(_) => {}
+            },
+        }
+    };
+    let open_errors = opener.await.unwrap_or_default();
+    let outcome = match outcome {
+        Err(TransferError::Connect(_)) | Err(TransferError::Interrupted)
+            if !open_errors.is_empty() && !cancel.is_cancelled() =>
+        {
+            return Err(open_errors.into_iter().next().expect("non-empty"));
+        }
+        other => other?,
+    };
+    let sink = tokio::time::timeout(Duration::from_secs(30), await_done(&mut s, &events, None))
+        .await
+        .unwrap_or_else(|_| {
+            Err(TransferError::Connect(format!(
+                "{host}: no final report from the destination"
+            )))
+        })
+        .unwrap_or_default();
+    s.writer.shutdown().await;
+    Ok(Attempt {
+        bytes_total: bytes,
+        files,
+        source: SessionSummary {
+            bytes_moved: outcome.stats.bytes_sent,
+            bytes_skipped: outcome.stats.bytes_skipped,
+            files_done: outcome.stats.files_done,
+            files_failed: outcome.stats.files_failed,
+            streams: outcome.streams,
+            blocks_resent: outcome.stats.blocks_resent,
+            streams_lost: outcome.stats.streams_lost,
+            plan: p.explanation.clone(),
+            congestion: outcome.congestion,
+            tcp_retransmits: outcome.tcp_retransmits,
+        },
+        sink,
+        plan: p.explanation,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn download(
+    host: &str,
+    port: u16,
+    rpath: &str,
+    local: &std::path::Path,
+    opts: &CopyOptions,
+    mut session: SessionOptions,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<Attempt, TransferError> {
+    let limits = sys::host_limits();
+    let wants_dir = local.to_string_lossy().ends_with('/');
+    let dest =
+        Destination::resolve(&Root::Ambient, local, wants_dir).map_err(TransferError::from)?;
+    let mut s = conn::connect_control(host, port, opts.tls.as_ref(), &limits).await?;
+    let (id, key) = random_ids();
+    // Planning needs the dataset size, which only the source knows: ask first with a plan
+    // for the path alone, then refine nothing (streams are opened by us after the answer).
+    s.writer
+        .send_request(&Request::OpenSource {
+            session: id,
+            key,
+            path: rpath.to_string(),
+            recursive: opts.recursive,
+            range: opts.range,
+            options: session.clone(),
+            push: None,
+        })
+        .await?;
+    let (files, bytes) = match expect_ready(&mut s).await? {
+        Response::SourceReady { files, bytes } => (files, bytes),
+        other => {
+            return Err(TransferError::Protocol(format!(
+                "unexpected answer to the source request: {other:?}"
+            )));
+        }
+    };
+    Counters::set(&counters.total_bytes, bytes);
+    Counters::set(&counters.total_files, files);
+    let p = plan_for(s.rtt, s.limits.clone(), limits, bytes, files, opts);
+    session.streams = Some(p.streams);
+    let buffer = session.tcp_buffer.or(p.socket_buffer);
+    let _ = events.send(Event::Plan {
+        streams: p.streams,
+        explanation: p.explanation.clone(),
+    });
+    let target = stream_target(&s, opts.tls.as_ref(), &session, id, key, buffer)?;
+    let (tx, rx) = mpsc::channel(64);
+    let opener = tokio::spawn(open_streams(target, 0, p.streams, tx, cancel.clone()));
+    let spec = SinkSpec {
+        root: Arc::new(Root::Ambient),
+        dest,
+        options: session,
+    };
+    let sink = run_sink(spec, rx, counters.clone(), events.clone(), cancel.clone());
+    tokio::pin!(sink);
+    let mut source_summary = None;
+    let outcome = loop {
+        tokio::select! {
+            r = &mut sink => break r,
+            resp = s.reader.response(), if source_summary.is_none() => match resp {
+                Ok(Response::Error(e)) => { cancel.cancel(); let _ = (&mut sink).await; return Err(e.into()); }
+                Ok(Response::Done(summary)) => source_summary = Some(summary),
+                Err(e) => { cancel.cancel(); let _ = (&mut sink).await; return Err(e); }
+                Ok(_) => {}
+            },
+        }
+    };
+    let open_errors = opener.await.unwrap_or_default();
+    let outcome = match outcome {
+        Err(TransferError::Connect(_)) if !open_errors.is_empty() => {
+            return Err(open_errors.into_iter().next().expect("non-empty"));
+        }
+        other => other?,
+    };
+    let source = match source_summary {
+        Some(s) => s,
+        None => tokio::time::timeout(Duration::from_secs(30), await_done(&mut s, &events, None))
+            .await
+            .unwrap_or_else(|_| {
+                Err(TransferError::Connect(format!(
+                    "{host}: no final report from the source"
+                )))
+            })?,
+    };
+    s.writer.shutdown().await;
+    Ok(Attempt {
+        bytes_total: bytes,
+        files,
+        source,
+        sink: SessionSummary {
+            bytes_moved: outcome.stats.bytes_written,
+            bytes_skipped: outcome.stats.bytes_resumed,
+            files_done: outcome.stats.files_done,
+            files_failed: outcome.stats.files_failed,
+            streams: outcome.streams,
+            ..Default::default()
+        },
+        plan: p.explanation,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn third_party(
+    a: (&str, u16, &str),
+    b: (&str, u16, &str),
+    opts: &CopyOptions,
+    session: SessionOptions,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<Attempt, TransferError> {
+    let limits = sys::host_limits();
+    let (sa, sb) = tokio::join!(
+        conn::connect_control(a.0, a.1, opts.tls.as_ref(), &limits),
+        conn::connect_control(b.0, b.1, opts.tls.as_ref(), &limits)
+    );
+    let (mut sa, mut sb) = (sa?, sb?);
+    let (id_b, key_b) = random_ids();
+    sb.writer
+        .send_request(&Request::OpenSink {
+            session: id_b,
+            key: key_b,
+            dest: b.2.to_string(),
+            options: session.clone(),
+        })
+        .await?;
+    match expect_ready(&mut sb).await? {
+        Response::SinkReady { .. } => {}
+        other => {
+            return Err(TransferError::Protocol(format!(
+                "unexpected answer to the sink request: {other:?}"
+            )));
+        }
+    }
+    let (id_a, key_a) = random_ids();
+    let push = PushTarget {
+        addr: conn::format_addr(b.0, b.1),
+        server_name: b.0.to_string(),
+        session: id_b,
+        key: key_b,
+        peer_limits: sb.limits.clone(),
+    };
+    sa.writer
+        .send_request(&Request::OpenSource {
+            session: id_a,
+            key: key_a,
+            path: a.2.to_string(),
+            recursive: opts.recursive,
+            range: opts.range,
+            options: session.clone(),
+            push: Some(push),
+        })
+        .await?;
+    let (files, bytes) = match expect_ready(&mut sa).await? {
+        Response::SourceReady { files, bytes } => (files, bytes),
+        other => {
+            return Err(TransferError::Protocol(format!(
+                "unexpected answer to the source request: {other:?}"
+            )));
+        }
+    };
+    Counters::set(&counters.total_bytes, bytes);
+    Counters::set(&counters.total_files, files);
+    let mut done_a: Option<SessionSummary> = None;
+    let mut done_b: Option<SessionSummary> = None;
+    while done_a.is_none() || done_b.is_none() {
+        tokio::select! {
+            r = sa.reader.response(), if done_a.is_none() => match r? {
+                Response::Done(s) => done_a = Some(s),
+                Response::Error(e) => return Err(e.into()),
+                Response::FileFailed { path, error } => { let _ = events.send(Event::FileFailed { path, error }); }
+                _ => {}
+            },
+            r = sb.reader.response(), if done_b.is_none() => match r? {
+                Response::Done(s) => done_b = Some(s),
+                Response::Error(e) => return Err(e.into()),
+                Response::Progress { bytes, files } => {
+                    Counters::set(&counters.bytes_done, bytes);
+                    Counters::set(&counters.files_done, files);
+                }
+                Response::FileDone { path, bytes, digests } => {
+                    let _ = events.send(Event::FileDone { path, size: bytes, digests, skipped: false });
+                }
+                Response::FileFailed { path, error } => { let _ = events.send(Event::FileFailed { path, error }); }
+                _ => {}
+            },
+            _ = cancel.cancelled() => {
+                let _ = sa.writer.send_request(&Request::Cancel).await;
+                let _ = sb.writer.send_request(&Request::Cancel).await;
+                return Err(TransferError::Interrupted);
+            }
+        }
+    }
+    let source = done_a.unwrap_or_default();
+    let sink = done_b.unwrap_or_default();
+    Counters::set(
+        &counters.bytes_done,
+        source.bytes_moved + source.bytes_skipped,
+    );
+    sa.writer.shutdown().await;
+    sb.writer.shutdown().await;
+    let plan = source.plan.clone();
+    Ok(Attempt {
+        bytes_total: bytes,
+        files,
+        source,
+        sink,
+        plan,
+    })
+}

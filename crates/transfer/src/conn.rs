@@ -1,0 +1,632 @@
+//! Connections: establishing them (TCP with socket tuning, then TLS 1.3 or, for `--insecure`
+//! tests only, plain), telling control from data connections on a shared port, the bind
+//! handshake that ties a data connection to an authenticated session, and frame I/O.
+//!
+//! Every connection starts with either a TLS ClientHello, or one of two 8-byte magics for
+//! plain connections: `HAULDAT1` (a clear data stream, authenticated by challenge-response
+//! against the session key) or `HAULCTL1` (a control connection of an `--insecure` endpoint).
+
+use crate::error::TransferError;
+use crate::sys;
+use crate::tls;
+use rustls::pki_types::ServerName;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use wire::codec::{DecodeError, FrameHeader, HEADER_LEN};
+use wire::control::{self, Bind, BindResult, Challenge, DataKey, HostLimits, SessionId};
+use wire::error::{ErrorInfo, ErrorKind};
+
+/// First bytes of a plain control connection (`--insecure` endpoints only).
+pub const CONTROL_MAGIC: &[u8; 8] = b"HAULCTL1";
+
+/// How long a peer has to complete a handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A connection, plain or TLS.
+pub enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
+}
+
+impl Io {
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Io::Plain(s) => s,
+            Io::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Io::Tls(_))
+    }
+
+    /// Splits into halves that can be used from different tasks.
+    pub fn split(self) -> (Reader, Writer) {
+        match self {
+            Io::Plain(s) => {
+                let (r, w) = s.into_split();
+                (Reader::Plain(r), Writer::Plain(w))
+            }
+            Io::Tls(s) => {
+                let (r, w) = tokio::io::split(s);
+                (Reader::Tls(r), Writer::Tls(w))
+            }
+        }
+    }
+}
+
+macro_rules! delegate_read {
+    ($t:ty, $($v:ident),+) => {
+        impl AsyncRead for $t {
+            fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_read(cx, buf),)+ }
+            }
+        }
+    };
+}
+macro_rules! delegate_write {
+    ($t:ty, $($v:ident),+) => {
+        impl AsyncWrite for $t {
+            fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_write(cx, buf),)+ }
+            }
+            fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_write_vectored(cx, bufs),)+ }
+            }
+            fn is_write_vectored(&self) -> bool {
+                match self { $(Self::$v(s) => s.is_write_vectored(),)+ }
+            }
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_flush(cx),)+ }
+            }
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_shutdown(cx),)+ }
+            }
+        }
+    };
+}
+
+delegate_read!(Io, Plain, Tls);
+delegate_write!(Io, Plain, Tls);
+
+/// Read half of a connection.
+pub enum Reader {
+    Plain(tokio::net::tcp::OwnedReadHalf),
+    Tls(tokio::io::ReadHalf<Box<tokio_rustls::TlsStream<TcpStream>>>),
+}
+delegate_read!(Reader, Plain, Tls);
+
+/// Write half of a connection. The plain half exposes its socket for `sendfile`.
+pub enum Writer {
+    Plain(tokio::net::tcp::OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<Box<tokio_rustls::TlsStream<TcpStream>>>),
+}
+delegate_write!(Writer, Plain, Tls);
+
+fn decode_err(peer: &str, e: DecodeError) -> TransferError {
+    TransferError::Protocol(format!("{peer}: {e}"))
+}
+
+fn io_err(peer: &str, e: io::Error) -> TransferError {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            TransferError::Connect(format!("{peer}: connection closed unexpectedly"))
+        }
+        _ => TransferError::Connect(format!("{peer}: {e}")),
+    }
+}
+
+/// Reads a frame header; `Ok(None)` on a clean end of stream at a frame boundary.
+pub async fn read_header<R: AsyncRead + Unpin>(
+    r: &mut R,
+    limits: fn(u8) -> Option<(u32, u32)>,
+    peer: &str,
+) -> Result<Option<FrameHeader>, TransferError> {
+    let mut h = [0u8; HEADER_LEN];
+    let n = r.read(&mut h[..1]).await.map_err(|e| io_err(peer, e))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    r.read_exact(&mut h[1..])
+        .await
+        .map_err(|e| io_err(peer, e))?;
+    FrameHeader::decode(h, limits)
+        .map(Some)
+        .map_err(|e| decode_err(peer, e))
+}
+
+/// Reads a frame body of `len` bytes (already checked against the frame limits).
+pub async fn read_body<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: u32,
+    peer: &str,
+) -> Result<Vec<u8>, TransferError> {
+    let mut body = vec![0u8; len as usize];
+    r.read_exact(&mut body).await.map_err(|e| io_err(peer, e))?;
+    Ok(body)
+}
+
+/// Reads one whole frame (header and body); `Ok(None)` at a clean end of stream.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    limits: fn(u8) -> Option<(u32, u32)>,
+    peer: &str,
+) -> Result<Option<(FrameHeader, Vec<u8>)>, TransferError> {
+    let Some(h) = read_header(r, limits, peer).await? else {
+        return Ok(None);
+    };
+    let body = read_body(r, h.len, peer).await?;
+    Ok(Some((h, body)))
+}
+
+pub async fn write_all<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    peer: &str,
+) -> Result<(), TransferError> {
+    w.write_all(bytes).await.map_err(|e| io_err(peer, e))
+}
+
+/// The smoothed (or, when known, minimum) round trip time of a connection.
+pub fn rtt(tcp: &TcpStream) -> Option<Duration> {
+    let info = sys::tcp_info(tcp).ok()?;
+    let us = if info.min_rtt > 0 && info.min_rtt != u32::MAX {
+        info.min_rtt
+    } else {
+        info.rtt
+    };
+    (us > 0).then(|| Duration::from_micros(us as u64))
+}
+
+/// Resolves `host:port` and connects, with explicit socket buffers when given (they must be
+/// set before the handshake to count for window scaling).
+pub async fn connect_tcp(addr: &str, buffer: Option<u64>) -> Result<TcpStream, TransferError> {
+    let fail = |e: String| TransferError::Connect(format!("cannot connect to {addr}: {e}"));
+    let resolved: Vec<_> = tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio::net::lookup_host(addr))
+        .await
+        .map_err(|_| fail("name resolution timed out".into()))?
+        .map_err(|e| fail(e.to_string()))?
+        .collect();
+    let mut last = fail("no address".into());
+    for sa in resolved {
+        let sock = if sa.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        }
+        .map_err(|e| fail(e.to_string()))?;
+        if let Some(b) = buffer {
+            let b = b.min(i32::MAX as u64 / 2) as u32;
+            let _ = sock.set_send_buffer_size(b);
+            let _ = sock.set_recv_buffer_size(b);
+        }
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, sock.connect(sa)).await {
+            Ok(Ok(s)) => {
+                let _ = sys::set_nodelay(&s);
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = fail(e.to_string()),
+            Err(_) => last = fail("connection timed out".into()),
+        }
+    }
+    Err(last)
+}
+
+/// TLS settings of a connecting side.
+#[derive(Clone)]
+pub struct ClientTls {
+    pub config: Arc<rustls::ClientConfig>,
+}
+
+impl ClientTls {
+    pub async fn handshake(
+        &self,
+        tcp: TcpStream,
+        host: &str,
+        peer: &str,
+    ) -> Result<Io, TransferError> {
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|_| TransferError::Usage(format!("{host:?} is not a valid host name")))?;
+        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp))
+            .await
+            .map_err(|_| TransferError::Connect(format!("{peer}: TLS handshake timed out")))?
+            .map_err(|e| tls::explain_tls_error(peer, &e))?;
+        Ok(Io::Tls(Box::new(tokio_rustls::TlsStream::Client(tls))))
+    }
+}
+
+/// Where and how to open data connections of a session.
+#[derive(Clone)]
+pub struct StreamTarget {
+    pub addr: String,
+    pub host: String,
+    /// `Some` for private (TLS) data streams.
+    pub tls: Option<ClientTls>,
+    pub session: SessionId,
+    pub key: DataKey,
+    pub buffer: Option<u64>,
+    pub limits: HostLimits,
+}
+
+/// Opens data connection `stream` of a session and binds it.
+pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<Io, TransferError> {
+    let peer = format!("{} (data stream {stream})", t.addr);
+    let tcp = connect_tcp(&t.addr, t.buffer).await?;
+    let (mut io, nonce) = match &t.tls {
+        None => {
+            let mut io = Io::Plain(tcp);
+            write_all(&mut io, control::DATA_MAGIC, &peer).await?;
+            let (h, body) = tokio::time::timeout(
+                HANDSHAKE_TIMEOUT,
+                read_frame(&mut io, control::limits, &peer),
+            )
+            .await
+            .map_err(|_| {
+                TransferError::Connect(format!("{peer}: no challenge from the endpoint"))
+            })??
+            .ok_or_else(|| {
+                TransferError::Connect(format!("{peer}: closed during the bind handshake"))
+            })?;
+            let c: Challenge = control::decode_bind_frame(control::KIND_CHALLENGE, h, &body)
+                .map_err(|e| decode_err(&peer, e))?;
+            if c.version != control::PROTOCOL_VERSION {
+                return Err(TransferError::Protocol(format!(
+                    "{peer}: endpoint speaks protocol version {}, we speak {}",
+                    c.version,
+                    control::PROTOCOL_VERSION
+                )));
+            }
+            (io, c.nonce)
+        }
+        Some(tls) => {
+            let io = tls.handshake(tcp, &t.host, &peer).await?;
+            let nonce = match &io {
+                Io::Tls(s) => match s.as_ref() {
+                    tokio_rustls::TlsStream::Client(c) => tls::exporter_nonce(c.get_ref().1)?,
+                    tokio_rustls::TlsStream::Server(c) => tls::exporter_nonce(c.get_ref().1)?,
+                },
+                Io::Plain(_) => unreachable!("handshake returns TLS"),
+            };
+            (io, nonce)
+        }
+    };
+    let bind = Bind {
+        version: control::PROTOCOL_VERSION,
+        session: t.session,
+        stream,
+        proof: control::bind_proof(&t.key, &nonce, &t.session, stream),
+        limits: t.limits.clone(),
+    };
+    write_all(&mut io, &control::encode_bind(&bind), &peer).await?;
+    let (h, body) = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        read_frame(&mut io, control::limits, &peer),
+    )
+    .await
+    .map_err(|_| TransferError::Connect(format!("{peer}: no answer to the bind")))??
+    .ok_or_else(|| TransferError::Connect(format!("{peer}: closed during the bind handshake")))?;
+    match control::decode_bind_frame::<BindResult>(control::KIND_BIND_RESULT, h, &body)
+        .map_err(|e| decode_err(&peer, e))?
+    {
+        BindResult::Accepted => Ok(io),
+        BindResult::Refused(e) => Err(e.into()),
+    }
+}
+
+/// What arrived on the endpoint's port.
+pub enum Accepted {
+    /// A control connection (TLS, or plain for `--insecure`), with the peer's subject and the
+    /// first byte already read from it (to tell it from a data connection).
+    Control {
+        io: Io,
+        subject: Option<String>,
+        first: Option<u8>,
+    },
+    /// A data connection asking to join a session; `nonce` is what its proof must cover.
+    Data { io: Io, bind: Bind, nonce: [u8; 32] },
+}
+
+/// Classifies and authenticates a new connection on the endpoint side.
+pub async fn accept(
+    tcp: TcpStream,
+    tls: Option<&tokio_rustls::TlsAcceptor>,
+    peer: &str,
+) -> Result<Accepted, TransferError> {
+    let _ = sys::set_nodelay(&tcp);
+    let mut magic = [0u8; 8];
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    loop {
+        let n = tokio::time::timeout_at(deadline, tcp.peek(&mut magic))
+            .await
+            .map_err(|_| TransferError::Connect(format!("{peer}: handshake timed out")))?
+            .map_err(|e| io_err(peer, e))?;
+        if n == 0 {
+            return Err(TransferError::Connect(format!(
+                "{peer}: closed before the handshake"
+            )));
+        }
+        if n >= 8 || magic[0] == 0x16 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if &magic == control::DATA_MAGIC {
+        let mut io = Io::Plain(tcp);
+        io.read_exact(&mut magic)
+            .await
+            .map_err(|e| io_err(peer, e))?;
+        let nonce: [u8; 32] = rand::random();
+        let c = Challenge {
+            version: control::PROTOCOL_VERSION,
+            nonce,
+        };
+        write_all(&mut io, &control::encode_challenge(&c), peer).await?;
+        let (h, body) = tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            read_frame(&mut io, control::limits, peer),
+        )
+        .await
+        .map_err(|_| TransferError::Connect(format!("{peer}: bind timed out")))??
+        .ok_or_else(|| TransferError::Connect(format!("{peer}: closed before binding")))?;
+        let bind = control::decode_bind_frame(control::KIND_BIND, h, &body)
+            .map_err(|e| decode_err(peer, e))?;
+        return Ok(Accepted::Data { io, bind, nonce });
+    }
+    if &magic == CONTROL_MAGIC {
+        let mut io = Io::Plain(tcp);
+        io.read_exact(&mut magic)
+            .await
+            .map_err(|e| io_err(peer, e))?;
+        if tls.is_some() {
+            let e = ErrorInfo::new(
+                ErrorKind::Authentication,
+                "this endpoint requires TLS with a certificate; drop --insecure and pass --cert/--key/--ca",
+            );
+            let _ = write_all(&mut io, &wire::control::Response::Error(e).encode(), peer).await;
+            return Err(TransferError::Auth(format!(
+                "{peer}: plain control connection refused"
+            )));
+        }
+        return Ok(Accepted::Control {
+            io,
+            subject: None,
+            first: None,
+        });
+    }
+    let Some(acceptor) = tls else {
+        return Err(TransferError::Auth(format!(
+            "{peer}: TLS connection to an --insecure endpoint refused (the client must use --insecure too)"
+        )));
+    };
+    let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+        .await
+        .map_err(|_| TransferError::Connect(format!("{peer}: TLS handshake timed out")))?
+        .map_err(|e| tls::explain_tls_error(peer, &e))?;
+    let subject = tls::peer_subject(stream.get_ref().1);
+    let nonce = tls::exporter_nonce(stream.get_ref().1)?;
+    let mut io = Io::Tls(Box::new(tokio_rustls::TlsStream::Server(stream)));
+    let mut first = [0u8; 1];
+    let n = tokio::time::timeout(HANDSHAKE_TIMEOUT, peek_tls_kind(&mut io, &mut first))
+        .await
+        .map_err(|_| TransferError::Connect(format!("{peer}: no request after the handshake")))??;
+    if n == 0 {
+        return Err(TransferError::Connect(format!(
+            "{peer}: closed after the handshake"
+        )));
+    }
+    if first[0] == control::KIND_BIND {
+        let mut rest = [0u8; HEADER_LEN - 1];
+        io.read_exact(&mut rest)
+            .await
+            .map_err(|e| io_err(peer, e))?;
+        let mut h = [0u8; HEADER_LEN];
+        h[0] = first[0];
+        h[1..].copy_from_slice(&rest);
+        let header = FrameHeader::decode(h, control::limits).map_err(|e| decode_err(peer, e))?;
+        let body = read_body(&mut io, header.len, peer).await?;
+        let bind = control::decode_bind_frame(control::KIND_BIND, header, &body)
+            .map_err(|e| decode_err(peer, e))?;
+        return Ok(Accepted::Data { io, bind, nonce });
+    }
+    Ok(Accepted::Control {
+        io,
+        subject,
+        first: Some(first[0]),
+    })
+}
+
+async fn peek_tls_kind(io: &mut Io, first: &mut [u8; 1]) -> Result<usize, TransferError> {
+    io.read(first).await.map_err(|e| io_err("peer", e))
+}
+
+/// A control connection: requests one way, responses the other, as whole frames.
+pub struct ControlConn {
+    reader: tokio::io::BufReader<tokio::io::ReadHalf<Io>>,
+    writer: tokio::io::WriteHalf<Io>,
+    first: Option<u8>,
+    pub peer: String,
+}
+
+impl ControlConn {
+    pub fn new(io: Io, first: Option<u8>, peer: String) -> Self {
+        let (r, w) = tokio::io::split(io);
+        Self {
+            reader: tokio::io::BufReader::new(r),
+            writer: w,
+            first,
+            peer,
+        }
+    }
+
+    /// Splits into a receiving and a sending half.
+    pub fn split(self) -> (ControlReader, ControlWriter) {
+        (
+            ControlReader {
+                reader: self.reader,
+                first: self.first,
+                peer: self.peer.clone(),
+            },
+            ControlWriter {
+                writer: self.writer,
+                peer: self.peer,
+            },
+        )
+    }
+}
+
+/// Receiving half of a control connection.
+pub struct ControlReader {
+    reader: tokio::io::BufReader<tokio::io::ReadHalf<Io>>,
+    first: Option<u8>,
+    pub peer: String,
+}
+
+impl ControlReader {
+    /// The next frame, or `None` when the peer closed the connection.
+    pub async fn frame(&mut self) -> Result<Option<(FrameHeader, Vec<u8>)>, TransferError> {
+        let Some(first) = self.first.take() else {
+            return read_frame(&mut self.reader, control::limits, &self.peer).await;
+        };
+        let mut h = [0u8; HEADER_LEN];
+        h[0] = first;
+        self.reader
+            .read_exact(&mut h[1..])
+            .await
+            .map_err(|e| io_err(&self.peer, e))?;
+        let header =
+            FrameHeader::decode(h, control::limits).map_err(|e| decode_err(&self.peer, e))?;
+        let body = read_body(&mut self.reader, header.len, &self.peer).await?;
+        Ok(Some((header, body)))
+    }
+
+    pub async fn request(&mut self) -> Result<Option<control::Request>, TransferError> {
+        match self.frame().await? {
+            None => Ok(None),
+            Some((h, body)) => control::decode_request(h, &body)
+                .map(Some)
+                .map_err(|e| decode_err(&self.peer, e)),
+        }
+    }
+
+    pub async fn response(&mut self) -> Result<control::Response, TransferError> {
+        match self.frame().await? {
+            None => Err(TransferError::Connect(format!(
+                "{}: the endpoint closed the connection",
+                self.peer
+            ))),
+            Some((h, body)) => {
+                control::decode_response(h, &body).map_err(|e| decode_err(&self.peer, e))
+            }
+        }
+    }
+}
+
+/// Sending half of a control connection.
+pub struct ControlWriter {
+    writer: tokio::io::WriteHalf<Io>,
+    pub peer: String,
+}
+
+impl ControlWriter {
+    pub async fn send_request(&mut self, r: &control::Request) -> Result<(), TransferError> {
+        write_all(&mut self.writer, &r.encode(), &self.peer).await?;
+        self.writer.flush().await.map_err(|e| io_err(&self.peer, e))
+    }
+
+    pub async fn send_response(&mut self, r: &control::Response) -> Result<(), TransferError> {
+        write_all(&mut self.writer, &r.encode(), &self.peer).await?;
+        self.writer.flush().await.map_err(|e| io_err(&self.peer, e))
+    }
+
+    pub async fn shutdown(&mut self) {
+        let _ = self.writer.shutdown().await;
+    }
+}
+
+/// A connected, greeted control connection from the client side.
+pub struct Session {
+    pub reader: ControlReader,
+    pub writer: ControlWriter,
+    pub rtt: Duration,
+    pub welcome_identity: String,
+    pub limits: HostLimits,
+    pub host: String,
+    pub port: u16,
+}
+
+/// Connects a control connection to `host:port` and exchanges hellos.
+pub async fn connect_control(
+    host: &str,
+    port: u16,
+    tls: Option<&ClientTls>,
+    limits: &HostLimits,
+) -> Result<Session, TransferError> {
+    let addr = format_addr(host, port);
+    let tcp = connect_tcp(&addr, None).await?;
+    let io = match tls {
+        Some(t) => t.handshake(tcp, host, &addr).await?,
+        None => {
+            let mut io = Io::Plain(tcp);
+            write_all(&mut io, CONTROL_MAGIC, &addr).await?;
+            io
+        }
+    };
+    let handshake_rtt = rtt(io.tcp());
+    let (mut reader, mut writer) = ControlConn::new(io, None, addr.clone()).split();
+    let started = std::time::Instant::now();
+    writer
+        .send_request(&control::Request::Hello {
+            version: control::PROTOCOL_VERSION,
+            agent: format!("haul/{}", env!("CARGO_PKG_VERSION")),
+            limits: limits.clone(),
+        })
+        .await?;
+    let reply = tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.response())
+        .await
+        .map_err(|_| TransferError::Connect(format!("{addr}: no answer to hello")))??;
+    let hello_rtt = started.elapsed();
+    match reply {
+        control::Response::Welcome {
+            version,
+            identity,
+            limits,
+            ..
+        } => {
+            if version != control::PROTOCOL_VERSION {
+                return Err(TransferError::Protocol(format!(
+                    "{addr}: endpoint speaks protocol version {version}, we speak {}",
+                    control::PROTOCOL_VERSION
+                )));
+            }
+            let rtt = handshake_rtt.map(|r| r.min(hello_rtt)).unwrap_or(hello_rtt);
+            Ok(Session {
+                reader,
+                writer,
+                rtt,
+                welcome_identity: identity,
+                limits,
+                host: host.to_string(),
+                port,
+            })
+        }
+        control::Response::Error(e) => Err(e.into()),
+        other => Err(TransferError::Protocol(format!(
+            "{addr}: unexpected answer to hello: {other:?}"
+        ))),
+    }
+}
+
+/// `host:port`, bracketing IPv6 literals.
+pub fn format_addr(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}

@@ -1,0 +1,672 @@
+//! The standalone endpoint (`haul serve`): exports one directory tree for reading and writing
+//! over the data protocol, the way a GridFTP server is used.
+//!
+//! One TCP port carries everything. A control connection (TLS 1.3, client certificate mapped
+//! to a local identity by the mapfile) opens a sink or source session; the session's data
+//! connections arrive on the same port and bind to it by proving the session key. For a
+//! third-party transfer the source endpoint itself connects to the destination endpoint, so
+//! the data never passes through the client.
+
+use crate::conn::{self, Accepted, ClientTls, ControlReader, ControlWriter, Io, StreamTarget};
+use crate::error::TransferError;
+use crate::progress::{Counters, Event};
+use crate::sink_session::{SinkSpec, run_sink};
+use crate::source_session::{SourceSpec, run_source};
+use crate::store::{self, Destination, Root, SourceEntry};
+use crate::sys;
+use crate::tls::Mapfile;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use wire::control::{
+    self, Bind, BindResult, DataKey, HostLimits, Protect, PushTarget, Request, Response, SessionId,
+    SessionOptions, SessionSummary,
+};
+use wire::error::{ErrorInfo, ErrorKind};
+use wire::plan::{Choices, PathFacts, plan};
+
+/// TLS material of an endpoint: its server configuration (client certificates required) and a
+/// client configuration with its host certificate, used to push data to other endpoints.
+#[derive(Clone)]
+pub struct EndpointTls {
+    pub server: Arc<rustls::ServerConfig>,
+    pub client: Arc<rustls::ClientConfig>,
+}
+
+/// Configuration of an endpoint.
+pub struct EndpointConfig {
+    pub root: PathBuf,
+    /// `None` runs without TLS (`--insecure`, local tests only).
+    pub tls: Option<EndpointTls>,
+    pub mapfile: Mapfile,
+    pub max_connections: usize,
+    pub read_only: bool,
+    /// Link rate assumed when planning pushes (bits/s).
+    pub link_bps: u64,
+}
+
+struct Registered {
+    key: DataKey,
+    protect: Protect,
+    conns: mpsc::Sender<(u32, Io)>,
+    seen: Mutex<HashSet<u32>>,
+}
+
+struct Endpoint {
+    cfg: EndpointConfig,
+    root: Arc<Root>,
+    sessions: Mutex<HashMap<SessionId, Arc<Registered>>>,
+    limits: HostLimits,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// Serves until `shutdown` completes. Connections beyond `max_connections` are refused.
+pub async fn run(
+    cfg: EndpointConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), TransferError> {
+    let root = Root::confined(&cfg.root).map_err(|e| {
+        TransferError::Usage(format!(
+            "cannot export {}: {e} (it must be an existing directory)",
+            cfg.root.display()
+        ))
+    })?;
+    let acceptor = cfg
+        .tls
+        .as_ref()
+        .map(|t| tokio_rustls::TlsAcceptor::from(t.server.clone()));
+    let limit = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    let ep = Arc::new(Endpoint {
+        cfg,
+        root: Arc::new(root),
+        sessions: Mutex::new(HashMap::new()),
+        limits: sys::host_limits(),
+        acceptor,
+    });
+    let stop = CancellationToken::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (tcp, addr) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    tracing::warn!(%addr, "connection limit reached; refusing");
+                    continue;
+                };
+                let ep = ep.clone();
+                let stop = stop.child_token();
+                tokio::spawn(async move {
+                    handle(ep, tcp, addr.to_string(), stop).await;
+                    drop(permit);
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    // Stop accepting; give running sessions a moment to notice their clients are gone.
+    stop.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+async fn handle(
+    ep: Arc<Endpoint>,
+    tcp: tokio::net::TcpStream,
+    peer: String,
+    stop: CancellationToken,
+) {
+    match conn::accept(tcp, ep.acceptor.as_ref(), &peer).await {
+        Ok(Accepted::Data { io, bind, nonce }) => bind_data(&ep, io, bind, nonce, &peer).await,
+        Ok(Accepted::Control { io, subject, first }) => {
+            let conn = conn::ControlConn::new(io, first, peer.clone());
+            if let Err(e) = control(ep, conn, subject, stop).await {
+                tracing::debug!(%peer, error = %e, "control connection ended");
+            }
+        }
+        Err(e) => tracing::info!(%peer, error = %e, "connection refused"),
+    }
+}
+
+async fn refuse(mut io: Io, e: ErrorInfo, peer: &str) {
+    tracing::info!(%peer, error = %e.message, "data connection refused");
+    let _ = conn::write_all(
+        &mut io,
+        &control::encode_bind_result(&BindResult::Refused(e)),
+        peer,
+    )
+    .await;
+}
+
+async fn bind_data(ep: &Endpoint, mut io: Io, bind: Bind, nonce: [u8; 32], peer: &str) {
+    if bind.version != control::PROTOCOL_VERSION {
+        let e = ErrorInfo::new(
+            ErrorKind::Protocol,
+            format!("protocol version {} not supported", bind.version),
+        );
+        return refuse(io, e, peer).await;
+    }
+    // The control request creating the session may still be on its way.
+    let mut reg = None;
+    for _ in 0..500 {
+        if let Some(r) = ep
+            .sessions
+            .lock()
+            .expect("sessions lock")
+            .get(&bind.session)
+        {
+            reg = Some(r.clone());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let Some(reg) = reg else {
+        return refuse(
+            io,
+            ErrorInfo::new(ErrorKind::Authentication, "unknown or finished session"),
+            peer,
+        )
+        .await;
+    };
+    if !control::verify_bind_proof(&reg.key, &nonce, &bind.session, bind.stream, &bind.proof) {
+        return refuse(
+            io,
+            ErrorInfo::new(ErrorKind::Authentication, "session proof does not verify"),
+            peer,
+        )
+        .await;
+    }
+    if reg.protect == Protect::Private && !io.is_tls() {
+        let e = ErrorInfo::new(
+            ErrorKind::Authentication,
+            "this session is private: data streams must use TLS",
+        );
+        return refuse(io, e, peer).await;
+    }
+    if !reg.seen.lock().expect("seen lock").insert(bind.stream) {
+        let e = ErrorInfo::new(
+            ErrorKind::Protocol,
+            format!("stream {} already bound", bind.stream),
+        );
+        return refuse(io, e, peer).await;
+    }
+    if conn::write_all(
+        &mut io,
+        &control::encode_bind_result(&BindResult::Accepted),
+        peer,
+    )
+    .await
+    .is_err()
+    {
+        return;
+    }
+    let _ = reg.conns.send((bind.stream, io)).await;
+}
+
+struct SessionGuard<'a> {
+    ep: &'a Endpoint,
+    id: SessionId,
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.ep
+            .sessions
+            .lock()
+            .expect("sessions lock")
+            .remove(&self.id);
+    }
+}
+
+fn register(
+    ep: &Endpoint,
+    id: SessionId,
+    key: DataKey,
+    protect: Protect,
+) -> Result<mpsc::Receiver<(u32, Io)>, ErrorInfo> {
+    let (tx, rx) = mpsc::channel(256);
+    let mut sessions = ep.sessions.lock().expect("sessions lock");
+    if sessions.contains_key(&id) {
+        return Err(ErrorInfo::new(
+            ErrorKind::Invalid,
+            "session id already in use",
+        ));
+    }
+    sessions.insert(
+        id,
+        Arc::new(Registered {
+            key,
+            protect,
+            conns: tx,
+            seen: Mutex::new(HashSet::new()),
+        }),
+    );
+    Ok(rx)
+}
+
+async fn control(
+    ep: Arc<Endpoint>,
+    conn: conn::ControlConn,
+    subject: Option<String>,
+    stop: CancellationToken,
+) -> Result<(), TransferError> {
+    let (mut reader, mut writer) = conn.split();
+    let identity = match (&ep.acceptor, &subject) {
+        (None, _) => "anonymous".to_string(),
+        (Some(_), Some(s)) => match ep.cfg.mapfile.lookup(s) {
+            Some(id) => id.to_string(),
+            None => {
+                let e = ErrorInfo::new(
+                    ErrorKind::Unmapped,
+                    format!(
+                        "certificate subject {s:?} is not in this endpoint's mapfile; ask its operator to add: \"{s}\" <local-user>"
+                    ),
+                );
+                let _ = writer.send_response(&Response::Error(e)).await;
+                return Err(TransferError::Auth(format!("unmapped subject {s}")));
+            }
+        },
+        (Some(_), None) => {
+            let e = ErrorInfo::new(ErrorKind::Authentication, "no client certificate");
+            let _ = writer.send_response(&Response::Error(e)).await;
+            return Err(TransferError::Auth("no client certificate".into()));
+        }
+    };
+    tracing::info!(peer = %reader.peer, %identity, "control connection");
+    loop {
+        let req = tokio::select! {
+            r = reader.request() => r?,
+            _ = stop.cancelled() => return Ok(()),
+        };
+        let Some(req) = req else { return Ok(()) };
+        match req {
+            Request::Hello { version, .. } => {
+                let reply = Response::Welcome {
+                    version: control::PROTOCOL_VERSION,
+                    agent: format!("haul/{}", env!("CARGO_PKG_VERSION")),
+                    identity: identity.clone(),
+                    subject: subject.clone().unwrap_or_default(),
+                    limits: ep.limits.clone(),
+                };
+                writer.send_response(&reply).await?;
+                if version != control::PROTOCOL_VERSION {
+                    return Ok(());
+                }
+            }
+            Request::Stat { path } => {
+                let reply = match store::remote_rel_path(&path) {
+                    Ok(rel) => Response::Stat(ep.root.metadata(&rel).ok().map(|m| m.info())),
+                    Err(e) => Response::Error(e),
+                };
+                writer.send_response(&reply).await?;
+            }
+            Request::Cancel => {}
+            Request::OpenSink {
+                session,
+                key,
+                dest,
+                options,
+            } => {
+                sink(&ep, &mut reader, &mut writer, session, key, dest, options).await?;
+            }
+            Request::OpenSource {
+                session,
+                key,
+                path,
+                recursive,
+                range,
+                options,
+                push,
+            } => {
+                source(
+                    &ep,
+                    &mut reader,
+                    &mut writer,
+                    session,
+                    key,
+                    path,
+                    recursive,
+                    range,
+                    options,
+                    push,
+                )
+                .await?;
+            }
+        }
+    }
+}
+
+/// Forwards a session's events and progress to the client until it finishes; a closed control
+/// connection or `Cancel` cancels it.
+async fn relay<T>(
+    reader: &mut ControlReader,
+    writer: &mut ControlWriter,
+    counters: &Counters,
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    cancel: &CancellationToken,
+    run: impl Future<Output = Result<T, TransferError>>,
+) -> Result<Result<T, TransferError>, TransferError> {
+    tokio::pin!(run);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut control_open = true;
+    loop {
+        tokio::select! {
+            r = &mut run => {
+                while let Ok(ev) = events.try_recv() {
+                    send_event(writer, ev).await?;
+                }
+                return Ok(r);
+            }
+            Some(ev) = events.recv() => send_event(writer, ev).await?,
+            _ = tick.tick() => {
+                let p = Response::Progress {
+                    bytes: Counters::get(&counters.bytes_done),
+                    files: Counters::get(&counters.files_done),
+                };
+                if writer.send_response(&p).await.is_err() {
+                    cancel.cancel();
+                }
+            }
+            req = reader.request(), if control_open => match req {
+                Ok(Some(Request::Cancel)) | Ok(None) | Err(_) => {
+                    control_open = false;
+                    cancel.cancel();
+                }
+                Ok(Some(other)) => tracing::debug!(?other, "request ignored during a session"),
+            },
+        }
+    }
+}
+
+async fn send_event(writer: &mut ControlWriter, ev: Event) -> Result<(), TransferError> {
+    let msg = match ev {
+        Event::FileDone {
+            path,
+            size,
+            digests,
+            ..
+        } => Response::FileDone {
+            path,
+            bytes: size,
+            digests,
+        },
+        Event::FileFailed { path, error } => Response::FileFailed { path, error },
+        _ => return Ok(()),
+    };
+    writer.send_response(&msg).await
+}
+
+async fn finish(
+    writer: &mut ControlWriter,
+    result: Result<SessionSummary, TransferError>,
+) -> Result<(), TransferError> {
+    match result {
+        Ok(summary) => writer.send_response(&Response::Done(summary)).await,
+        Err(e) => writer.send_response(&Response::Error(e.to_info())).await,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn sink(
+    ep: &Arc<Endpoint>,
+    reader: &mut ControlReader,
+    writer: &mut ControlWriter,
+    session: SessionId,
+    key: DataKey,
+    dest: String,
+    options: SessionOptions,
+) -> Result<(), TransferError> {
+    if ep.cfg.read_only {
+        let e = ErrorInfo::new(ErrorKind::PermissionDenied, "this endpoint is read-only");
+        return writer.send_response(&Response::Error(e)).await;
+    }
+    let resolved = store::remote_rel_path(&dest)
+        .and_then(|rel| Destination::resolve(&ep.root, &rel, dest.ends_with('/')));
+    let dest = match resolved {
+        Ok(d) => d,
+        Err(e) => return writer.send_response(&Response::Error(e)).await,
+    };
+    let conns = match register(ep, session, key, options.protect) {
+        Ok(c) => c,
+        Err(e) => return writer.send_response(&Response::Error(e)).await,
+    };
+    let _guard = SessionGuard { ep, id: session };
+    writer
+        .send_response(&Response::SinkReady {
+            dest_is_dir: dest.into_dir,
+        })
+        .await?;
+    let counters = Arc::new(Counters::default());
+    let (etx, mut erx) = mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let spec = SinkSpec {
+        root: ep.root.clone(),
+        dest,
+        options,
+    };
+    let run = run_sink(spec, conns, counters.clone(), etx, cancel.clone());
+    let run = with_first_stream_deadline(run, &counters, &cancel);
+    let result = relay(reader, writer, &counters, &mut erx, &cancel, run).await?;
+    let summary = result.map(|o| SessionSummary {
+        bytes_moved: o.stats.bytes_written,
+        bytes_skipped: o.stats.bytes_resumed,
+        files_done: o.stats.files_done,
+        files_failed: o.stats.files_failed,
+        streams: o.streams,
+        blocks_resent: o.stats.crc_failures,
+        ..Default::default()
+    });
+    finish(writer, summary).await
+}
+
+/// Fails a session whose first data connection never arrives.
+async fn with_first_stream_deadline<T>(
+    run: impl Future<Output = Result<T, TransferError>>,
+    counters: &Counters,
+    cancel: &CancellationToken,
+) -> Result<T, TransferError> {
+    tokio::pin!(run);
+    let deadline = tokio::time::sleep(Duration::from_secs(60));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            r = &mut run => return r,
+            _ = &mut deadline => {
+                if Counters::get(&counters.activity) > 0 {
+                    return run.await;
+                }
+                cancel.cancel();
+                let _ = (&mut run).await;
+                return Err(TransferError::Connect("no data connection arrived within 60 s".into()));
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn source(
+    ep: &Arc<Endpoint>,
+    reader: &mut ControlReader,
+    writer: &mut ControlWriter,
+    session: SessionId,
+    key: DataKey,
+    path: String,
+    recursive: bool,
+    range: Option<(u64, u64)>,
+    options: SessionOptions,
+    push: Option<PushTarget>,
+) -> Result<(), TransferError> {
+    let entries = match enumerate_remote(ep, &path, recursive).await {
+        Ok(e) => e,
+        Err(e) => return writer.send_response(&Response::Error(e)).await,
+    };
+    if range.is_some() && (entries.len() != 1 || entries[0].kind != wire::data::EntryKind::File) {
+        let e = ErrorInfo::new(
+            ErrorKind::Invalid,
+            "--offset/--length apply to a single file",
+        );
+        return writer.send_response(&Response::Error(e)).await;
+    }
+    let files = entries.len() as u64;
+    let bytes = match range {
+        Some((_, l)) => l,
+        None => entries.iter().map(|e| e.size).sum(),
+    };
+    let counters = Arc::new(Counters::default());
+    let (etx, mut erx) = mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let mut options = options;
+    let (conns, _guard, plan_text) = match &push {
+        None => {
+            let conns = match register(ep, session, key, options.protect) {
+                Ok(c) => c,
+                Err(e) => return writer.send_response(&Response::Error(e)).await,
+            };
+            (conns, Some(SessionGuard { ep, id: session }), String::new())
+        }
+        Some(target) => {
+            let (tx, rx) = mpsc::channel(64);
+            let tls = match (options.protect, &ep.cfg.tls) {
+                (Protect::Clear, _) => None,
+                (Protect::Private, Some(t)) => Some(ClientTls {
+                    config: t.client.clone(),
+                }),
+                (Protect::Private, None) => {
+                    let e = ErrorInfo::new(
+                        ErrorKind::Unsupported,
+                        "--protect private needs TLS, but this endpoint runs --insecure",
+                    );
+                    return writer.send_response(&Response::Error(e)).await;
+                }
+            };
+            let st = StreamTarget {
+                addr: target.addr.clone(),
+                host: target.server_name.clone(),
+                tls,
+                session: target.session,
+                key: target.key,
+                buffer: options.tcp_buffer,
+                limits: ep.limits.clone(),
+            };
+            // The first stream measures the path; the plan decides how many follow.
+            let first = match conn::open_data_stream(&st, 0).await {
+                Ok(io) => io,
+                Err(e) => return writer.send_response(&Response::Error(e.to_info())).await,
+            };
+            let rtt = conn::rtt(first.tcp()).unwrap_or(Duration::from_millis(1));
+            let p = plan(
+                &PathFacts {
+                    rtt,
+                    sender: ep.limits.clone(),
+                    receiver: target.peer_limits.clone(),
+                    total_bytes: bytes,
+                    files,
+                },
+                &Choices {
+                    streams: options.streams,
+                    tcp_buffer: options.tcp_buffer,
+                    rate_bps: options.rate_bps,
+                    link_bps: ep.cfg.link_bps,
+                    ..Default::default()
+                },
+            );
+            options.streams = Some(p.streams);
+            let _ = tx.send((0, first)).await;
+            let n = p.streams;
+            let c2 = cancel.clone();
+            tokio::spawn(async move {
+                open_streams(st, 1, n, tx, c2).await;
+            });
+            (rx, None, p.explanation)
+        }
+    };
+    writer
+        .send_response(&Response::SourceReady { files, bytes })
+        .await?;
+    let spec = SourceSpec {
+        root: ep.root.clone(),
+        entries,
+        range,
+        options,
+    };
+    let run = run_source(spec, conns, counters.clone(), etx, cancel.clone());
+    let run = with_first_stream_deadline(run, &counters, &cancel);
+    let result = relay(reader, writer, &counters, &mut erx, &cancel, run).await?;
+    let summary = result.map(|o| SessionSummary {
+        bytes_moved: o.stats.bytes_sent,
+        bytes_skipped: o.stats.bytes_skipped,
+        files_done: o.stats.files_done,
+        files_failed: o.stats.files_failed,
+        streams: o.streams,
+        blocks_resent: o.stats.blocks_resent,
+        streams_lost: o.stats.streams_lost,
+        plan: plan_text,
+        congestion: o.congestion,
+        tcp_retransmits: o.tcp_retransmits,
+    });
+    finish(writer, summary).await
+}
+
+/// Opens streams `from..to` concurrently and hands them over as they bind; gives up on a
+/// stream after one failure (the session works with the streams it has).
+pub async fn open_streams(
+    target: StreamTarget,
+    from: u32,
+    to: u32,
+    tx: mpsc::Sender<(u32, Io)>,
+    cancel: CancellationToken,
+) -> Vec<TransferError> {
+    let mut tasks = Vec::new();
+    for i in from..to {
+        let (t, tx, cancel) = (target.clone(), tx.clone(), cancel.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                r = conn::open_data_stream(&t, i) => match r {
+                    Ok(io) => { let _ = tx.send((i, io)).await; None }
+                    Err(e) => Some(e),
+                },
+                _ = cancel.cancelled() => None,
+            }
+        }));
+    }
+    drop(tx);
+    let mut errors = Vec::new();
+    for t in tasks {
+        if let Ok(Some(e)) = t.await {
+            tracing::warn!(error = %e, "a data stream could not be opened");
+            errors.push(e);
+        }
+    }
+    errors
+}
+
+async fn enumerate_remote(
+    ep: &Arc<Endpoint>,
+    path: &str,
+    recursive: bool,
+) -> Result<Vec<SourceEntry>, ErrorInfo> {
+    let rel = store::remote_rel_path(path)?;
+    let root = ep.root.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        store::enumerate(&root, &rel, recursive, &mut |e| {
+            out.push(e);
+            true
+        })
+        .map(|()| out)
+    })
+    .await
+    .map_err(|e| ErrorInfo::new(ErrorKind::Io, format!("enumeration failed: {e}")))?
+}

@@ -1,0 +1,74 @@
+//! What a transfer reports while it runs: counters read by progress bars and stall detection,
+//! and per-file events.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use wire::checksum::Digest;
+use wire::error::ErrorInfo;
+
+/// Live counters of a transfer (all sessions and attempts add to the same counters).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Payload bytes confirmed by the destination (or written, on the receiving side).
+    pub bytes_done: AtomicU64,
+    /// Payload bytes given to the network (including resends).
+    pub bytes_sent: AtomicU64,
+    pub files_done: AtomicU64,
+    pub files_failed: AtomicU64,
+    pub total_bytes: AtomicU64,
+    pub total_files: AtomicU64,
+    /// Bytes not sent because the destination already had them.
+    pub bytes_skipped: AtomicU64,
+    /// Any sign of life from the data path (frames, acks), for stall detection.
+    pub activity: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    pub fn set(c: &AtomicU64, n: u64) {
+        c.store(n, Ordering::Relaxed);
+    }
+}
+
+/// Something that happened to a file or a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    FileDone {
+        path: String,
+        size: u64,
+        digests: Vec<Digest>,
+        skipped: bool,
+    },
+    FileFailed {
+        path: String,
+        error: ErrorInfo,
+    },
+    /// Verification failed; the file is sent again from scratch.
+    FileRetry {
+        path: String,
+        attempt: u32,
+        reason: String,
+    },
+    StreamLost {
+        stream: u32,
+    },
+    /// A whole attempt failed and the transfer resumes after a pause.
+    Retrying {
+        attempt: u32,
+        delay_ms: u64,
+        reason: String,
+    },
+    /// How streams and buffers were chosen.
+    Plan {
+        streams: u32,
+        explanation: String,
+    },
+}
+
+pub type EventSender = tokio::sync::mpsc::UnboundedSender<Event>;

@@ -1,0 +1,692 @@
+//! Drives a [`wire::sink::Sink`] over data streams.
+//!
+//! Each stream has a reader task that reads frames straight into pooled buffers and checks
+//! each block's CRC32C as it arrives, and a writer task for its answers (acks, resend requests,
+//! verdicts). Verified blocks go to a pool of writer threads that write them at their offsets
+//! (`pwrite`) and feed the whole-file digests; file operations (open the temporary file,
+//! checkpoint the restart ledger, commit, discard) run on a separate pool so that no stream
+//! waits for an fsync.
+
+use crate::conn::{self, Io, Reader, Writer};
+use crate::error::{TransferError, io_info};
+use crate::faults;
+use crate::pool::{BufPool, PooledBuf, SharedSlice};
+use crate::progress::{Counters, Event, EventSender};
+use crate::store::{self, Destination, Opened, Root};
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use wire::checksum::{Algorithm, InOrderDigest, block_crc};
+use wire::control::SessionOptions;
+use wire::data::{self, BLOCK_HEADER_LEN, BlockHeader, DataFrame, FileBegin, FileId};
+use wire::error::{ErrorInfo, ErrorKind};
+use wire::ranges::RangeSet;
+use wire::sink::{BlockVerdict, Sink, SinkAction, SinkConfig, SinkEvent, SinkStats};
+
+/// Where to receive.
+pub struct SinkSpec {
+    pub root: Arc<Root>,
+    pub dest: Destination,
+    pub options: SessionOptions,
+}
+
+/// What a finished sink session did.
+#[derive(Clone, Debug, Default)]
+pub struct SinkOutcome {
+    pub stats: SinkStats,
+    pub streams: u32,
+}
+
+struct OpenFile {
+    file: std::fs::File,
+    final_path: PathBuf,
+    begin: FileBegin,
+    digest: Mutex<Option<InOrderDigest<SharedSlice>>>,
+}
+
+enum Op {
+    Action(SinkAction),
+}
+
+struct WriteJob {
+    file: FileId,
+    attempt: u32,
+    offset: u64,
+    crc: u32,
+    payload: PooledBuf,
+    new_ranges: RangeSet,
+}
+
+struct Shared {
+    state: Mutex<Sink<(PooledBuf, u32)>>,
+    files: Mutex<HashMap<(FileId, u32), Arc<OpenFile>>>,
+    outboxes: Mutex<HashMap<u32, mpsc::UnboundedSender<DataFrame>>>,
+    ops: flume::Sender<Op>,
+    writes: flume::Sender<WriteJob>,
+    root: Arc<Root>,
+    dest: Destination,
+    algos: Vec<Algorithm>,
+    fsync: bool,
+    digest_budget: u64,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+    failure: Mutex<Option<TransferError>>,
+    pending_ops: AtomicU64,
+    ended: AtomicBool,
+    live_streams: AtomicU64,
+    changed: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Sink<(PooledBuf, u32)>> {
+        self.state.lock().expect("sink state lock")
+    }
+
+    fn fail(&self, e: TransferError) {
+        let mut f = self.failure.lock().expect("failure lock");
+        if f.is_none() {
+            *f = Some(e);
+        }
+        self.cancel.cancel();
+        self.changed.notify_waiters();
+    }
+
+    fn file(&self, file: FileId, attempt: u32) -> Option<Arc<OpenFile>> {
+        self.files
+            .lock()
+            .expect("files lock")
+            .get(&(file, attempt))
+            .cloned()
+    }
+
+    /// Routes the state machine's pending actions (call with the state locked).
+    fn dispatch(&self, st: &mut Sink<(PooledBuf, u32)>) {
+        let stats = st.stats();
+        Counters::set(
+            &self.counters.bytes_done,
+            stats.bytes_written + stats.bytes_resumed,
+        );
+        Counters::set(&self.counters.bytes_skipped, stats.bytes_resumed);
+        Counters::set(&self.counters.files_done, stats.files_done);
+        Counters::set(&self.counters.files_failed, stats.files_failed);
+        while let Some(a) = st.poll_action() {
+            match a {
+                SinkAction::Send { stream, frame } => {
+                    if let Some(tx) = self.outboxes.lock().expect("outbox lock").get(&stream) {
+                        let _ = tx.send(frame);
+                    }
+                }
+                SinkAction::Event(SinkEvent::FileDone {
+                    path,
+                    size,
+                    digests,
+                    skipped,
+                    ..
+                }) => {
+                    let _ = self.events.send(Event::FileDone {
+                        path,
+                        size,
+                        digests,
+                        skipped,
+                    });
+                }
+                SinkAction::Event(SinkEvent::FileFailed { path, error, .. }) => {
+                    let _ = self.events.send(Event::FileFailed { path, error });
+                }
+                other => {
+                    self.pending_ops.fetch_add(1, Ordering::SeqCst);
+                    let _ = self.ops.send(Op::Action(other));
+                }
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn write_verdicts(&self, verdicts: Vec<BlockVerdict<(PooledBuf, u32)>>) {
+        for v in verdicts {
+            if let BlockVerdict::Write {
+                file,
+                attempt,
+                offset,
+                payload: (payload, crc),
+                new_ranges,
+            } = v
+            {
+                let _ = self.writes.send(WriteJob {
+                    file,
+                    attempt,
+                    offset,
+                    crc,
+                    payload,
+                    new_ranges,
+                });
+            }
+        }
+    }
+
+    /// Feeds on-disk ranges the digest needs and reports it when complete.
+    fn catch_up(&self, of: &OpenFile, file: FileId, attempt: u32) {
+        let digests = {
+            let mut guard = of.digest.lock().expect("digest lock");
+            let Some(d) = guard.as_mut() else { return };
+            while let Some((o, l)) = d.poll_need(4 << 20) {
+                let pool = BufPool::new(0);
+                let mut buf = pool.get(l as usize);
+                if let Err(e) = of.file.read_exact_at(buf.as_mut_slice(), o) {
+                    drop(guard);
+                    let info = io_info(&of.begin.path, &e);
+                    let mut st = self.lock();
+                    st.on_written(file, attempt, &RangeSet::new(), Err(info), Instant::now());
+                    self.dispatch(&mut st);
+                    return;
+                }
+                let len = buf.len();
+                d.offer_read_back(
+                    o,
+                    SharedSlice {
+                        buf: Arc::new(buf),
+                        start: 0,
+                        end: len,
+                    },
+                );
+            }
+            if !d.is_complete() {
+                return;
+            }
+            guard.take().and_then(|d| d.finish())
+        };
+        if let Some(digests) = digests {
+            let mut st = self.lock();
+            st.on_digest_complete(file, attempt, digests);
+            self.dispatch(&mut st);
+        }
+    }
+
+    fn do_write(&self, job: WriteJob) {
+        let Some(of) = self.file(job.file, job.attempt) else {
+            return;
+        };
+        let len = job.payload.len() as u64;
+        let result = of
+            .file
+            .write_all_at(job.payload.as_ref(), job.offset)
+            .map_err(|e| io_info(&self.root.display(&of.final_path), &e));
+        if result.is_ok() {
+            faults::moved(len);
+            let whole = job.new_ranges.pairs() == [(job.offset, job.offset + len)];
+            let buf = Arc::new(job.payload);
+            let mut guard = of.digest.lock().expect("digest lock");
+            if let Some(d) = guard.as_mut() {
+                for r in job.new_ranges.iter() {
+                    let (s, e) = (
+                        (r.start - job.offset) as usize,
+                        (r.end - job.offset) as usize,
+                    );
+                    let crc = whole.then_some(job.crc);
+                    d.offer(
+                        r.start,
+                        r.end - r.start,
+                        crc,
+                        Some(SharedSlice {
+                            buf: buf.clone(),
+                            start: s,
+                            end: e,
+                        }),
+                    );
+                }
+            }
+        }
+        let mut st = self.lock();
+        st.on_written(
+            job.file,
+            job.attempt,
+            &job.new_ranges,
+            result,
+            Instant::now(),
+        );
+        self.dispatch(&mut st);
+        drop(st);
+        self.catch_up(&of, job.file, job.attempt);
+    }
+
+    fn do_op(&self, op: Op) {
+        let Op::Action(action) = op;
+        let now = Instant::now();
+        match action {
+            SinkAction::Open {
+                file,
+                attempt,
+                begin,
+            } => {
+                let final_path = self.dest.map(&begin.path);
+                let opened = store::open_destination(
+                    &self.root,
+                    &final_path,
+                    begin.size,
+                    begin.mtime,
+                    begin.resume,
+                );
+                match opened {
+                    Ok(Opened::Partial { file: f, have }) => {
+                        let mut digest =
+                            InOrderDigest::new(&self.algos, begin.size, self.digest_budget);
+                        for r in have.iter() {
+                            digest.offer(r.start, r.end - r.start, None, None);
+                        }
+                        let of = Arc::new(OpenFile {
+                            file: f,
+                            final_path,
+                            begin,
+                            digest: Mutex::new(Some(digest)),
+                        });
+                        self.files
+                            .lock()
+                            .expect("files lock")
+                            .insert((file, attempt), of.clone());
+                        let verdicts = {
+                            let mut st = self.lock();
+                            let v = st.on_opened(file, attempt, Ok(have), now);
+                            self.dispatch(&mut st);
+                            v
+                        };
+                        self.write_verdicts(verdicts);
+                        self.catch_up(&of, file, attempt);
+                    }
+                    Ok(Opened::Complete) => {
+                        let mut st = self.lock();
+                        st.on_already_complete(file, attempt);
+                        self.dispatch(&mut st);
+                    }
+                    Err(e) => {
+                        let mut st = self.lock();
+                        st.on_opened(file, attempt, Err(e), now);
+                        self.dispatch(&mut st);
+                    }
+                }
+            }
+            SinkAction::MakeDir {
+                file,
+                attempt,
+                begin,
+            } => {
+                let r = store::make_dir(&self.root, &self.dest.map(&begin.path), begin.mode);
+                let mut st = self.lock();
+                st.on_committed(file, attempt, r);
+                self.dispatch(&mut st);
+            }
+            SinkAction::Checkpoint {
+                file,
+                attempt,
+                ranges,
+            } => {
+                if let Some(of) = self.file(file, attempt) {
+                    if let Err(e) = store::checkpoint(
+                        &self.root,
+                        &of.final_path,
+                        &of.file,
+                        of.begin.size,
+                        of.begin.mtime,
+                        &ranges,
+                    ) {
+                        tracing::warn!(path = %of.begin.path, error = %e, "checkpoint failed");
+                    }
+                }
+                let mut st = self.lock();
+                st.on_checkpointed(file, attempt);
+                self.dispatch(&mut st);
+            }
+            SinkAction::DigestCatchUp { file, attempt } => {
+                if let Some(of) = self.file(file, attempt) {
+                    self.catch_up(&of, file, attempt);
+                }
+            }
+            SinkAction::Commit {
+                file,
+                attempt,
+                begin,
+            } => {
+                let of = self
+                    .files
+                    .lock()
+                    .expect("files lock")
+                    .remove(&(file, attempt));
+                let r = match of {
+                    Some(of) => store::commit(
+                        &self.root,
+                        &of.final_path,
+                        &of.file,
+                        begin.mode,
+                        begin.mtime,
+                        self.fsync,
+                    ),
+                    None => Err(ErrorInfo::new(
+                        ErrorKind::Io,
+                        format!("{}: file handle lost", begin.path),
+                    )),
+                };
+                let mut st = self.lock();
+                st.on_committed(file, attempt, r);
+                self.dispatch(&mut st);
+            }
+            SinkAction::Discard {
+                file,
+                attempt,
+                keep_partial,
+            } => {
+                let of = self
+                    .files
+                    .lock()
+                    .expect("files lock")
+                    .remove(&(file, attempt));
+                if let Some(of) = of {
+                    if keep_partial {
+                        self.save_partial(file, &of);
+                    }
+                    store::discard(&self.root, &of.final_path, keep_partial);
+                }
+            }
+            SinkAction::Send { .. } | SinkAction::Event(_) => unreachable!("handled in dispatch"),
+        }
+    }
+
+    /// Records what is on disk of an unfinished file so that a resume continues from it.
+    fn save_partial(&self, file: FileId, of: &OpenFile) {
+        let ranges = self.lock().written(file).cloned().unwrap_or_default();
+        if ranges.is_empty() {
+            return;
+        }
+        if let Err(e) = store::checkpoint(
+            &self.root,
+            &of.final_path,
+            &of.file,
+            of.begin.size,
+            of.begin.mtime,
+            &ranges,
+        ) {
+            tracing::warn!(path = %of.begin.path, error = %e, "could not save the restart ledger");
+        }
+    }
+}
+
+async fn stream_reader(
+    sh: Arc<Shared>,
+    idx: u32,
+    r: Reader,
+    outbox: mpsc::UnboundedSender<DataFrame>,
+    stop: CancellationToken,
+) {
+    let peer = format!("data stream {idx}");
+    let pool = BufPool::new(4);
+    let mut r = BufReader::with_capacity(256 << 10, r);
+    let mut processed = 0u64;
+    let result: Result<bool, TransferError> = async {
+        loop {
+            let header = tokio::select! {
+                h = conn::read_header(&mut r, data::limits, &peer) => h?,
+                _ = stop.cancelled() => return Ok(false),
+            };
+            let Some(h) = header else { return Ok(false) };
+            Counters::add(&sh.counters.activity, 1);
+            if h.kind == data::KIND_BLOCK {
+                let mut bh = [0u8; BLOCK_HEADER_LEN];
+                r.read_exact(&mut bh)
+                    .await
+                    .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
+                let bh = BlockHeader::decode(&bh);
+                let len = h.len as usize - BLOCK_HEADER_LEN;
+                let mut buf = pool.get(len);
+                r.read_exact(buf.as_mut_slice())
+                    .await
+                    .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
+                let crc_ok = block_crc(buf.as_ref()) == bh.crc;
+                let verdict = {
+                    let mut st = sh.lock();
+                    let v = st.on_block(idx, bh, len as u32, crc_ok, (buf, bh.crc), Instant::now());
+                    sh.dispatch(&mut st);
+                    v
+                };
+                if let BlockVerdict::Write {
+                    file,
+                    attempt,
+                    offset,
+                    payload: (payload, crc),
+                    new_ranges,
+                } = verdict
+                {
+                    let job = WriteJob {
+                        file,
+                        attempt,
+                        offset,
+                        crc,
+                        payload,
+                        new_ranges,
+                    };
+                    if sh.writes.send_async(job).await.is_err() {
+                        return Ok(false);
+                    }
+                }
+            } else {
+                let body = conn::read_body(&mut r, h.len, &peer).await?;
+                let frame = DataFrame::decode(h, &body)
+                    .map_err(|e| TransferError::Protocol(format!("{peer}: {e}")))?;
+                let end = frame == DataFrame::StreamEnd;
+                let mut st = sh.lock();
+                st.on_frame(idx, frame, Instant::now())
+                    .map_err(|v| TransferError::Protocol(v.to_string()))?;
+                sh.dispatch(&mut st);
+                if end {
+                    return Ok(true);
+                }
+            }
+            processed += 1;
+            if r.buffer().is_empty() {
+                let _ = outbox.send(DataFrame::Ack(processed));
+            }
+        }
+    }
+    .await;
+    match result {
+        Ok(true) => {
+            sh.ended.store(true, Ordering::SeqCst);
+        }
+        Ok(false) => {}
+        Err(e @ TransferError::Protocol(_)) => sh.fail(e),
+        Err(e) => tracing::debug!(stream = idx, error = %e, "data stream closed"),
+    }
+    {
+        let mut st = sh.lock();
+        st.on_stream_closed(idx);
+        sh.dispatch(&mut st);
+    }
+    sh.live_streams.fetch_sub(1, Ordering::SeqCst);
+    sh.changed.notify_waiters();
+}
+
+async fn stream_writer(
+    mut w: Writer,
+    mut outbox: mpsc::UnboundedReceiver<DataFrame>,
+    stop: CancellationToken,
+) {
+    let peer = "data stream (reverse)";
+    loop {
+        let frame = tokio::select! {
+            f = outbox.recv() => f,
+            _ = stop.cancelled() => None,
+        };
+        let Some(frame) = frame else { break };
+        let mut bytes = frame.encode();
+        // Coalesce what is already queued into one write.
+        while let Ok(f) = outbox.try_recv() {
+            bytes.extend_from_slice(&f.encode());
+        }
+        if conn::write_all(&mut w, &bytes, peer).await.is_err() || w.flush().await.is_err() {
+            break;
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
+/// The next job of a worker pool; `None` once the session is cancelled and the queue is empty.
+fn next_job<T>(rx: &flume::Receiver<T>, cancel: &CancellationToken) -> Option<T> {
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(job) => return Some(job),
+            Err(flume::RecvTimeoutError::Timeout) if cancel.is_cancelled() => return None,
+            Err(flume::RecvTimeoutError::Timeout) => {}
+            Err(flume::RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+}
+
+/// Runs a sink session: receives into `spec.dest` from the data streams that arrive on
+/// `conns`. Returns when the source has finished (or on failure, after saving restart
+/// ledgers of unfinished files).
+pub async fn run_sink(
+    spec: SinkSpec,
+    mut conns: mpsc::Receiver<(u32, Io)>,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<SinkOutcome, TransferError> {
+    let opts = spec.options.clone();
+    let (ops_tx, ops_rx) = flume::unbounded::<Op>();
+    let (w_tx, w_rx) = flume::bounded::<WriteJob>(16);
+    let needs_bytes = opts.checksums.iter().any(|a| *a != Algorithm::Crc32c);
+    let sh = Arc::new(Shared {
+        state: Mutex::new(Sink::new(SinkConfig::default())),
+        files: Mutex::new(HashMap::new()),
+        outboxes: Mutex::new(HashMap::new()),
+        ops: ops_tx,
+        writes: w_tx,
+        root: spec.root.clone(),
+        dest: spec.dest.clone(),
+        algos: opts.checksums.clone(),
+        fsync: opts.fsync,
+        digest_budget: if needs_bytes {
+            (128u64 << 20) / opts.concurrency.clamp(1, 64) as u64
+        } else {
+            0
+        },
+        counters,
+        events,
+        cancel: cancel.child_token(),
+        failure: Mutex::new(None),
+        pending_ops: AtomicU64::new(0),
+        ended: AtomicBool::new(false),
+        live_streams: AtomicU64::new(0),
+        changed: Notify::new(),
+    });
+    let mut threads = Vec::new();
+    for i in 0..4 {
+        let (sh, rx) = (sh.clone(), w_rx.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("haul-write-{i}"))
+                .spawn(move || {
+                    while let Some(job) = next_job(&rx, &sh.cancel) {
+                        sh.do_write(job);
+                    }
+                })
+                .expect("spawn writer thread"),
+        );
+    }
+    drop(w_rx);
+    for i in 0..8 {
+        let (sh, rx) = (sh.clone(), ops_rx.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("haul-fileop-{i}"))
+                .spawn(move || {
+                    while let Some(op) = next_job(&rx, &sh.cancel) {
+                        sh.do_op(op);
+                        sh.pending_ops.fetch_sub(1, Ordering::SeqCst);
+                        sh.changed.notify_waiters();
+                    }
+                })
+                .expect("spawn file-op thread"),
+        );
+    }
+    drop(ops_rx);
+
+    let mut streams = 0u32;
+    let mut conns_open = true;
+    let mut stops = Vec::new();
+    let outcome: Result<(), TransferError> = loop {
+        if let Some(e) = sh.failure.lock().expect("failure lock").take() {
+            break Err(e);
+        }
+        if sh.ended.load(Ordering::SeqCst) && sh.pending_ops.load(Ordering::SeqCst) == 0 {
+            break Ok(());
+        }
+        if streams > 0
+            && sh.live_streams.load(Ordering::SeqCst) == 0
+            && !sh.ended.load(Ordering::SeqCst)
+        {
+            break Err(TransferError::Connect(
+                "the sender closed every data stream before the transfer finished".into(),
+            ));
+        }
+        let changed = sh.changed.notified();
+        tokio::select! {
+            c = conns.recv(), if conns_open => match c {
+                Some((idx, io)) => {
+                    if let Some(b) = opts.tcp_buffer {
+                        let _ = crate::sys::set_buffers(io.tcp(), b);
+                    }
+                    streams += 1;
+                    let (r, w) = io.split();
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    sh.outboxes.lock().expect("outbox lock").insert(idx, tx.clone());
+                    sh.lock().add_stream(idx);
+                    sh.live_streams.fetch_add(1, Ordering::SeqCst);
+                    let stop = sh.cancel.child_token();
+                    tokio::spawn(stream_reader(sh.clone(), idx, r, tx, stop.clone()));
+                    tokio::spawn(stream_writer(w, rx, stop.clone()));
+                    stops.push(stop);
+                }
+                None => conns_open = false,
+            },
+            _ = changed => {}
+            _ = sh.cancel.cancelled() => {
+                break Err(sh.failure.lock().expect("failure lock").take().unwrap_or(TransferError::Interrupted));
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    };
+    // Give the final acknowledgements a moment to leave, then close everything.
+    if outcome.is_ok() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for s in &stops {
+        s.cancel();
+    }
+    sh.cancel.cancel();
+    // Unfinished files keep their data and ledger for a resume.
+    let open: Vec<(FileId, Arc<OpenFile>)> = sh
+        .files
+        .lock()
+        .expect("files lock")
+        .drain()
+        .map(|((f, _), of)| (f, of))
+        .collect();
+    let sh2 = sh.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        for (file, of) in open {
+            sh2.save_partial(file, &of);
+        }
+    })
+    .await;
+    let stats = sh.lock().stats().clone();
+    // The workers see the cancellation and exit once their queues are empty.
+    for t in threads {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
+    outcome.map(|()| SinkOutcome { stats, streams })
+}

@@ -1,0 +1,657 @@
+//! Drives a [`wire::source::Source`] over data streams.
+//!
+//! Reader threads (`--concurrency` of them, one file each) read blocks in file order,
+//! checksum them as they go (block CRC32C plus the whole-file algorithms; no second pass) and
+//! queue them, bounded by a read-ahead byte budget. Each stream has a writer task that takes
+//! the next frame whenever its socket can take more (so fast streams carry more and nobody
+//! waits for anybody) and a reader task that feeds the sink's answers (acks, resend requests,
+//! resume ranges, verdicts) back into the state machine. Disk reads, network sends and the
+//! sink's disk writes therefore all overlap.
+
+use crate::conn::{self, Io, Reader, Writer};
+use crate::error::{TransferError, io_info};
+use crate::faults;
+use crate::pool::{BufPool, ByteBudget, PooledBuf};
+use crate::progress::{Counters, Event, EventSender};
+use crate::store::{OpenMode, Root, SourceEntry};
+use crate::sys;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use wire::checksum::{Algorithm, Digest, MultiHasher, block_crc};
+use wire::control::SessionOptions;
+use wire::data::{self, DataFrame, EntryKind};
+use wire::error::{ErrorInfo, ErrorKind};
+use wire::pacing::TokenBucket;
+use wire::source::{FileSpec, ReadJob, Source, SourceConfig, SourceEvent, SourceStats, Transmit};
+
+/// What to send.
+pub struct SourceSpec {
+    pub root: Arc<Root>,
+    pub entries: Vec<SourceEntry>,
+    /// Only this `(offset, length)` of a single file.
+    pub range: Option<(u64, u64)>,
+    pub options: SessionOptions,
+}
+
+/// What a finished source session did.
+#[derive(Clone, Debug, Default)]
+pub struct SourceOutcome {
+    pub stats: SourceStats,
+    pub streams: u32,
+    pub congestion: String,
+    pub tcp_retransmits: u64,
+}
+
+/// A block read from disk, holding its share of the read-ahead budget until dropped.
+pub struct Loaded {
+    buf: PooledBuf,
+    budget: Arc<ByteBudget>,
+    len: u64,
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        self.budget.release(self.len);
+    }
+}
+
+struct Shared {
+    state: Mutex<Source<Loaded>>,
+    readers_cv: Condvar,
+    work: Notify,
+    changed: Notify,
+    locators: Vec<PathBuf>,
+    root: Arc<Root>,
+    range_base: u64,
+    algos: Vec<Algorithm>,
+    block_size: u64,
+    budget: Arc<ByteBudget>,
+    pool: BufPool,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+    stalled: AtomicBool,
+    failure: Mutex<Option<TransferError>>,
+    bucket: Option<Mutex<TokenBucket>>,
+    retransmits: AtomicU64,
+    congestion: Mutex<String>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Source<Loaded>> {
+        self.state.lock().expect("source state lock")
+    }
+
+    fn fail(&self, e: TransferError) {
+        let mut f = self.failure.lock().expect("failure lock");
+        if f.is_none() {
+            *f = Some(e);
+        }
+        self.cancel.cancel();
+        self.changed.notify_waiters();
+    }
+
+    /// After any change of the state machine: wake writers and readers, report events.
+    fn after_change(&self, st: &mut Source<Loaded>) {
+        self.work.notify_waiters();
+        self.readers_cv.notify_all();
+        let stats = st.stats();
+        Counters::set(
+            &self.counters.bytes_done,
+            stats.bytes_acked + stats.bytes_skipped,
+        );
+        Counters::set(&self.counters.bytes_skipped, stats.bytes_skipped);
+        Counters::set(&self.counters.files_done, stats.files_done);
+        Counters::set(&self.counters.files_failed, stats.files_failed);
+        while let Some(ev) = st.poll_event() {
+            let out = match ev {
+                SourceEvent::FileDone {
+                    path,
+                    size,
+                    digests,
+                    skipped,
+                    ..
+                } => Event::FileDone {
+                    path,
+                    size,
+                    digests,
+                    skipped,
+                },
+                SourceEvent::FileFailed { path, error, .. } => Event::FileFailed { path, error },
+                SourceEvent::FileRestarted {
+                    file,
+                    attempt,
+                    reason,
+                } => Event::FileRetry {
+                    path: st
+                        .file_spec(file)
+                        .map(|s| s.path.clone())
+                        .unwrap_or_default(),
+                    attempt,
+                    reason,
+                },
+                SourceEvent::StreamLost { stream } => Event::StreamLost { stream },
+                SourceEvent::Aborted(e) => {
+                    self.fail(e.into());
+                    continue;
+                }
+            };
+            let _ = self.events.send(out);
+        }
+        if st.is_finished() {
+            self.changed.notify_waiters();
+        }
+    }
+
+    fn read_block(
+        &self,
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+        path: &str,
+    ) -> Result<PooledBuf, ErrorInfo> {
+        let mut buf = self.pool.get(len as usize);
+        file.read_exact_at(buf.as_mut_slice(), self.range_base + offset)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    ErrorInfo::new(
+                        ErrorKind::Io,
+                        format!("{path}: file became shorter while being sent"),
+                    )
+                } else {
+                    io_info(path, &e)
+                }
+            })?;
+        Ok(buf)
+    }
+
+    /// Reads one file in order: blocks to send go to the queue, every byte into the digests.
+    fn read_job(&self, job: ReadJob) {
+        let path = job.spec.path.clone();
+        let locator = &self.locators[job.file as usize];
+        let result = (|| -> Result<Vec<Digest>, ErrorInfo> {
+            let mut hasher = MultiHasher::new(&self.algos);
+            let mut crc = 0u32;
+            if job.spec.kind == EntryKind::Dir {
+                return Ok(Vec::new());
+            }
+            let file = self
+                .root
+                .open(locator, OpenMode::Read)
+                .map_err(|e| io_info(&path, &e))?;
+            let before = file.metadata().map_err(|e| io_info(&path, &e))?;
+            let mut pos = 0u64;
+            for seg in &job.segments {
+                let end = seg.offset + seg.len;
+                let mut off = seg.offset;
+                while off < end {
+                    if self.cancel.is_cancelled() {
+                        return Err(ErrorInfo::new(ErrorKind::Cancelled, "cancelled"));
+                    }
+                    let len = self.block_size.min(end - off);
+                    if seg.send && !self.budget.acquire(len, &|| self.cancel.is_cancelled()) {
+                        return Err(ErrorInfo::new(ErrorKind::Cancelled, "cancelled"));
+                    }
+                    let loaded_len = if seg.send { len } else { 0 };
+                    let buf = match self.read_block(&file, off, len, &path) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            self.budget.release(loaded_len);
+                            return Err(e);
+                        }
+                    };
+                    let c = block_crc(buf.as_ref());
+                    crc = if pos == 0 {
+                        c
+                    } else {
+                        wire::checksum::crc_combine(crc, c, len)
+                    };
+                    pos += len;
+                    if hasher.needs_bytes() {
+                        hasher.update(buf.as_ref());
+                    }
+                    if seg.send {
+                        let loaded = Loaded {
+                            buf,
+                            budget: self.budget.clone(),
+                            len,
+                        };
+                        let mut st = self.lock();
+                        st.push_block(job.file, job.attempt, off, len as u32, c, loaded);
+                        drop(st);
+                        self.work.notify_waiters();
+                    }
+                    off += len;
+                }
+            }
+            let after = file.metadata().map_err(|e| io_info(&path, &e))?;
+            if before.modified().ok() != after.modified().ok()
+                || (self.range_base == 0 && after.len() != job.spec.size)
+            {
+                return Err(ErrorInfo::new(
+                    ErrorKind::Io,
+                    format!("{path}: file changed while being sent"),
+                ));
+            }
+            let mut digests = vec![Digest {
+                algorithm: Algorithm::Crc32c,
+                value: crc.to_be_bytes().to_vec(),
+            }];
+            if job.spec.size == 0 {
+                digests[0].value = 0u32.to_be_bytes().to_vec();
+            }
+            digests.extend(hasher.finish());
+            digests.sort_by_key(|d| d.algorithm);
+            Ok(digests)
+        })();
+        let mut st = self.lock();
+        match result {
+            Ok(d) => st.read_done(job.file, job.attempt, d),
+            Err(e) if e.kind == ErrorKind::Cancelled => {}
+            Err(e) => st.read_failed(job.file, job.attempt, e),
+        }
+        self.after_change(&mut st);
+    }
+
+    fn reread(&self, d: wire::source::BlockDesc) {
+        let path = self
+            .lock()
+            .file_spec(d.file)
+            .map(|s| s.path.clone())
+            .unwrap_or_default();
+        let len = d.len as u64;
+        if !self.budget.acquire(len, &|| self.cancel.is_cancelled()) {
+            return;
+        }
+        let result = self
+            .root
+            .open(&self.locators[d.file as usize], OpenMode::Read)
+            .map_err(|e| io_info(&path, &e))
+            .and_then(|f| self.read_block(&f, d.offset, len, &path));
+        let mut st = self.lock();
+        match result {
+            Ok(buf) => {
+                let crc = block_crc(buf.as_ref());
+                st.push_resend(
+                    d,
+                    crc,
+                    Loaded {
+                        buf,
+                        budget: self.budget.clone(),
+                        len,
+                    },
+                );
+            }
+            Err(e) => {
+                self.budget.release(len);
+                st.read_failed(d.file, d.attempt, e);
+            }
+        }
+        self.after_change(&mut st);
+    }
+}
+
+fn reader_thread(sh: Arc<Shared>) {
+    let mut st = sh.lock();
+    loop {
+        if sh.cancel.is_cancelled() || st.is_finished() {
+            return;
+        }
+        if let Some(d) = st.poll_reread() {
+            drop(st);
+            sh.reread(d);
+            st = sh.lock();
+            continue;
+        }
+        if let Some(job) = st.claim() {
+            drop(st);
+            sh.read_job(job);
+            st = sh.lock();
+            continue;
+        }
+        st = sh
+            .readers_cv
+            .wait_timeout(st, Duration::from_millis(200))
+            .expect("source state lock")
+            .0;
+    }
+}
+
+/// Applies the session's congestion control and pacing to a data socket.
+pub fn tune_sender(io: &Io, opts: &SessionOptions, streams: u32) -> Result<String, TransferError> {
+    let tcp = io.tcp();
+    let want = opts.congestion.clone().or_else(|| {
+        sys::available_congestion()
+            .contains(&"bbr".to_string())
+            .then(|| "bbr".to_string())
+    });
+    if let Some(cc) = &want {
+        if let Err(e) = sys::set_congestion(tcp, cc) {
+            if opts.congestion_required {
+                return Err(TransferError::Usage(format!(
+                    "congestion control {cc:?} is not available on this host ({e}); available: {}",
+                    sys::available_congestion().join(", ")
+                )));
+            }
+            tracing::debug!(cc, error = %e, "keeping the default congestion control");
+        }
+    }
+    if let Some(rate) = opts.rate_bps {
+        let per_stream = (rate / 8 / streams.max(1) as u64).max(1);
+        let _ = sys::set_max_pacing_rate(tcp, per_stream);
+    }
+    if let Some(b) = opts.tcp_buffer {
+        let _ = sys::set_buffers(tcp, b);
+    }
+    Ok(sys::congestion(tcp).unwrap_or_else(|_| sys::default_congestion()))
+}
+
+async fn stream_writer(
+    sh: Arc<Shared>,
+    idx: u32,
+    mut w: Writer,
+    fd: RawFd,
+    stop: CancellationToken,
+) {
+    let peer = format!("data stream {idx}");
+    let result: Result<(), TransferError> = async {
+        loop {
+            let notified = sh.work.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if sh.stalled.load(Ordering::Relaxed) {
+                stop.cancelled().await;
+                return Ok(());
+            }
+            let (tx, finished) = {
+                let mut st = sh.lock();
+                let tx = st.poll_transmit(idx, Instant::now());
+                (tx, st.is_finished())
+            };
+            match tx {
+                Some(Transmit::Frame(f)) => {
+                    conn::write_all(&mut w, &f.encode(), &peer).await?;
+                }
+                Some(Transmit::Block {
+                    header,
+                    len,
+                    mut payload,
+                }) => {
+                    if let Some(bucket) = &sh.bucket {
+                        let wait = bucket
+                            .lock()
+                            .expect("bucket lock")
+                            .take(Instant::now(), len as u64);
+                        if !wait.is_zero() {
+                            tokio::time::sleep(wait).await;
+                        }
+                    }
+                    if faults::corrupt_this_block() {
+                        payload.buf.as_mut_slice()[0] ^= 0x5a;
+                    }
+                    let prefix = header.frame_prefix(len);
+                    conn::write_all(&mut w, &prefix, &peer).await?;
+                    conn::write_all(&mut w, payload.buf.as_ref(), &peer).await?;
+                    drop(payload);
+                    Counters::add(&sh.counters.bytes_sent, len as u64);
+                    if faults::moved(len as u64) {
+                        sh.stalled.store(true, Ordering::Relaxed);
+                    }
+                }
+                None if finished => {
+                    conn::write_all(&mut w, &DataFrame::StreamEnd.encode(), &peer).await?;
+                    let _ = w.flush().await;
+                    return Ok(());
+                }
+                None => {
+                    let _ = w.flush().await;
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = stop.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    }
+                }
+            }
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+        }
+    }
+    .await;
+    // SAFETY: the descriptor belongs to this stream's socket, which `w`/the reader keep open.
+    if let Ok(info) = sys::tcp_info(&unsafe { BorrowedFd::borrow_raw(fd) }) {
+        sh.retransmits
+            .fetch_add(info.total_retrans as u64, Ordering::Relaxed);
+    }
+    if let Err(e) = result {
+        tracing::debug!(stream = idx, error = %e, "data stream write failed");
+        let mut st = sh.lock();
+        st.on_stream_lost(idx);
+        sh.after_change(&mut st);
+    }
+    let _ = w.shutdown().await;
+}
+
+async fn stream_reader(sh: Arc<Shared>, idx: u32, r: Reader, stop: CancellationToken) {
+    let peer = format!("data stream {idx}");
+    let mut r = BufReader::with_capacity(64 << 10, r);
+    loop {
+        let frame = tokio::select! {
+            f = conn::read_frame(&mut r, data::limits, &peer) => f,
+            _ = stop.cancelled() => return,
+        };
+        match frame {
+            Ok(Some((h, body))) => {
+                Counters::add(&sh.counters.activity, 1);
+                let frame = match DataFrame::decode(h, &body) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        sh.fail(TransferError::Protocol(format!("{peer}: {e}")));
+                        return;
+                    }
+                };
+                let mut st = sh.lock();
+                if let Err(v) = st.on_frame(idx, frame, Instant::now()) {
+                    drop(st);
+                    sh.fail(TransferError::Protocol(v.to_string()));
+                    return;
+                }
+                sh.after_change(&mut st);
+            }
+            Ok(None) | Err(_) => {
+                let mut st = sh.lock();
+                if !st.is_finished() {
+                    st.on_stream_lost(idx);
+                }
+                sh.after_change(&mut st);
+                stop.cancel();
+                return;
+            }
+        }
+    }
+}
+
+/// Runs a source session: sends `spec` over the data streams that arrive on `conns` (stream
+/// index and connection). Returns when every file is done or failed, or on a session failure.
+pub async fn run_source(
+    spec: SourceSpec,
+    mut conns: mpsc::Receiver<(u32, Io)>,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<SourceOutcome, TransferError> {
+    let opts = spec.options.clone();
+    let cfg = SourceConfig {
+        resume: opts.resume,
+        file_attempts: opts.file_attempts.max(1),
+        block_size: opts.block_size,
+        stream_timeout: Duration::from_millis(opts.stall_timeout_ms.clamp(2_000, 30_000) / 2),
+        ..Default::default()
+    };
+    let mut source = Source::new(cfg);
+    let mut locators = Vec::with_capacity(spec.entries.len());
+    let (range_base, range_len) = match spec.range {
+        Some((o, l)) => (o, Some(l)),
+        None => (0, None),
+    };
+    let mut total = 0u64;
+    for e in &spec.entries {
+        let size = match (e.kind, range_len) {
+            (EntryKind::File, Some(l)) => {
+                if range_base.saturating_add(l) > e.size {
+                    return Err(TransferError::Usage(format!(
+                        "{}: range {}+{} goes beyond the end of the file ({} bytes)",
+                        e.rel, range_base, l, e.size
+                    )));
+                }
+                l
+            }
+            _ => e.size,
+        };
+        total += size;
+        source.add_file(FileSpec {
+            kind: e.kind,
+            path: e.rel.clone(),
+            size,
+            mode: e.mode,
+            mtime: e.mtime,
+        });
+        locators.push(e.locator.clone());
+    }
+    source.finish_adding();
+    Counters::set(&counters.total_bytes, total);
+    Counters::set(&counters.total_files, spec.entries.len() as u64);
+    let block = (opts.block_size as u64).clamp(4096, wire::codec::MAX_BLOCK_LEN as u64);
+    let concurrency = opts.concurrency.clamp(1, 64) as usize;
+    let readahead = (64u64 << 20).max(block * concurrency as u64 * 2);
+    let sh = Arc::new(Shared {
+        state: Mutex::new(source),
+        readers_cv: Condvar::new(),
+        work: Notify::new(),
+        changed: Notify::new(),
+        locators,
+        root: spec.root.clone(),
+        range_base,
+        algos: opts.checksums.clone(),
+        block_size: block,
+        budget: Arc::new(ByteBudget::new(readahead)),
+        pool: BufPool::new((readahead / block) as usize + 8),
+        counters,
+        events,
+        cancel: cancel.child_token(),
+        stalled: AtomicBool::new(false),
+        failure: Mutex::new(None),
+        bucket: opts
+            .rate_bps
+            .map(|r| Mutex::new(TokenBucket::new(r, block.max(256 << 10)))),
+        retransmits: AtomicU64::new(0),
+        congestion: Mutex::new(String::new()),
+    });
+    let readers: Vec<_> = (0..concurrency)
+        .map(|i| {
+            let sh = sh.clone();
+            std::thread::Builder::new()
+                .name(format!("haul-read-{i}"))
+                .spawn(move || reader_thread(sh))
+                .expect("spawn reader thread")
+        })
+        .collect();
+
+    let mut writers = Vec::new();
+    let mut stream_stops: Vec<CancellationToken> = Vec::new();
+    let mut conns_open = true;
+    let mut streams = 0u32;
+    let mut last_tick = Instant::now();
+    let outcome = loop {
+        if let Some(e) = sh.failure.lock().expect("failure lock").take() {
+            break Err(e);
+        }
+        {
+            let mut st = sh.lock();
+            if st.is_finished() {
+                break Ok(());
+            }
+            if last_tick.elapsed() >= Duration::from_millis(200) {
+                st.handle_timeout(Instant::now());
+                last_tick = Instant::now();
+                // Close the sockets of streams the state machine declared lost.
+                sh.after_change(&mut st);
+            }
+            if streams > 0 && st.live_streams() == 0 && !conns_open {
+                let unfinished = st.unfinished();
+                break Err(TransferError::Connect(format!(
+                    "all {streams} data streams were lost with {unfinished} files unfinished"
+                )));
+            }
+        }
+        let changed = sh.changed.notified();
+        tokio::select! {
+            c = conns.recv(), if conns_open => match c {
+                Some((idx, io)) => {
+                    let cc = match tune_sender(&io, &opts, opts.streams.unwrap_or(1)) {
+                        Ok(cc) => cc,
+                        Err(e) => break Err(e),
+                    };
+                    *sh.congestion.lock().expect("cc lock") = cc;
+                    streams += 1;
+                    let fd = io.tcp().as_raw_fd();
+                    let (r, w) = io.split();
+                    let stop = sh.cancel.child_token();
+                    {
+                        let mut st = sh.lock();
+                        st.add_stream(idx, Instant::now());
+                    }
+                    sh.work.notify_waiters();
+                    writers.push(tokio::spawn(stream_writer(sh.clone(), idx, w, fd, stop.clone())));
+                    tokio::spawn(stream_reader(sh.clone(), idx, r, stop.clone()));
+                    stream_stops.push(stop);
+                }
+                None => conns_open = false,
+            },
+            _ = changed => {}
+            _ = sh.cancel.cancelled() => {
+                if let Some(e) = sh.failure.lock().expect("failure lock").take() {
+                    break Err(e);
+                }
+                break Err(TransferError::Interrupted);
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    };
+    // On success the writers send StreamEnd and finish by themselves.
+    if outcome.is_ok() {
+        let all = futures_join(writers);
+        if tokio::time::timeout(Duration::from_secs(10), all)
+            .await
+            .is_err()
+        {
+            tracing::debug!("data streams did not close in time");
+        }
+    }
+    sh.cancel.cancel();
+    sh.readers_cv.notify_all();
+    for t in readers {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
+    outcome?;
+    let st = sh.lock();
+    Ok(SourceOutcome {
+        stats: st.stats().clone(),
+        streams,
+        congestion: sh.congestion.lock().expect("cc lock").clone(),
+        tcp_retransmits: sh.retransmits.load(Ordering::Relaxed),
+    })
+}
+
+async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
+    for h in handles {
+        let _ = h.await;
+    }
+}

@@ -1,0 +1,805 @@
+//! Where files come from and go to: the user's own file system (`Root::Ambient`) or an
+//! exported tree that no path may leave (`Root::Confined`, built on cap-std: `..`, absolute
+//! paths and symlinks pointing outside are refused by the kernel-level resolution, not by
+//! string checks alone).
+//!
+//! On the sending side it enumerates a file or a tree into [`SourceEntry`]s. On the receiving
+//! side it owns the life of a destination file: a temporary `.NAME.haul-part` beside the final
+//! name with its restart ledger `.NAME.haul-ledger`, checkpoints (sync, then ledger written
+//! atomically), and the commit (sync, mode and mtime, rename, sync the directory). Nothing is
+//! ever written under the final name until the data has verified.
+
+use crate::error::io_info;
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Component, Path, PathBuf};
+use wire::control::EntryInfo;
+use wire::data::{EntryKind, Timestamp, validate_relative_path};
+use wire::error::{ErrorInfo, ErrorKind};
+use wire::ranges::RangeSet;
+
+/// A file system root.
+pub enum Root {
+    /// The caller's own paths, relative to the working directory or absolute.
+    Ambient,
+    /// An exported directory; every path is resolved beneath it.
+    Confined {
+        dir: cap_std::fs::Dir,
+        display: PathBuf,
+    },
+}
+
+/// File metadata, whichever root it came from.
+#[derive(Clone, Copy, Debug)]
+pub struct Meta {
+    pub is_dir: bool,
+    pub is_file: bool,
+    pub len: u64,
+    pub mode: u32,
+    pub mtime: Timestamp,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl Meta {
+    fn from_std(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            is_dir: m.is_dir(),
+            is_file: m.is_file(),
+            len: m.len(),
+            mode: m.mode() & 0o7777,
+            mtime: Timestamp {
+                secs: m.mtime(),
+                nanos: m.mtime_nsec() as u32,
+            },
+            dev: m.dev(),
+            ino: m.ino(),
+        }
+    }
+
+    fn from_cap(m: &cap_std::fs::Metadata) -> Self {
+        use cap_std::fs::MetadataExt;
+        Self {
+            is_dir: m.is_dir(),
+            is_file: m.is_file(),
+            len: m.len(),
+            mode: m.mode() & 0o7777,
+            mtime: Timestamp {
+                secs: m.mtime(),
+                nanos: m.mtime_nsec() as u32,
+            },
+            dev: m.dev(),
+            ino: m.ino(),
+        }
+    }
+
+    pub fn info(&self) -> EntryInfo {
+        EntryInfo {
+            is_dir: self.is_dir,
+            size: self.len,
+            mode: self.mode,
+            mtime: self.mtime,
+        }
+    }
+}
+
+/// How to open a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    Read,
+    /// Create or truncate, read-write.
+    CreateTruncate,
+    /// Open an existing file read-write without truncating.
+    Existing,
+}
+
+impl Root {
+    /// Exports `path`; it must be an existing directory.
+    pub fn confined(path: &Path) -> io::Result<Self> {
+        let dir = cap_std::fs::Dir::open_ambient_dir(path, cap_std::ambient_authority())?;
+        Ok(Root::Confined {
+            dir,
+            display: path.to_path_buf(),
+        })
+    }
+
+    pub fn is_confined(&self) -> bool {
+        matches!(self, Root::Confined { .. })
+    }
+
+    fn check(&self, rel: &Path) -> io::Result<()> {
+        if let Root::Confined { .. } = self {
+            for c in rel.components() {
+                match c {
+                    Component::Normal(_) | Component::CurDir => {}
+                    _ => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::PermissionDenied,
+                            "a path led outside of the filesystem",
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The path as the root's own code sees it ("." for the root of a confined tree).
+    fn p<'a>(&self, rel: &'a Path) -> &'a Path {
+        if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        }
+    }
+
+    pub fn metadata(&self, rel: &Path) -> io::Result<Meta> {
+        self.check(rel)?;
+        match self {
+            Root::Ambient => std::fs::metadata(rel).map(|m| Meta::from_std(&m)),
+            Root::Confined { dir, .. } => dir.metadata(self.p(rel)).map(|m| Meta::from_cap(&m)),
+        }
+    }
+
+    pub fn open(&self, rel: &Path, mode: OpenMode) -> io::Result<File> {
+        self.check(rel)?;
+        match self {
+            Root::Ambient => {
+                let mut o = std::fs::OpenOptions::new();
+                match mode {
+                    OpenMode::Read => o.read(true),
+                    OpenMode::CreateTruncate => {
+                        o.read(true).write(true).create(true).truncate(true)
+                    }
+                    OpenMode::Existing => o.read(true).write(true),
+                };
+                o.open(rel)
+            }
+            Root::Confined { dir, .. } => {
+                let mut o = cap_std::fs::OpenOptions::new();
+                match mode {
+                    OpenMode::Read => o.read(true),
+                    OpenMode::CreateTruncate => {
+                        o.read(true).write(true).create(true).truncate(true)
+                    }
+                    OpenMode::Existing => o.read(true).write(true),
+                };
+                dir.open_with(self.p(rel), &o).map(|f| f.into_std())
+            }
+        }
+    }
+
+    /// Names in a directory, sorted.
+    pub fn list(&self, rel: &Path) -> io::Result<Vec<String>> {
+        self.check(rel)?;
+        let mut names: Vec<String> = match self {
+            Root::Ambient => std::fs::read_dir(rel)?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            Root::Confined { dir, .. } => dir
+                .read_dir(self.p(rel))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+        };
+        names.sort();
+        Ok(names)
+    }
+
+    pub fn create_dir_all(&self, rel: &Path) -> io::Result<()> {
+        self.check(rel)?;
+        if rel.as_os_str().is_empty() {
+            return Ok(());
+        }
+        match self {
+            Root::Ambient => std::fs::create_dir_all(rel),
+            Root::Confined { dir, .. } => dir.create_dir_all(rel),
+        }
+    }
+
+    pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.check(from)?;
+        self.check(to)?;
+        match self {
+            Root::Ambient => std::fs::rename(from, to),
+            Root::Confined { dir, .. } => dir.rename(from, dir, to),
+        }
+    }
+
+    pub fn remove_file(&self, rel: &Path) -> io::Result<()> {
+        self.check(rel)?;
+        match self {
+            Root::Ambient => std::fs::remove_file(rel),
+            Root::Confined { dir, .. } => dir.remove_file(rel),
+        }
+    }
+
+    pub fn read_to_string(&self, rel: &Path) -> io::Result<String> {
+        self.check(rel)?;
+        match self {
+            Root::Ambient => std::fs::read_to_string(rel),
+            Root::Confined { dir, .. } => dir.read_to_string(rel),
+        }
+    }
+
+    pub fn set_mode(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        self.check(rel)?;
+        use std::os::unix::fs::PermissionsExt;
+        match self {
+            Root::Ambient => std::fs::set_permissions(rel, std::fs::Permissions::from_mode(mode)),
+            Root::Confined { dir, .. } => {
+                use cap_std::fs::PermissionsExt as _;
+                dir.set_permissions(self.p(rel), cap_std::fs::Permissions::from_mode(mode))
+            }
+        }
+    }
+
+    /// Makes a directory's entries durable.
+    pub fn sync_dir(&self, rel: &Path) -> io::Result<()> {
+        self.check(rel)?;
+        match self {
+            Root::Ambient => File::open(if rel.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                rel
+            })?
+            .sync_all(),
+            // `Dir` handles are O_PATH, which cannot be synced: open the directory for reading.
+            Root::Confined { dir, .. } => {
+                let mut o = cap_std::fs::OpenOptions::new();
+                o.read(true);
+                dir.open_with(self.p(rel), &o)?.into_std().sync_all()
+            }
+        }
+    }
+
+    /// Writes a small file atomically: temporary name, sync, rename.
+    pub fn write_atomic(&self, rel: &Path, bytes: &[u8]) -> io::Result<()> {
+        let tmp = sibling(rel, ".tmp");
+        let mut f = self.open(&tmp, OpenMode::CreateTruncate)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+        drop(f);
+        self.rename(&tmp, rel)
+    }
+
+    /// How the root is shown in messages.
+    pub fn display(&self, rel: &Path) -> String {
+        match self {
+            Root::Ambient => rel.display().to_string(),
+            Root::Confined { .. } => format!("/{}", rel.display()),
+        }
+    }
+}
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// `dir/.name.haul-part` and `dir/.name.haul-ledger` for `dir/name`.
+pub fn partial_paths(final_path: &Path) -> (PathBuf, PathBuf) {
+    let name = final_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = final_path.parent().unwrap_or(Path::new(""));
+    (
+        dir.join(format!(".{name}.haul-part")),
+        dir.join(format!(".{name}.haul-ledger")),
+    )
+}
+
+/// Parses a path from a peer or a URL into a path below a confined root: leading `/` stripped,
+/// `.` components dropped, `..` refused.
+pub fn remote_rel_path(path: &str) -> Result<PathBuf, ErrorInfo> {
+    let mut out = PathBuf::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                return Err(ErrorInfo::new(
+                    ErrorKind::PathEscapesRoot,
+                    format!("{path}: '..' is not allowed in endpoint paths"),
+                ));
+            }
+            p if p.contains('\0') => {
+                return Err(ErrorInfo::new(
+                    ErrorKind::Invalid,
+                    format!("{path:?}: NUL in path"),
+                ));
+            }
+            p => out.push(p),
+        }
+    }
+    Ok(out)
+}
+
+/// One file or directory to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceEntry {
+    /// Destination-relative path: the source's base name, then the path below it.
+    pub rel: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: Timestamp,
+    /// Where to open it in the root.
+    pub locator: PathBuf,
+}
+
+/// Enumerates `path` (a file, or with `recursive` a tree) depth-first in name order, calling
+/// `emit` for every entry. Symlinks are followed (inside a confined root they must stay inside
+/// it); cycles and special files are skipped with a warning.
+pub fn enumerate(
+    root: &Root,
+    path: &Path,
+    recursive: bool,
+    emit: &mut dyn FnMut(SourceEntry) -> bool,
+) -> Result<(), ErrorInfo> {
+    let shown = root.display(path);
+    let meta = root.metadata(path).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => ErrorInfo::new(
+            ErrorKind::NotFound,
+            format!("{shown}: no such file or directory"),
+        ),
+        _ => io_info(&shown, &e),
+    })?;
+    let base = match root {
+        Root::Ambient => std::fs::canonicalize(path)
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())),
+        Root::Confined { .. } => path.file_name().map(|n| n.to_string_lossy().into_owned()),
+    };
+    let Some(base) = base else {
+        return Err(ErrorInfo::new(
+            ErrorKind::Invalid,
+            format!("{shown}: cannot copy the root itself; name a directory or file below it"),
+        ));
+    };
+    if meta.is_dir && !recursive {
+        return Err(ErrorInfo::new(
+            ErrorKind::Invalid,
+            format!("{shown} is a directory (use -r to copy a tree)"),
+        ));
+    }
+    if !meta.is_dir && !meta.is_file {
+        return Err(ErrorInfo::new(
+            ErrorKind::Invalid,
+            format!("{shown} is not a regular file or directory"),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    walk(root, path, base, meta, emit, &mut seen)?;
+    Ok(())
+}
+
+fn walk(
+    root: &Root,
+    path: &Path,
+    rel: String,
+    meta: Meta,
+    emit: &mut dyn FnMut(SourceEntry) -> bool,
+    seen: &mut std::collections::HashSet<(u64, u64)>,
+) -> Result<bool, ErrorInfo> {
+    let entry = SourceEntry {
+        rel: rel.clone(),
+        kind: if meta.is_dir {
+            EntryKind::Dir
+        } else {
+            EntryKind::File
+        },
+        size: if meta.is_dir { 0 } else { meta.len },
+        mode: meta.mode,
+        mtime: meta.mtime,
+        locator: path.to_path_buf(),
+    };
+    if validate_relative_path(&entry.rel).is_err() {
+        tracing::warn!(path = %entry.rel, "skipping a name that cannot be sent");
+        return Ok(true);
+    }
+    if !emit(entry) {
+        return Ok(false);
+    }
+    if !meta.is_dir {
+        return Ok(true);
+    }
+    if !seen.insert((meta.dev, meta.ino)) {
+        tracing::warn!(path = %root.display(path), "skipping a directory seen before (symlink loop)");
+        return Ok(true);
+    }
+    let names = root
+        .list(path)
+        .map_err(|e| io_info(&root.display(path), &e))?;
+    for name in names {
+        let child = path.join(&name);
+        let m = match root.metadata(&child) {
+            Ok(m) => m,
+            Err(e) if e.to_string().contains("outside of the filesystem") => {
+                return Err(io_info(&root.display(&child), &e));
+            }
+            Err(e) => {
+                tracing::warn!(path = %root.display(&child), error = %e, "skipping unreadable entry");
+                continue;
+            }
+        };
+        if !m.is_dir && !m.is_file {
+            tracing::warn!(path = %root.display(&child), "skipping a special file");
+            continue;
+        }
+        if !walk(root, &child, format!("{rel}/{name}"), m, emit, seen)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// How the destination of a session was resolved (cp semantics).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Destination {
+    /// The destination path in the root.
+    pub base: PathBuf,
+    /// `base` is an existing directory: entries go below it under their own names. Otherwise
+    /// `base` is the new name of the top entry.
+    pub into_dir: bool,
+}
+
+impl Destination {
+    /// Resolves `dest` in `root`: an existing directory receives entries; otherwise `dest` names
+    /// the copy (its parent directories are created). A trailing `/` insists on a directory.
+    pub fn resolve(root: &Root, dest: &Path, wants_dir: bool) -> Result<Self, ErrorInfo> {
+        let shown = root.display(dest);
+        match root.metadata(dest) {
+            Ok(m) if m.is_dir => Ok(Self {
+                base: dest.to_path_buf(),
+                into_dir: true,
+            }),
+            Ok(_) if wants_dir => Err(ErrorInfo::new(
+                ErrorKind::NotWritable,
+                format!("{shown} is not a directory"),
+            )),
+            Ok(_) => Ok(Self {
+                base: dest.to_path_buf(),
+                into_dir: false,
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if wants_dir {
+                    return Err(ErrorInfo::new(
+                        ErrorKind::NotWritable,
+                        format!("destination directory {shown} does not exist"),
+                    ));
+                }
+                if dest.as_os_str().is_empty() {
+                    return Ok(Self {
+                        base: dest.to_path_buf(),
+                        into_dir: true,
+                    });
+                }
+                Ok(Self {
+                    base: dest.to_path_buf(),
+                    into_dir: false,
+                })
+            }
+            Err(e) => Err(io_info(&shown, &e)),
+        }
+    }
+
+    /// The destination path of an entry named `rel` (`name[/...]`) by the source.
+    pub fn map(&self, rel: &str) -> PathBuf {
+        if self.into_dir {
+            return self.base.join(rel);
+        }
+        let mut parts = rel.splitn(2, '/');
+        parts.next();
+        match parts.next() {
+            Some(rest) => self.base.join(rest),
+            None => self.base.clone(),
+        }
+    }
+}
+
+/// The restart ledger of a partial file: which ranges are durably on disk, for which source
+/// version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ledger {
+    pub version: u32,
+    pub size: u64,
+    pub mtime_secs: i64,
+    pub mtime_nanos: u32,
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl Ledger {
+    pub fn new(size: u64, mtime: Timestamp, ranges: &RangeSet) -> Self {
+        Self {
+            version: 1,
+            size,
+            mtime_secs: mtime.secs,
+            mtime_nanos: mtime.nanos,
+            ranges: ranges.pairs().to_vec(),
+        }
+    }
+
+    /// The ranges this ledger vouches for, if it belongs to a source of this size and mtime.
+    pub fn valid_for(&self, size: u64, mtime: Timestamp) -> Option<RangeSet> {
+        if self.version != 1
+            || self.size != size
+            || self.mtime_secs != mtime.secs
+            || self.mtime_nanos != mtime.nanos
+        {
+            return None;
+        }
+        let mut set = RangeSet::from_pairs(&self.ranges)?;
+        set.remove(size..u64::MAX);
+        Some(set)
+    }
+}
+
+/// What opening a destination produced.
+pub enum Opened {
+    /// A temporary file to write, with the ranges already present (resume).
+    Partial { file: File, have: RangeSet },
+    /// The final file already exists with this size and mtime (resume only).
+    Complete,
+}
+
+/// Opens the temporary file of destination `final_path` for a file of `size` bytes. With
+/// `resume`, a valid ledger's ranges are kept and an identical final file counts as done.
+pub fn open_destination(
+    root: &Root,
+    final_path: &Path,
+    size: u64,
+    mtime: Timestamp,
+    resume: bool,
+) -> Result<Opened, ErrorInfo> {
+    let shown = root.display(final_path);
+    let (part, ledger_path) = partial_paths(final_path);
+    if let Some(parent) = final_path.parent() {
+        root.create_dir_all(parent)
+            .map_err(|e| io_info(&root.display(parent), &e))?;
+    }
+    if let Ok(m) = root.metadata(final_path) {
+        if m.is_dir {
+            return Err(ErrorInfo::new(
+                ErrorKind::NotWritable,
+                format!("{shown} is a directory"),
+            ));
+        }
+        if resume && m.is_file && m.len == size && m.mtime == mtime {
+            let _ = root.remove_file(&part);
+            let _ = root.remove_file(&ledger_path);
+            return Ok(Opened::Complete);
+        }
+    }
+    if resume {
+        let ledger = root
+            .read_to_string(&ledger_path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Ledger>(&t).ok())
+            .and_then(|l| l.valid_for(size, mtime));
+        if let Some(have) = ledger {
+            if let Ok(file) = root.open(&part, OpenMode::Existing) {
+                if file.metadata().map(|m| m.len() == size).unwrap_or(false) {
+                    return Ok(Opened::Partial { file, have });
+                }
+            }
+        }
+    }
+    let _ = root.remove_file(&ledger_path);
+    let file = root
+        .open(&part, OpenMode::CreateTruncate)
+        .map_err(|e| io_info(&shown, &e))?;
+    crate::sys::reserve(&file, size).map_err(|e| {
+        let _ = root.remove_file(&part);
+        io_info(&shown, &e)
+    })?;
+    Ok(Opened::Partial {
+        file,
+        have: RangeSet::new(),
+    })
+}
+
+/// Makes the ranges durable and records them in the ledger.
+pub fn checkpoint(
+    root: &Root,
+    final_path: &Path,
+    file: &File,
+    size: u64,
+    mtime: Timestamp,
+    ranges: &RangeSet,
+) -> io::Result<()> {
+    file.sync_data()?;
+    let (_, ledger_path) = partial_paths(final_path);
+    let body = serde_json::to_vec(&Ledger::new(size, mtime, ranges)).expect("ledger serializes");
+    root.write_atomic(&ledger_path, &body)
+}
+
+/// Moves a verified temporary file into place.
+pub fn commit(
+    root: &Root,
+    final_path: &Path,
+    file: &File,
+    mode: u32,
+    mtime: Timestamp,
+    durable: bool,
+) -> Result<(), ErrorInfo> {
+    let shown = root.display(final_path);
+    let (part, ledger_path) = partial_paths(final_path);
+    let err = |e: io::Error| io_info(&shown, &e);
+    if durable {
+        file.sync_all().map_err(err)?;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
+        .map_err(err)?;
+    let t = std::time::UNIX_EPOCH
+        + std::time::Duration::new(mtime.secs.max(0) as u64, mtime.nanos.min(999_999_999));
+    file.set_times(std::fs::FileTimes::new().set_modified(t))
+        .map_err(err)?;
+    root.rename(&part, final_path).map_err(err)?;
+    if durable {
+        let parent = final_path.parent().unwrap_or(Path::new(""));
+        root.sync_dir(parent).map_err(err)?;
+    }
+    let _ = root.remove_file(&ledger_path);
+    Ok(())
+}
+
+/// Drops a temporary file, or keeps it and its ledger for a later resume.
+pub fn discard(root: &Root, final_path: &Path, keep_partial: bool) {
+    if keep_partial {
+        return;
+    }
+    let (part, ledger_path) = partial_paths(final_path);
+    let _ = root.remove_file(&part);
+    let _ = root.remove_file(&ledger_path);
+}
+
+/// Creates a directory entry of a tree.
+pub fn make_dir(root: &Root, path: &Path, mode: u32) -> Result<(), ErrorInfo> {
+    let shown = root.display(path);
+    match root.metadata(path) {
+        Ok(m) if m.is_dir => {}
+        Ok(_) => {
+            return Err(ErrorInfo::new(
+                ErrorKind::NotWritable,
+                format!("{shown} exists and is not a directory"),
+            ));
+        }
+        Err(_) => root.create_dir_all(path).map_err(|e| io_info(&shown, &e))?,
+    }
+    // Keep the directory writable by us whatever the source mode says.
+    let _ = root.set_mode(path, (mode & 0o7777) | 0o700);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn confined(dir: &Path) -> Root {
+        Root::confined(dir).unwrap()
+    }
+
+    #[test]
+    fn confined_root_refuses_escapes() {
+        let outer = tempfile::tempdir().unwrap();
+        let root_dir = outer.path().join("root");
+        std::fs::create_dir(&root_dir).unwrap();
+        std::fs::write(outer.path().join("secret"), b"x").unwrap();
+        std::os::unix::fs::symlink(outer.path().join("secret"), root_dir.join("link-out")).unwrap();
+        std::os::unix::fs::symlink("../secret", root_dir.join("rel-out")).unwrap();
+        std::fs::write(root_dir.join("inside"), b"y").unwrap();
+        std::os::unix::fs::symlink("inside", root_dir.join("link-in")).unwrap();
+        let root = confined(&root_dir);
+        for bad in ["../secret", "link-out", "rel-out", "/etc/passwd"] {
+            let err = root.open(Path::new(bad), OpenMode::Read).unwrap_err();
+            let info = io_info(bad, &err);
+            assert_eq!(info.kind, ErrorKind::PathEscapesRoot, "{bad}: {err}");
+        }
+        assert!(root.open(Path::new("link-in"), OpenMode::Read).is_ok());
+        assert!(remote_rel_path("/a/../b").is_err());
+        assert_eq!(remote_rel_path("/a/./b/").unwrap(), PathBuf::from("a/b"));
+    }
+
+    #[test]
+    fn enumerate_tree_in_order_with_dirs() {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("tree");
+        std::fs::create_dir_all(t.join("sub/empty")).unwrap();
+        std::fs::write(t.join("b"), b"12").unwrap();
+        std::fs::write(t.join("sub/a"), b"1").unwrap();
+        let root = confined(d.path());
+        let mut got = Vec::new();
+        enumerate(&root, Path::new("tree"), true, &mut |e| {
+            got.push((e.rel, e.kind, e.size));
+            true
+        })
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ("tree".into(), EntryKind::Dir, 0),
+                ("tree/b".into(), EntryKind::File, 2),
+                ("tree/sub".into(), EntryKind::Dir, 0),
+                ("tree/sub/a".into(), EntryKind::File, 1),
+                ("tree/sub/empty".into(), EntryKind::Dir, 0),
+            ]
+        );
+        let err = enumerate(&root, Path::new("tree"), false, &mut |_| true).unwrap_err();
+        assert!(err.message.contains("use -r"));
+        let err = enumerate(&root, Path::new("nope"), false, &mut |_| true).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn destination_follows_cp_semantics() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("dir")).unwrap();
+        let root = confined(d.path());
+        let into = Destination::resolve(&root, Path::new("dir"), false).unwrap();
+        assert!(into.into_dir);
+        assert_eq!(into.map("x.nc"), PathBuf::from("dir/x.nc"));
+        let named = Destination::resolve(&root, Path::new("new"), false).unwrap();
+        assert_eq!(named.map("src"), PathBuf::from("new"));
+        assert_eq!(named.map("src/a/b"), PathBuf::from("new/a/b"));
+        assert!(Destination::resolve(&root, Path::new("missing"), true).is_err());
+    }
+
+    #[test]
+    fn partial_resume_and_commit() {
+        let d = tempfile::tempdir().unwrap();
+        let root = confined(d.path());
+        let fp = Path::new("out/f.dat");
+        let mtime = Timestamp {
+            secs: 1_600_000_000,
+            nanos: 42,
+        };
+        let Opened::Partial { file, have } =
+            open_destination(&root, fp, 100, mtime, false).unwrap()
+        else {
+            panic!()
+        };
+        assert!(have.is_empty());
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(&[7; 40], 0).unwrap();
+        checkpoint(&root, fp, &file, 100, mtime, &RangeSet::from_range(0..40)).unwrap();
+        drop(file);
+        assert!(
+            !d.path().join("out/f.dat").exists(),
+            "nothing under the final name"
+        );
+        // Resume with a different mtime: ledger not valid, start over.
+        let other = Timestamp { secs: 1, nanos: 0 };
+        let Opened::Partial { have, .. } = open_destination(&root, fp, 100, other, true).unwrap()
+        else {
+            panic!()
+        };
+        assert!(have.is_empty());
+        // The ledger was removed by that fresh start; write it again and resume properly.
+        let Opened::Partial { file, .. } = open_destination(&root, fp, 100, mtime, false).unwrap()
+        else {
+            panic!()
+        };
+        checkpoint(&root, fp, &file, 100, mtime, &RangeSet::from_range(0..40)).unwrap();
+        let Opened::Partial { file, have } = open_destination(&root, fp, 100, mtime, true).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(have.pairs(), &[(0, 40)]);
+        commit(&root, fp, &file, 0o640, mtime, true).unwrap();
+        let m = root.metadata(fp).unwrap();
+        assert_eq!((m.len, m.mode, m.mtime), (100, 0o640, mtime));
+        assert!(!d.path().join("out/.f.dat.haul-part").exists());
+        assert!(!d.path().join("out/.f.dat.haul-ledger").exists());
+        // An identical final file counts as complete when resuming.
+        assert!(matches!(
+            open_destination(&root, fp, 100, mtime, true).unwrap(),
+            Opened::Complete
+        ));
+    }
+}

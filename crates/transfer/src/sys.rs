@@ -1,0 +1,293 @@
+//! Linux specifics, walled off: TCP buffer limits of this host, per-socket tuning (buffers,
+//! congestion control, pacing rate), `TCP_INFO`, space reservation and zero-copy `sendfile`.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use wire::control::HostLimits;
+
+fn read_sysctl(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+fn third_field(s: &str) -> Option<u64> {
+    s.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// The TCP buffer limits and congestion control modules of this host (in this network
+/// namespace).
+pub fn host_limits() -> HostLimits {
+    let num = |p: &str| {
+        read_sysctl(p)
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(212_992)
+    };
+    HostLimits {
+        tcp_rmem_max: read_sysctl("/proc/sys/net/ipv4/tcp_rmem")
+            .and_then(|s| third_field(&s))
+            .unwrap_or(6 << 20),
+        tcp_wmem_max: read_sysctl("/proc/sys/net/ipv4/tcp_wmem")
+            .and_then(|s| third_field(&s))
+            .unwrap_or(4 << 20),
+        core_rmem_max: num("/proc/sys/net/core/rmem_max"),
+        core_wmem_max: num("/proc/sys/net/core/wmem_max"),
+        congestion: available_congestion(),
+    }
+}
+
+/// Congestion control modules loaded on this host.
+pub fn available_congestion() -> Vec<String> {
+    read_sysctl("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .map(|s| s.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// The host's default congestion control.
+pub fn default_congestion() -> String {
+    read_sysctl("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: `value` points to a live T of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            value as *const T as *const libc::c_void,
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets the congestion control module of a TCP socket.
+pub fn set_congestion(sock: &impl AsFd, name: &str) -> io::Result<()> {
+    let s = socket2::SockRef::from(sock);
+    s.set_tcp_congestion(name.as_bytes())
+}
+
+/// The congestion control module in use on a socket.
+pub fn congestion(sock: &impl AsFd) -> io::Result<String> {
+    let s = socket2::SockRef::from(sock);
+    let raw = s.tcp_congestion()?;
+    Ok(String::from_utf8_lossy(&raw)
+        .trim_end_matches('\0')
+        .to_string())
+}
+
+/// Caps the socket's pacing rate (bytes per second); the kernel paces TCP internally.
+pub fn set_max_pacing_rate(sock: &impl AsFd, bytes_per_sec: u64) -> io::Result<()> {
+    const SO_MAX_PACING_RATE: libc::c_int = 47;
+    setsockopt(
+        sock.as_fd().as_raw_fd(),
+        libc::SOL_SOCKET,
+        SO_MAX_PACING_RATE,
+        &bytes_per_sec,
+    )
+}
+
+/// Sets explicit send and receive buffers (this turns kernel autotuning off for the socket).
+pub fn set_buffers(sock: &impl AsFd, bytes: u64) -> io::Result<()> {
+    let s = socket2::SockRef::from(sock);
+    let b = bytes.min(i32::MAX as u64 / 2) as usize;
+    s.set_send_buffer_size(b)?;
+    s.set_recv_buffer_size(b)?;
+    Ok(())
+}
+
+pub fn set_nodelay(sock: &impl AsFd) -> io::Result<()> {
+    socket2::SockRef::from(sock).set_tcp_nodelay(true)
+}
+
+/// The kernel's `struct tcp_info` (include/uapi/linux/tcp.h) up to the fields we read. Fields
+/// are appended over kernel versions; `getsockopt` fills what the kernel knows and reports the
+/// length, so older kernels leave the tail zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TcpInfo {
+    pub state: u8,
+    pub ca_state: u8,
+    pub retransmits: u8,
+    pub probes: u8,
+    pub backoff: u8,
+    pub options: u8,
+    pub wscale: u8,
+    pub flags: u8,
+    pub rto: u32,
+    pub ato: u32,
+    pub snd_mss: u32,
+    pub rcv_mss: u32,
+    pub unacked: u32,
+    pub sacked: u32,
+    pub lost: u32,
+    pub retrans: u32,
+    pub fackets: u32,
+    pub last_data_sent: u32,
+    pub last_ack_sent: u32,
+    pub last_data_recv: u32,
+    pub last_ack_recv: u32,
+    pub pmtu: u32,
+    pub rcv_ssthresh: u32,
+    /// Smoothed RTT in microseconds.
+    pub rtt: u32,
+    pub rttvar: u32,
+    pub snd_ssthresh: u32,
+    pub snd_cwnd: u32,
+    pub advmss: u32,
+    pub reordering: u32,
+    pub rcv_rtt: u32,
+    pub rcv_space: u32,
+    pub total_retrans: u32,
+    pub pacing_rate: u64,
+    pub max_pacing_rate: u64,
+    pub bytes_acked: u64,
+    pub bytes_received: u64,
+    pub segs_out: u32,
+    pub segs_in: u32,
+    pub notsent_bytes: u32,
+    /// Minimum RTT seen, microseconds.
+    pub min_rtt: u32,
+    pub data_segs_in: u32,
+    pub data_segs_out: u32,
+    /// Bytes per second of the last delivery-rate sample.
+    pub delivery_rate: u64,
+    /// Microseconds with data in flight.
+    pub busy_time: u64,
+    /// Microseconds limited by the receiver's window.
+    pub rwnd_limited: u64,
+    /// Microseconds limited by our own send buffer.
+    pub sndbuf_limited: u64,
+    pub delivered: u32,
+    pub delivered_ce: u32,
+    pub bytes_sent: u64,
+    pub bytes_retrans: u64,
+    pub dsack_dups: u32,
+    pub reord_seen: u32,
+    pub rcv_ooopack: u32,
+    pub snd_wnd: u32,
+}
+
+/// Reads `TCP_INFO` of a socket.
+pub fn tcp_info(sock: &impl AsFd) -> io::Result<TcpInfo> {
+    let mut info = TcpInfo::default();
+    let mut len = std::mem::size_of::<TcpInfo>() as libc::socklen_t;
+    // SAFETY: `info` is a writable buffer of `len` bytes; the kernel writes at most `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_fd().as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut info as *mut TcpInfo as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(info)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Reserves `len` bytes for a file so that a full disk shows up before any data is written.
+/// File systems without `fallocate` are left alone.
+pub fn reserve(file: &File, len: u64) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: plain syscall on an owned descriptor.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(len),
+        _ => Err(err),
+    }
+}
+
+/// Hints the kernel to read a range ahead (used before `sendfile`).
+pub fn will_need(file: &File, offset: u64, len: u64) {
+    // SAFETY: advisory syscall on an owned descriptor; errors are irrelevant.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_WILLNEED,
+        );
+    }
+}
+
+/// One `sendfile` call from `file` at `offset` to socket `fd`; returns bytes sent
+/// (`WouldBlock` on a full non-blocking socket).
+pub fn sendfile_once(fd: RawFd, file: &File, offset: u64, len: usize) -> io::Result<usize> {
+    let mut off = offset as libc::off_t;
+    // SAFETY: both descriptors are live for the call; `off` is a valid out-parameter.
+    let rc = unsafe { libc::sendfile(fd, file.as_raw_fd(), &mut off, len) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
+    }
+}
+
+/// True when the error means "no space left on device" (or quota).
+pub fn is_no_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// Peak resident set size of this process in bytes.
+pub fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// CPU seconds (user + system) used by this process.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_read_from_proc() {
+        let l = host_limits();
+        assert!(l.tcp_rmem_max >= 4096);
+        assert!(l.core_wmem_max >= 4096);
+        assert!(!l.congestion.is_empty());
+    }
+
+    #[test]
+    fn tcp_info_and_congestion_on_a_loopback_socket() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let info = tcp_info(&client).unwrap();
+        assert_eq!(info.state, 1, "ESTABLISHED");
+        assert!(info.snd_mss > 0);
+        let cc = available_congestion();
+        set_congestion(&client, &cc[0]).unwrap();
+        assert_eq!(congestion(&client).unwrap(), cc[0]);
+        assert!(set_congestion(&client, "no-such-cc").is_err());
+        set_max_pacing_rate(&client, 100_000_000).unwrap();
+        assert_eq!(tcp_info(&client).unwrap().max_pacing_rate, 100_000_000);
+    }
+}

@@ -1,0 +1,315 @@
+//! TLS 1.3 with mutual certificate authentication (rustls): loading credentials, server and
+//! client configurations, the peer's subject, the grid-mapfile that maps subjects to local
+//! identities, and turning handshake failures into messages a user can act on.
+
+use crate::error::TransferError;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// ALPN protocol name of longhaul connections.
+pub const ALPN: &[u8] = b"haul/1";
+
+/// Label of the TLS exporter that binds private data connections to their session.
+pub const EXPORTER_LABEL: &[u8] = b"EXPERIMENTAL-haul-data-bind";
+
+/// Where credentials come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CredentialPaths {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// A certificate chain, its key and the trusted CA roots.
+pub struct Credentials {
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+    pub roots: Arc<RootCertStore>,
+}
+
+impl Credentials {
+    pub fn load(paths: &CredentialPaths) -> Result<Self, TransferError> {
+        let hint = "pass --cert/--key/--ca (or HAUL_CERT/HAUL_KEY/HAUL_CA), or create them with `haul ca init` and `haul cert issue`";
+        let read_certs = |p: &Path| -> Result<Vec<CertificateDer<'static>>, TransferError> {
+            let data = std::fs::read(p).map_err(|e| {
+                TransferError::Auth(format!(
+                    "cannot read certificate {}: {e}; {hint}",
+                    p.display()
+                ))
+            })?;
+            let certs: Vec<_> = CertificateDer::pem_slice_iter(&data)
+                .collect::<Result<_, _>>()
+                .map_err(|e| {
+                    TransferError::Auth(format!("{} is not a PEM certificate: {e}", p.display()))
+                })?;
+            if certs.is_empty() {
+                return Err(TransferError::Auth(format!(
+                    "{} holds no certificate",
+                    p.display()
+                )));
+            }
+            Ok(certs)
+        };
+        let chain = read_certs(&paths.cert)?;
+        let key_data = std::fs::read(&paths.key).map_err(|e| {
+            TransferError::Auth(format!(
+                "cannot read key {}: {e}; {hint}",
+                paths.key.display()
+            ))
+        })?;
+        let key = PrivateKeyDer::from_pem_slice(&key_data).map_err(|e| {
+            TransferError::Auth(format!(
+                "{} is not a PEM private key: {e}",
+                paths.key.display()
+            ))
+        })?;
+        let mut roots = RootCertStore::empty();
+        for c in read_certs(&paths.ca)? {
+            roots.add(c).map_err(|e| {
+                TransferError::Auth(format!(
+                    "CA certificate {} unusable: {e}",
+                    paths.ca.display()
+                ))
+            })?;
+        }
+        Ok(Self {
+            chain,
+            key,
+            roots: Arc::new(roots),
+        })
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// Server side: TLS 1.3 only, client certificate required and verified against the CA.
+pub fn server_config(creds: &Credentials) -> Result<Arc<ServerConfig>, TransferError> {
+    let verifier = WebPkiClientVerifier::builder_with_provider(creds.roots.clone(), provider())
+        .build()
+        .map_err(|e| TransferError::Auth(format!("cannot build certificate verifier: {e}")))?;
+    let mut cfg = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TransferError::Auth(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(creds.chain.clone(), creds.key.clone_key())
+        .map_err(|e| TransferError::Auth(format!("certificate and key do not match: {e}")))?;
+    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    cfg.send_tls13_tickets = 0;
+    Ok(Arc::new(cfg))
+}
+
+/// Client side: TLS 1.3 only, presenting our certificate, trusting the CA.
+pub fn client_config(creds: &Credentials) -> Result<Arc<ClientConfig>, TransferError> {
+    let mut cfg = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TransferError::Auth(e.to_string()))?
+        .with_root_certificates(creds.roots.clone())
+        .with_client_auth_cert(creds.chain.clone(), creds.key.clone_key())
+        .map_err(|e| TransferError::Auth(format!("certificate and key do not match: {e}")))?;
+    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    cfg.resumption = rustls::client::Resumption::disabled();
+    Ok(Arc::new(cfg))
+}
+
+/// The subject of a certificate as `/O=.../OU=.../CN=...`.
+pub fn subject_of(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let mut out = String::new();
+    for rdn in parsed.subject().iter() {
+        for atv in rdn.iter() {
+            let key = x509_parser::objects::oid2abbrev(
+                atv.attr_type(),
+                x509_parser::objects::oid_registry(),
+            )
+            .map(str::to_string)
+            .unwrap_or_else(|_| atv.attr_type().to_id_string());
+            let value = atv.as_str().ok()?;
+            out.push('/');
+            out.push_str(&key);
+            out.push('=');
+            out.push_str(value);
+        }
+    }
+    Some(out)
+}
+
+/// The subject of the peer's end-entity certificate.
+pub fn peer_subject(conn: &rustls::CommonState) -> Option<String> {
+    conn.peer_certificates()?.first().and_then(subject_of)
+}
+
+/// A 32-byte value both ends of a TLS connection derive, binding a data stream to this very
+/// TLS session.
+pub fn exporter_nonce<D>(conn: &rustls::ConnectionCommon<D>) -> Result<[u8; 32], TransferError> {
+    let mut out = [0u8; 32];
+    conn.export_keying_material(&mut out, EXPORTER_LABEL, None)
+        .map_err(|e| TransferError::Protocol(format!("TLS exporter unavailable: {e}")))?;
+    Ok(out)
+}
+
+/// The grid-mapfile: `"<subject>" <identity>[,<identity>...]` per line, `#` comments.
+#[derive(Clone, Debug, Default)]
+pub struct Mapfile {
+    entries: HashMap<String, String>,
+}
+
+impl Mapfile {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut entries = HashMap::new();
+        for (no, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bad = || {
+                format!(
+                    "mapfile line {}: expected \"/O=.../CN=name\" localname",
+                    no + 1
+                )
+            };
+            let rest = line.strip_prefix('"').ok_or_else(bad)?;
+            let end = rest.find('"').ok_or_else(bad)?;
+            let subject = &rest[..end];
+            let ident = rest[end + 1..]
+                .trim()
+                .split(',')
+                .next()
+                .unwrap_or("")
+                .trim();
+            if subject.is_empty() || ident.is_empty() || ident.contains(char::is_whitespace) {
+                return Err(bad());
+            }
+            entries.insert(subject.to_string(), ident.to_string());
+        }
+        Ok(Self { entries })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, TransferError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            TransferError::Usage(format!("cannot read mapfile {}: {e}", path.display()))
+        })?;
+        Self::parse(&text).map_err(TransferError::Usage)
+    }
+
+    /// The local identity of a subject, if mapped.
+    pub fn lookup(&self, subject: &str) -> Option<&str> {
+        self.entries.get(subject).map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Explains a TLS failure in terms of what the user can fix.
+pub fn explain_tls_error(peer: &str, e: &std::io::Error) -> TransferError {
+    let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
+    use rustls::{AlertDescription as A, CertificateError as C, Error as R};
+    let msg = match inner {
+        Some(R::InvalidCertificate(C::Expired))
+        | Some(R::InvalidCertificate(C::ExpiredContext { .. })) => {
+            format!("{peer}: its certificate has expired")
+        }
+        Some(R::InvalidCertificate(C::NotValidYet))
+        | Some(R::InvalidCertificate(C::NotValidYetContext { .. })) => {
+            format!("{peer}: its certificate is not valid yet (check clocks)")
+        }
+        Some(R::InvalidCertificate(C::UnknownIssuer)) => {
+            format!("{peer}: its certificate is not signed by a CA we trust (check --ca)")
+        }
+        Some(R::InvalidCertificate(C::NotValidForName))
+        | Some(R::InvalidCertificate(C::NotValidForNameContext { .. })) => {
+            format!("{peer}: its certificate is not issued for this host name")
+        }
+        Some(R::AlertReceived(A::CertificateExpired)) => {
+            format!(
+                "{peer} refused our certificate: it has expired (issue a new one with `haul cert issue`)"
+            )
+        }
+        Some(R::AlertReceived(A::UnknownCA)) | Some(R::AlertReceived(A::BadCertificate)) => {
+            format!("{peer} refused our certificate: not signed by a CA it trusts")
+        }
+        Some(R::AlertReceived(A::CertificateRequired)) => {
+            format!("{peer} requires a client certificate (pass --cert and --key)")
+        }
+        Some(other) => format!("{peer}: TLS handshake failed: {other}"),
+        None => format!(
+            "{peer}: TLS handshake failed: {e} (is the endpoint running with --insecure, or is this not a haul endpoint?)"
+        ),
+    };
+    TransferError::Auth(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapfile_maps_quoted_subjects() {
+        let m = Mapfile::parse(
+            "# comment\n\"/O=longhaul/OU=users/CN=alice smith\" alice,other\n\n\"/O=x/CN=b\"   bob\n",
+        )
+        .unwrap();
+        assert_eq!(
+            m.lookup("/O=longhaul/OU=users/CN=alice smith"),
+            Some("alice")
+        );
+        assert_eq!(m.lookup("/O=x/CN=b"), Some("bob"));
+        assert_eq!(m.lookup("/O=x/CN=c"), None);
+        assert!(
+            Mapfile::parse("/O=x/CN=b bob")
+                .unwrap_err()
+                .contains("line 1")
+        );
+        assert!(Mapfile::parse("\"/O=x\"").is_err());
+    }
+
+    #[test]
+    fn subjects_of_issued_certificates() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::pki::init_ca(&dir.path().join("ca"), "longhaul", 1).unwrap();
+        let subj = crate::pki::issue(
+            &dir.path().join("ca"),
+            &dir.path().join("u"),
+            &crate::pki::Subject::User {
+                name: "alice".into(),
+            },
+            "longhaul",
+            &crate::pki::Validity::days(1),
+        )
+        .unwrap();
+        let creds = Credentials::load(&CredentialPaths {
+            cert: dir.path().join("u.pem"),
+            key: dir.path().join("u.key"),
+            ca: dir.path().join("ca/ca.pem"),
+        })
+        .unwrap();
+        assert_eq!(subject_of(&creds.chain[0]).unwrap(), subj);
+        server_config(&creds).unwrap();
+        client_config(&creds).unwrap();
+    }
+
+    #[test]
+    fn missing_credentials_say_how_to_make_them() {
+        let err = Credentials::load(&CredentialPaths {
+            cert: "/nonexistent/c.pem".into(),
+            key: "/nonexistent/c.key".into(),
+            ca: "/nonexistent/ca.pem".into(),
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("haul cert issue"), "{err}");
+    }
+}
