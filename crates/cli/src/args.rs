@@ -155,6 +155,9 @@ pub struct CpArgs {
     /// Bandwidth to plan for when no --rate is given, in bits/s.
     #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
     pub link_rate: u64,
+    /// When receiving locally: how often restart markers are made durable.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub checkpoint_interval: std::time::Duration,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
@@ -189,6 +192,9 @@ pub struct ServeArgs {
     /// Bandwidth to plan for when pushing to another endpoint, in bits/s.
     #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
     pub link_rate: u64,
+    /// How often received files are synced and their restart markers recorded.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub checkpoint_interval: std::time::Duration,
     /// Print the bound address on stdout once listening (useful with port 0).
     #[arg(long)]
     pub print_addr: bool,

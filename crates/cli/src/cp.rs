@@ -60,6 +60,7 @@ fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferEr
         },
         tls,
         link_bps: a.link_rate,
+        checkpoint_interval: a.checkpoint_interval,
     })
 }
 
@@ -98,10 +99,12 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
             } else if std::io::stderr().is_terminal() {
                 eprintln!("{}", summary_line(&report));
             }
-            for (path, msg) in &report.failures {
-                if !a.json {
-                    eprintln!("haul: failed: {path}: {msg}");
-                }
+            if let Some(first) = &report.first_failure {
+                // Each failure was printed as it happened; one line sums them up.
+                eprintln!(
+                    "haul: error: {} of {} files failed; first: {}",
+                    report.files_failed, report.files, first.message
+                );
             }
             Ok(code)
         }

@@ -53,7 +53,11 @@ impl Progress {
                     _ = tick.tick() => {}
                     Some(ev) = events.recv() => {
                         let line = match &ev {
-                            Event::FileFailed { path, error } => Some(format!("haul: {path}: {}", error.message)),
+                            Event::FileFailed { path, error } => Some(if error.message.contains(path.as_str()) {
+                                format!("haul: {}", error.message)
+                            } else {
+                                format!("haul: {path}: {}", error.message)
+                            }),
                             Event::FileRetry { path, attempt, reason } => Some(format!("haul: {path}: {reason}; sending again (attempt {})", attempt + 1)),
                             Event::Retrying { attempt, delay_ms, reason } => Some(format!("haul: {reason}; resuming in {:.1} s (attempt {attempt})", *delay_ms as f64 / 1e3)),
                             Event::StreamLost { stream } => Some(format!("haul: data stream {stream} lost; its blocks go to the other streams")),

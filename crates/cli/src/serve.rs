@@ -55,6 +55,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         max_connections: a.max_connections,
         read_only: a.read_only,
         link_bps: a.link_rate,
+        checkpoint_interval: a.checkpoint_interval,
     };
     transfer::endpoint::run(cfg, listener, shutdown_signal()).await
 }

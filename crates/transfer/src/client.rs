@@ -112,6 +112,8 @@ pub struct CopyOptions {
     pub tls: Option<ClientTls>,
     /// Bandwidth the plan should be able to reach (bits/s).
     pub link_bps: u64,
+    /// How often a local destination syncs and records its restart ledgers.
+    pub checkpoint_interval: Duration,
 }
 
 /// One file in the report.
@@ -308,7 +310,7 @@ pub async fn copy(
 }
 
 fn humanize(d: Duration) -> String {
-    if d.as_millis() % 1000 == 0 {
+    if d.as_millis().is_multiple_of(1000) {
         format!("{} s", d.as_secs())
     } else {
         format!("{} ms", d.as_millis())
@@ -342,10 +344,8 @@ fn record(
                 },
             );
         }
-        Event::FileFailed { path, error } => {
-            if !done.contains_key(path) {
-                failed.insert(path.clone(), error.clone());
-            }
+        Event::FileFailed { path, error } if !done.contains_key(path) => {
+            failed.insert(path.clone(), error.clone());
         }
         _ => {}
     }
@@ -739,6 +739,7 @@ async fn download(
         root: Arc::new(Root::Ambient),
         dest,
         options: session,
+        checkpoint_interval: opts.checkpoint_interval,
     };
     let sink = run_sink(spec, rx, counters.clone(), events.clone(), cancel.clone());
     tokio::pin!(sink);

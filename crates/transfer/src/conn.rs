@@ -113,6 +113,10 @@ fn decode_err(peer: &str, e: DecodeError) -> TransferError {
 }
 
 fn io_err(peer: &str, e: io::Error) -> TransferError {
+    // In TLS 1.3 a refused client certificate shows up as an alert on the first read.
+    if e.get_ref().is_some_and(|i| i.is::<rustls::Error>()) {
+        return tls::explain_tls_error(peer, &e);
+    }
     match e.kind() {
         io::ErrorKind::UnexpectedEof => {
             TransferError::Connect(format!("{peer}: connection closed unexpectedly"))

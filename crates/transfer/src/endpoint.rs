@@ -48,6 +48,8 @@ pub struct EndpointConfig {
     pub read_only: bool,
     /// Link rate assumed when planning pushes (bits/s).
     pub link_bps: u64,
+    /// How often received files are synced and their restart ledgers written.
+    pub checkpoint_interval: Duration,
 }
 
 struct Registered {
@@ -455,6 +457,7 @@ async fn sink(
         root: ep.root.clone(),
         dest,
         options,
+        checkpoint_interval: ep.cfg.checkpoint_interval,
     };
     let run = run_sink(spec, conns, counters.clone(), etx, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
@@ -480,17 +483,15 @@ async fn with_first_stream_deadline<T>(
     tokio::pin!(run);
     let deadline = tokio::time::sleep(Duration::from_secs(60));
     tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            r = &mut run => return r,
-            _ = &mut deadline => {
-                if Counters::get(&counters.activity) > 0 {
-                    return run.await;
-                }
-                cancel.cancel();
-                let _ = (&mut run).await;
-                return Err(TransferError::Connect("no data connection arrived within 60 s".into()));
+    tokio::select! {
+        r = &mut run => r,
+        _ = &mut deadline => {
+            if Counters::get(&counters.activity) > 0 {
+                return run.await;
             }
+            cancel.cancel();
+            let _ = (&mut run).await;
+            Err(TransferError::Connect("no data connection arrived within 60 s".into()))
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct SinkSpec {
     pub root: Arc<Root>,
     pub dest: Destination,
     pub options: SessionOptions,
+    /// How often unfinished files are synced and their restart ledgers written.
+    pub checkpoint_interval: Duration,
 }
 
 /// What a finished sink session did.
@@ -326,17 +328,17 @@ impl Shared {
                 attempt,
                 ranges,
             } => {
-                if let Some(of) = self.file(file, attempt) {
-                    if let Err(e) = store::checkpoint(
+                if let Some(of) = self.file(file, attempt)
+                    && let Err(e) = store::checkpoint(
                         &self.root,
                         &of.final_path,
                         &of.file,
                         of.begin.size,
                         of.begin.mtime,
                         &ranges,
-                    ) {
-                        tracing::warn!(path = %of.begin.path, error = %e, "checkpoint failed");
-                    }
+                    )
+                {
+                    tracing::warn!(path = %of.begin.path, error = %e, "checkpoint failed");
                 }
                 let mut st = self.lock();
                 st.on_checkpointed(file, attempt);
@@ -560,7 +562,10 @@ pub async fn run_sink(
     let (w_tx, w_rx) = flume::bounded::<WriteJob>(16);
     let needs_bytes = opts.checksums.iter().any(|a| *a != Algorithm::Crc32c);
     let sh = Arc::new(Shared {
-        state: Mutex::new(Sink::new(SinkConfig::default())),
+        state: Mutex::new(Sink::new(SinkConfig {
+            checkpoint_interval: spec.checkpoint_interval,
+            ..SinkConfig::default()
+        })),
         files: Mutex::new(HashMap::new()),
         outboxes: Mutex::new(HashMap::new()),
         ops: ops_tx,

@@ -70,6 +70,8 @@ struct Shared {
     locators: Vec<PathBuf>,
     root: Arc<Root>,
     range_base: u64,
+    /// Sending a byte range: the file's own length is not the announced size.
+    is_range: bool,
     algos: Vec<Algorithm>,
     block_size: u64,
     budget: Arc<ByteBudget>,
@@ -233,7 +235,7 @@ impl Shared {
             }
             let after = file.metadata().map_err(|e| io_info(&path, &e))?;
             if before.modified().ok() != after.modified().ok()
-                || (self.range_base == 0 && after.len() != job.spec.size)
+                || (!self.is_range && after.len() != job.spec.size)
             {
                 return Err(ErrorInfo::new(
                     ErrorKind::Io,
@@ -332,16 +334,16 @@ pub fn tune_sender(io: &Io, opts: &SessionOptions, streams: u32) -> Result<Strin
             .contains(&"bbr".to_string())
             .then(|| "bbr".to_string())
     });
-    if let Some(cc) = &want {
-        if let Err(e) = sys::set_congestion(tcp, cc) {
-            if opts.congestion_required {
-                return Err(TransferError::Usage(format!(
-                    "congestion control {cc:?} is not available on this host ({e}); available: {}",
-                    sys::available_congestion().join(", ")
-                )));
-            }
-            tracing::debug!(cc, error = %e, "keeping the default congestion control");
+    if let Some(cc) = &want
+        && let Err(e) = sys::set_congestion(tcp, cc)
+    {
+        if opts.congestion_required {
+            return Err(TransferError::Usage(format!(
+                "congestion control {cc:?} is not available on this host ({e}); available: {}",
+                sys::available_congestion().join(", ")
+            )));
         }
+        tracing::debug!(cc, error = %e, "keeping the default congestion control");
     }
     if let Some(rate) = opts.rate_bps {
         let per_stream = (rate / 8 / streams.max(1) as u64).max(1);
@@ -539,6 +541,7 @@ pub async fn run_source(
         locators,
         root: spec.root.clone(),
         range_base,
+        is_range: spec.range.is_some(),
         algos: opts.checksums.clone(),
         block_size: block,
         budget: Arc::new(ByteBudget::new(readahead)),

@@ -581,12 +581,11 @@ pub fn open_destination(
             .ok()
             .and_then(|t| serde_json::from_str::<Ledger>(&t).ok())
             .and_then(|l| l.valid_for(size, mtime));
-        if let Some(have) = ledger {
-            if let Ok(file) = root.open(&part, OpenMode::Existing) {
-                if file.metadata().map(|m| m.len() == size).unwrap_or(false) {
-                    return Ok(Opened::Partial { file, have });
-                }
-            }
+        if let Some(have) = ledger
+            && let Ok(file) = root.open(&part, OpenMode::Existing)
+            && file.metadata().map(|m| m.len() == size).unwrap_or(false)
+        {
+            return Ok(Opened::Partial { file, have });
         }
     }
     let _ = root.remove_file(&ledger_path);

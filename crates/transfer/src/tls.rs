@@ -240,6 +240,16 @@ pub fn explain_tls_error(peer: &str, e: &std::io::Error) -> TransferError {
         Some(R::AlertReceived(A::UnknownCA)) | Some(R::AlertReceived(A::BadCertificate)) => {
             format!("{peer} refused our certificate: not signed by a CA it trusts")
         }
+        Some(R::AlertReceived(A::DecryptError)) => {
+            format!(
+                "{peer} refused our certificate: its signature does not verify against the CA it trusts (issued by another CA?)"
+            )
+        }
+        Some(R::InvalidCertificate(C::BadSignature)) => {
+            format!(
+                "{peer}: its certificate's signature does not verify against our CA (check --ca)"
+            )
+        }
         Some(R::AlertReceived(A::CertificateRequired)) => {
             format!("{peer} requires a client certificate (pass --cert and --key)")
         }

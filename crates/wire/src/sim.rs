@@ -229,10 +229,11 @@ fn run(
                         mut payload,
                     } => {
                         sent_blocks[s] += 1;
-                        if let Some((cs, every)) = sc.corrupt {
-                            if cs == s && sent_blocks[s] % every == 0 {
-                                payload[0] ^= 0xff;
-                            }
+                        if let Some((cs, every)) = sc.corrupt
+                            && cs == s
+                            && sent_blocks[s].is_multiple_of(every)
+                        {
+                            payload[0] ^= 0xff;
                         }
                         fwd[s].send(now, len as usize + 25, Msg::Block(header, payload));
                     }

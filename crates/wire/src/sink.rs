@@ -530,10 +530,10 @@ impl<P> Sink<P> {
 
     /// A checkpoint finished (its ranges are durable and in the ledger).
     pub fn on_checkpointed(&mut self, file: FileId, attempt: u32) {
-        if let Some(f) = self.files.get_mut(&file) {
-            if f.begin.attempt == attempt {
-                f.checkpoint_in_flight = false;
-            }
+        if let Some(f) = self.files.get_mut(&file)
+            && f.begin.attempt == attempt
+        {
+            f.checkpoint_in_flight = false;
         }
     }
 

@@ -94,7 +94,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => v * 3600.0,
         _ => return Err(err()),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return Err(err());
     }
     Ok(Duration::from_secs_f64(secs))

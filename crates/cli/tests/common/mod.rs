@@ -1,0 +1,371 @@
+//! Helpers for tests that run the real `haul` binary: endpoints on loopback (port 0), a small
+//! PKI, deterministic test data, and assertions on outputs.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn haul() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_haul"));
+    c.env_remove("HAUL_CERT")
+        .env_remove("HAUL_KEY")
+        .env_remove("HAUL_CA")
+        .env_remove("HAUL_MAPFILE");
+    c.env("HAUL_LOG", "warn");
+    c
+}
+
+/// A running endpoint; killed when dropped.
+pub struct Endpoint {
+    pub child: Child,
+    pub addr: String,
+    pub root: PathBuf,
+}
+
+impl Endpoint {
+    /// `haul://127.0.0.1:PORT/path`
+    pub fn url(&self, path: &str) -> String {
+        format!("haul://{}/{}", self.addr, path.trim_start_matches('/'))
+    }
+
+    /// URL with `localhost` (for TLS name checks).
+    pub fn tls_url(&self, path: &str) -> String {
+        format!(
+            "haul://{}/{}",
+            self.addr.replace("127.0.0.1", "localhost"),
+            path.trim_start_matches('/')
+        )
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `haul serve` on an ephemeral loopback port.
+pub fn serve(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Endpoint {
+    std::fs::create_dir_all(root).unwrap();
+    let mut cmd = haul();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--print-addr", "--root"])
+        .arg(root)
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn haul serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read address");
+    let addr = line.trim().to_string();
+    assert!(addr.contains(':'), "endpoint did not start: {line:?}");
+    Endpoint {
+        child,
+        addr,
+        root: root.to_path_buf(),
+    }
+}
+
+/// An insecure endpoint (no TLS), for tests not about security.
+pub fn serve_insecure(root: &Path) -> Endpoint {
+    serve(root, &["--insecure"], &[])
+}
+
+pub fn serve_insecure_env(root: &Path, env: &[(&str, &str)]) -> Endpoint {
+    serve(root, &["--insecure"], env)
+}
+
+/// `haul cp --insecure --json ... SRC DST`, returns the output.
+pub fn cp(args: &[&str]) -> Output {
+    cp_env(args, &[])
+}
+
+pub fn cp_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = haul();
+    cmd.args(["cp", "--insecure", "--json", "--progress", "never"])
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run haul cp")
+}
+
+pub fn json(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or("");
+    serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!(
+            "no JSON on stdout ({e}): stdout={stdout:?} stderr={}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[track_caller]
+pub fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "haul failed ({:?}): stdout={} stderr={}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        stderr(out)
+    );
+}
+
+#[track_caller]
+pub fn assert_exit(out: &Output, code: i32, needle: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout={} stderr={}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(out)
+    );
+    let err = stderr(out);
+    assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
+    let error_lines: Vec<_> = err
+        .lines()
+        .filter(|l| l.starts_with("haul: error:"))
+        .collect();
+    assert_eq!(
+        error_lines.len(),
+        1,
+        "exactly one error line expected: {err}"
+    );
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+pub fn write_file(path: &Path, seed: u64, len: usize) -> Vec<u8> {
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p).unwrap();
+    }
+    let d = data(seed, len);
+    std::fs::write(path, &d).unwrap();
+    d
+}
+
+#[track_caller]
+pub fn assert_same_file(a: &Path, b: &Path) {
+    let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+    assert_eq!(x.len(), y.len(), "{} vs {}", a.display(), b.display());
+    assert!(x == y, "{} and {} differ", a.display(), b.display());
+}
+
+/// Every file below `a` exists below `b` with the same content, and vice versa; no partial
+/// files are left in `b`.
+#[track_caller]
+pub fn assert_same_tree(a: &Path, b: &Path) {
+    let list = |root: &Path| {
+        let mut v: Vec<PathBuf> = walk(root)
+            .into_iter()
+            .map(|p| p.strip_prefix(root).unwrap().to_path_buf())
+            .collect();
+        v.sort();
+        v
+    };
+    let (la, lb) = (list(a), list(b));
+    assert_eq!(la, lb, "trees differ");
+    for rel in la {
+        let (pa, pb) = (a.join(&rel), b.join(&rel));
+        if pa.is_file() {
+            assert_same_file(&pa, &pb);
+        } else {
+            assert!(pb.is_dir());
+        }
+    }
+}
+
+pub fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            out.push(p.clone());
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Names of leftover temporary files (`.*.haul-part`, `.*.haul-ledger`) below `root`.
+pub fn partials(root: &Path) -> Vec<PathBuf> {
+    walk(root)
+        .into_iter()
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.ends_with(".haul-part") || n.ends_with(".haul-ledger")
+        })
+        .collect()
+}
+
+/// A CA, a host certificate for localhost/127.0.0.1, user certificates and a mapfile.
+pub struct Pki {
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    pub fn new(dir: &Path) -> Self {
+        let run = |args: &[&str]| {
+            let out = haul().args(args).current_dir(dir).output().unwrap();
+            assert_ok(&out);
+        };
+        std::fs::create_dir_all(dir).unwrap();
+        run(&["ca", "init", "--dir", "ca"]);
+        run(&[
+            "cert",
+            "issue",
+            "--ca",
+            "ca",
+            "--host",
+            "localhost",
+            "--host",
+            "127.0.0.1",
+            "--out",
+            "host",
+        ]);
+        run(&[
+            "cert", "issue", "--ca", "ca", "--user", "alice", "--out", "alice",
+        ]);
+        run(&[
+            "cert", "issue", "--ca", "ca", "--user", "mallory", "--out", "mallory",
+        ]);
+        run(&[
+            "cert",
+            "issue",
+            "--ca",
+            "ca",
+            "--user",
+            "old",
+            "--out",
+            "old",
+            "--not-before",
+            "2020-01-01T00:00:00Z",
+            "--not-after",
+            "2021-01-01T00:00:00Z",
+        ]);
+        run(&["ca", "init", "--dir", "otherca"]);
+        run(&[
+            "cert", "issue", "--ca", "otherca", "--user", "alice", "--out", "forged",
+        ]);
+        std::fs::write(
+            dir.join("mapfile"),
+            "\"/O=longhaul/OU=users/CN=alice\" alice\n\"/O=longhaul/OU=users/CN=old\" old\n",
+        )
+        .unwrap();
+        Self {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    pub fn p(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+
+    /// Arguments for `haul serve` with TLS.
+    pub fn serve_args(&self) -> Vec<String> {
+        vec![
+            "--cert".into(),
+            self.p("host.pem"),
+            "--key".into(),
+            self.p("host.key"),
+            "--ca".into(),
+            self.p("ca/ca.pem"),
+            "--mapfile".into(),
+            self.p("mapfile"),
+        ]
+    }
+
+    /// `haul cp --json` with a user's certificate.
+    pub fn cp(&self, user: &str, args: &[&str]) -> Output {
+        self.cp_ca(user, "ca/ca.pem", args)
+    }
+
+    pub fn cp_ca(&self, user: &str, ca: &str, args: &[&str]) -> Output {
+        haul()
+            .args([
+                "cp",
+                "--json",
+                "--progress",
+                "never",
+                "--cert",
+                &self.p(&format!("{user}.pem")),
+                "--key",
+            ])
+            .arg(self.p(&format!("{user}.key")))
+            .args(["--ca", &self.p(ca)])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+/// Waits until `cond` holds or `timeout` passes.
+pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < timeout {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// A small tmpfs mounted for a test (needs root); unmounted when dropped.
+pub struct SmallFs {
+    pub path: PathBuf,
+}
+
+impl SmallFs {
+    pub fn mount(path: &Path, size: &str) -> Option<Self> {
+        std::fs::create_dir_all(path).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .status()
+            .ok()?
+            .success();
+        ok.then(|| Self {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}

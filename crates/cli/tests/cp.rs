@@ -1,0 +1,617 @@
+//! `haul cp` and `haul serve` as real processes on loopback: every transfer mode, trees,
+//! integrity, restart after kills, stalls, and every kind of bad input.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+#[test]
+fn upload_download_and_third_party_are_byte_identical() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let b = serve_insecure(&t.path().join("b"));
+    let src = t.path().join("big.dat");
+    write_file(&src, 1, 9 * (1 << 20) + 12345);
+
+    let out = cp(&[src.to_str().unwrap(), &a.url("/")]);
+    assert_ok(&out);
+    assert_same_file(&src, &a.root.join("big.dat"));
+    let j = json(&out);
+    assert_eq!(j["bytes_total"], 9 * (1 << 20) + 12345);
+    assert_eq!(j["files"], 1);
+    assert!(j["streams"].as_u64().unwrap() >= 1);
+    assert!(j["mbit_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(j["checksums"][0], "crc32c");
+
+    let down = t.path().join("down.dat");
+    assert_ok(&cp(&[&a.url("big.dat"), down.to_str().unwrap()]));
+    assert_same_file(&src, &down);
+
+    assert_ok(&cp(&[&a.url("big.dat"), &b.url("copy.dat")]));
+    assert_same_file(&src, &b.root.join("copy.dat"));
+    for root in [&a.root, &b.root, t.path()] {
+        assert!(partials(root).is_empty(), "leftovers: {:?}", partials(root));
+    }
+}
+
+#[test]
+fn trees_with_many_small_files_and_empty_directories() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let b = serve_insecure(&t.path().join("b"));
+    let src = t.path().join("run42");
+    for i in 0..300u64 {
+        write_file(
+            &src.join(format!("d{}/f{i:04}.nc", i % 7)),
+            i,
+            4096 + (i as usize * 211) % 60_000,
+        );
+    }
+    write_file(&src.join("empty-file"), 99, 0);
+    std::fs::create_dir_all(src.join("empty/dir")).unwrap();
+    write_file(&src.join("large.nc"), 7, 3 << 20);
+
+    let out = cp(&["-r", src.to_str().unwrap(), &a.url("/")]);
+    assert_ok(&out);
+    assert_same_tree(&src, &a.root.join("run42"));
+    assert_eq!(json(&out)["files_failed"], 0);
+
+    // Into a new name (cp semantics), endpoint to endpoint.
+    assert_ok(&cp(&["-r", &a.url("run42"), &b.url("mirror")]));
+    assert_same_tree(&src, &b.root.join("mirror"));
+
+    // Download into an existing directory.
+    let dl = t.path().join("dl");
+    std::fs::create_dir(&dl).unwrap();
+    assert_ok(&cp(&["-r", &b.url("mirror"), dl.to_str().unwrap()]));
+    assert_same_tree(&src, &dl.join("mirror"));
+
+    // A directory without -r is refused.
+    assert_exit(&cp(&[src.to_str().unwrap(), &a.url("x")]), 2, "use -r");
+}
+
+#[test]
+fn extra_checksums_match_independent_tools() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let src = t.path().join("f.dat");
+    write_file(&src, 3, 5 * (1 << 20) + 7);
+    let out = cp(&[
+        "--checksum",
+        "adler32,md5,sha256,xxh3",
+        src.to_str().unwrap(),
+        &a.url("f.dat"),
+    ]);
+    assert_ok(&out);
+    let j = json(&out);
+    let sums = &j["file_list"][0]["checksums"];
+    let sha = std::process::Command::new("sha256sum")
+        .arg(&src)
+        .output()
+        .unwrap();
+    let sha = String::from_utf8_lossy(&sha.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(sums["sha256"], sha);
+    let md5 = std::process::Command::new("md5sum")
+        .arg(&src)
+        .output()
+        .unwrap();
+    let md5 = String::from_utf8_lossy(&md5.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(sums["md5"], md5);
+    assert_eq!(sums["adler32"].as_str().unwrap().len(), 8);
+    assert_eq!(sums["crc32c"].as_str().unwrap().len(), 8);
+    assert_same_file(&src, &a.root.join("f.dat"));
+}
+
+#[test]
+fn partial_transfer_by_byte_range() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let d = write_file(&a.root.join("whole.dat"), 5, 3 << 20);
+    let part = t.path().join("part.dat");
+    let out = cp(&[
+        "--offset",
+        "1000000",
+        "--length",
+        "1500000",
+        &a.url("whole.dat"),
+        part.to_str().unwrap(),
+    ]);
+    assert_ok(&out);
+    assert_eq!(std::fs::read(&part).unwrap(), d[1_000_000..2_500_000]);
+    // Upload of a range too.
+    let src = t.path().join("src.dat");
+    let s = write_file(&src, 6, 2 << 20);
+    assert_ok(&cp(&[
+        "--length",
+        "4096",
+        src.to_str().unwrap(),
+        &a.url("head.dat"),
+    ]));
+    assert_eq!(std::fs::read(a.root.join("head.dat")).unwrap(), s[..4096]);
+    // A range beyond the end is refused.
+    let out = cp(&[
+        "--offset",
+        "3M",
+        "--length",
+        "1",
+        &a.url("whole.dat"),
+        part.to_str().unwrap(),
+    ]);
+    assert_exit(&out, 2, "beyond the end");
+}
+
+#[test]
+fn corrupted_blocks_are_detected_and_sent_again() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let src = t.path().join("f.dat");
+    write_file(&src, 8, 12 << 20);
+    let out = cp_env(
+        &[
+            "--block-size",
+            "256K",
+            src.to_str().unwrap(),
+            &a.url("f.dat"),
+        ],
+        &[("HAUL_FAULT_CORRUPT_EVERY", "5")],
+    );
+    assert_ok(&out);
+    assert_same_file(&src, &a.root.join("f.dat"));
+    let j = json(&out);
+    assert!(j["blocks_resent"].as_u64().unwrap() >= 5, "{j}");
+    assert!(
+        j["bytes_moved"].as_u64().unwrap() > 12 << 20,
+        "resent blocks crossed the network again"
+    );
+}
+
+#[test]
+fn resume_after_the_client_dies_sends_only_what_is_missing() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let src = t.path().join("f.dat");
+    let total = 40u64 << 20;
+    write_file(&src, 9, total as usize);
+    // The client (sender) dies abruptly after 15 MiB.
+    let out = cp_env(
+        &["-p", "2", src.to_str().unwrap(), &a.url("f.dat")],
+        &[("HAUL_FAULT_EXIT_AFTER", "15M")],
+    );
+    assert_eq!(out.status.code(), Some(137), "{}", stderr(&out));
+    assert!(
+        !a.root.join("f.dat").exists(),
+        "no file under the final name"
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || a
+            .root
+            .join(".f.dat.haul-ledger")
+            .exists()),
+        "ledger saved"
+    );
+    let out = cp(&["--resume", src.to_str().unwrap(), &a.url("f.dat")]);
+    assert_ok(&out);
+    assert_same_file(&src, &a.root.join("f.dat"));
+    let j = json(&out);
+    let (moved, skipped) = (
+        j["bytes_moved"].as_u64().unwrap(),
+        j["bytes_skipped"].as_u64().unwrap(),
+    );
+    assert!(skipped > 0, "{j}");
+    assert_eq!(moved + skipped, total, "only missing blocks sent: {j}");
+    assert!(partials(&a.root).is_empty());
+}
+
+#[test]
+fn resume_after_sigkill_of_the_receiving_endpoint() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("a");
+    let src = t.path().join("f.dat");
+    let total = 24u64 << 20;
+    write_file(&src, 10, total as usize);
+    let mut a = serve(
+        &root,
+        &["--insecure", "--checkpoint-interval", "100ms"],
+        &[],
+    );
+    // Slow transfer so that the kill lands in the middle.
+    let mut child = haul()
+        .args([
+            "cp",
+            "--insecure",
+            "--progress",
+            "never",
+            "--retries",
+            "0",
+            "--rate",
+            "80M",
+        ])
+        .arg(&src)
+        .arg(a.url("f.dat"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ledger = root.join(".f.dat.haul-ledger");
+    assert!(
+        wait_for(Duration::from_secs(10), || ledger.exists()),
+        "a checkpoint was written"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    a.kill(); // SIGKILL: no chance to save anything more
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(4), "connection lost");
+    assert!(!root.join("f.dat").exists());
+    let a2 = serve_insecure(&root);
+    let out = cp(&["--resume", src.to_str().unwrap(), &a2.url("f.dat")]);
+    assert_ok(&out);
+    assert_same_file(&src, &root.join("f.dat"));
+    let j = json(&out);
+    assert!(j["bytes_skipped"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(
+        j["bytes_moved"].as_u64().unwrap() + j["bytes_skipped"].as_u64().unwrap(),
+        total
+    );
+}
+
+#[test]
+fn resume_of_a_download_after_the_client_dies() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    write_file(&a.root.join("f.dat"), 11, 30 << 20);
+    let dst = t.path().join("f.dat");
+    let out = cp_env(
+        &[
+            "--checkpoint-interval",
+            "50ms",
+            "--rate",
+            "200M",
+            &a.url("f.dat"),
+            dst.to_str().unwrap(),
+        ],
+        &[("HAUL_FAULT_EXIT_AFTER", "12M")],
+    );
+    assert_eq!(out.status.code(), Some(137), "{}", stderr(&out));
+    assert!(!dst.exists());
+    let out = cp(&["--resume", &a.url("f.dat"), dst.to_str().unwrap()]);
+    assert_ok(&out);
+    assert_same_file(&a.root.join("f.dat"), &dst);
+    assert!(json(&out)["bytes_skipped"].as_u64().unwrap() > 0);
+    assert!(partials(t.path()).is_empty());
+}
+
+#[test]
+fn a_resumed_tree_skips_files_already_complete() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let src = t.path().join("tree");
+    for i in 0..20u64 {
+        write_file(&src.join(format!("f{i}")), i, 100_000);
+    }
+    assert_ok(&cp(&["-r", src.to_str().unwrap(), &a.url("/")]));
+    let out = cp(&["-r", "--resume", src.to_str().unwrap(), &a.url("/")]);
+    assert_ok(&out);
+    let j = json(&out);
+    assert_eq!(j["bytes_moved"], 0, "{j}");
+    assert_eq!(j["bytes_skipped"], 2_000_000);
+}
+
+#[test]
+fn a_stalled_transfer_is_cancelled_and_resumed() {
+    let t = tempfile::tempdir().unwrap();
+    // The source endpoint hangs after 8 MiB, once.
+    let a = serve_insecure_env(&t.path().join("a"), &[("HAUL_FAULT_STALL_AFTER", "8M")]);
+    write_file(&a.root.join("f.dat"), 12, 20 << 20);
+    let dst = t.path().join("f.dat");
+    let out = cp(&[
+        "--stall-timeout",
+        "2s",
+        "--checkpoint-interval",
+        "100ms",
+        &a.url("f.dat"),
+        dst.to_str().unwrap(),
+    ]);
+    assert_ok(&out);
+    assert_same_file(&a.root.join("f.dat"), &dst);
+    let j = json(&out);
+    assert_eq!(j["retries"], 1, "{j}");
+    assert!(
+        stderr(&out).contains("no data moved for 2 s"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_stall_that_never_ends_fails_with_the_history() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure_env(&t.path().join("a"), &[("HAUL_FAULT_STALL_AFTER", "1M")]);
+    write_file(&a.root.join("f.dat"), 13, 4 << 20);
+    // With no retries, the stall is final.
+    let out = cp(&[
+        "--retries",
+        "0",
+        "--stall-timeout",
+        "1s",
+        &a.url("f.dat"),
+        t.path().join("x").to_str().unwrap(),
+    ]);
+    assert_exit(&out, 8, "no data moved for 1 s");
+    assert!(!t.path().join("x").exists());
+}
+
+#[test]
+fn bad_local_and_remote_paths() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let src = t.path().join("f.dat");
+    write_file(&src, 1, 1000);
+    // Missing sources.
+    assert_exit(
+        &cp(&[t.path().join("nope").to_str().unwrap(), &a.url("/")]),
+        3,
+        "no such file",
+    );
+    assert_exit(
+        &cp(&[
+            "--retries",
+            "0",
+            &a.url("nope"),
+            t.path().join("x").to_str().unwrap(),
+        ]),
+        3,
+        "no such file",
+    );
+    // Escaping the exported root.
+    assert_exit(
+        &cp(&[src.to_str().unwrap(), &a.url("../outside")]),
+        6,
+        "'..' is not allowed",
+    );
+    std::os::unix::fs::symlink(&src, a.root.join("link-out")).unwrap();
+    assert_exit(
+        &cp(&[&a.url("link-out"), t.path().join("y").to_str().unwrap()]),
+        6,
+        "escapes the exported root",
+    );
+    // Destination not writable: a file where a directory is needed.
+    write_file(&a.root.join("plainfile"), 2, 10);
+    assert_exit(
+        &cp(&[src.to_str().unwrap(), &a.url("plainfile/sub/f")]),
+        6,
+        "",
+    );
+    assert_exit(
+        &cp(&[src.to_str().unwrap(), &a.url("missing-dir/")]),
+        6,
+        "does not exist",
+    );
+    assert!(partials(&a.root).is_empty());
+    // Both sides local, unknown scheme, bad flags.
+    assert_exit(
+        &cp(&[src.to_str().unwrap(), "/tmp/x"]),
+        2,
+        "one of them must be an endpoint",
+    );
+    assert_exit(
+        &cp(&[src.to_str().unwrap(), "ftp://host/x"]),
+        2,
+        "unsupported URL scheme",
+    );
+    let out = haul()
+        .args(["cp", "--rate", "fast", "a", "b"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("invalid rate"));
+}
+
+#[test]
+fn read_only_endpoint_refuses_writes() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve(&t.path().join("a"), &["--insecure", "--read-only"], &[]);
+    let src = t.path().join("f.dat");
+    write_file(&src, 1, 1000);
+    assert_exit(
+        &cp(&[src.to_str().unwrap(), &a.url("f.dat")]),
+        5,
+        "read-only",
+    );
+}
+
+#[test]
+fn unreachable_host_fails_fast_with_exit_4() {
+    let t = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let src = t.path().join("f.dat");
+    write_file(&src, 1, 1000);
+    let url = format!("haul://127.0.0.1:{port}/f");
+    let out = cp(&["--retries", "0", src.to_str().unwrap(), &url]);
+    assert_exit(&out, 4, "cannot connect");
+    // With retries the final message says what was tried.
+    let out = cp(&["--retries", "1", src.to_str().unwrap(), &url]);
+    assert_exit(&out, 4, "tried 2 times");
+}
+
+#[test]
+fn disk_full_leaves_nothing_under_the_final_name() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(fs) = SmallFs::mount(&t.path().join("small"), "2m") else {
+        eprintln!("SKIP disk_full test: cannot mount a tmpfs (needs root)");
+        return;
+    };
+    let a = serve_insecure(&fs.path);
+    let src = t.path().join("f.dat");
+    write_file(&src, 1, 5 << 20);
+    let out = cp(&["--retries", "0", src.to_str().unwrap(), &a.url("f.dat")]);
+    assert_exit(&out, 6, "no space left");
+    assert!(!fs.path.join("f.dat").exists());
+    assert!(partials(&fs.path).is_empty(), "{:?}", partials(&fs.path));
+    // A file that fits still works on the same endpoint.
+    let small = t.path().join("s.dat");
+    write_file(&small, 2, 100_000);
+    assert_ok(&cp(&[small.to_str().unwrap(), &a.url("s.dat")]));
+    drop(a);
+}
+
+#[test]
+fn tls_mutual_authentication_and_private_streams() {
+    let t = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&t.path().join("pki"));
+    let sargs = pki.serve_args();
+    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
+    let a = serve(&t.path().join("a"), &sargs, &[]);
+    let b = serve(&t.path().join("b"), &sargs, &[]);
+    let src = t.path().join("f.dat");
+    write_file(&src, 4, 6 << 20);
+
+    assert_ok(&pki.cp("alice", &[src.to_str().unwrap(), &a.tls_url("f.dat")]));
+    assert_same_file(&src, &a.root.join("f.dat"));
+    // Private (encrypted) streams, third party and download.
+    let out = pki.cp(
+        "alice",
+        &[
+            "--protect",
+            "private",
+            &a.tls_url("f.dat"),
+            &b.tls_url("g.dat"),
+        ],
+    );
+    assert_ok(&out);
+    assert_eq!(json(&out)["protect"], "private");
+    assert_same_file(&src, &b.root.join("g.dat"));
+    let dl = t.path().join("dl.dat");
+    assert_ok(&pki.cp(
+        "alice",
+        &[
+            "--protect",
+            "private",
+            &b.tls_url("g.dat"),
+            dl.to_str().unwrap(),
+        ],
+    ));
+    assert_same_file(&src, &dl);
+
+    // Unmapped identity, expired certificate, certificate from another CA.
+    assert_exit(
+        &pki.cp("mallory", &[src.to_str().unwrap(), &a.tls_url("m")]),
+        5,
+        "not in this endpoint's mapfile",
+    );
+    assert_exit(
+        &pki.cp("old", &[src.to_str().unwrap(), &a.tls_url("o")]),
+        5,
+        "expired",
+    );
+    assert_exit(
+        &pki.cp("forged", &[src.to_str().unwrap(), &a.tls_url("o")]),
+        5,
+        "refused our certificate",
+    );
+    assert_exit(
+        &pki.cp_ca(
+            "alice",
+            "otherca/ca.pem",
+            &[src.to_str().unwrap(), &a.tls_url("o")],
+        ),
+        5,
+        "does not verify against our CA",
+    );
+    // A plain client against a TLS endpoint, and private without TLS.
+    assert_exit(
+        &cp(&[src.to_str().unwrap(), &a.url("p")]),
+        5,
+        "requires TLS",
+    );
+    assert_exit(
+        &cp(&["--protect", "private", src.to_str().unwrap(), &a.url("p")]),
+        2,
+        "cannot be combined with --insecure",
+    );
+    for n in ["m", "o", "p"] {
+        assert!(!a.root.join(n).exists());
+    }
+}
+
+#[test]
+fn private_is_refused_rather_than_downgraded() {
+    // An insecure source endpoint cannot push private streams: the copy fails, nothing is sent in clear.
+    let t = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&t.path().join("pki"));
+    let sargs = pki.serve_args();
+    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
+    let b = serve(&t.path().join("b"), &sargs, &[]);
+    let src = t.path().join("f.dat");
+    write_file(&src, 4, 1 << 20);
+    assert_ok(&pki.cp("alice", &[src.to_str().unwrap(), &b.tls_url("f.dat")]));
+    // A clear data connection to a private session is refused by the endpoint itself.
+    let out = pki.cp(
+        "alice",
+        &[
+            "--protect",
+            "private",
+            &b.tls_url("f.dat"),
+            t.path().join("x").to_str().unwrap(),
+        ],
+    );
+    assert_ok(&out);
+    assert_eq!(json(&out)["protect"], "private");
+}
+
+#[test]
+fn garbage_on_the_port_does_not_hurt_the_endpoint() {
+    use std::io::{Read, Write};
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let payloads: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.0\r\n\r\n".to_vec(),
+        b"HAULDAT1\x02\xff\xff\xff\xffjunk".to_vec(),
+        b"HAULCTL1\x40\x00\x10\x00\x00".to_vec(),
+        b"HAULCTL1\x40\x00\x00\x00\x05\xff\xff\xff\xff\xff".to_vec(),
+        [b"HAULDAT1".as_slice(), &[0u8; 64]].concat(),
+        vec![0x16, 0x03, 0x01, 0xff, 0xff, 1, 2, 3],
+        b"HAULCTL1".to_vec(),
+    ];
+    for p in payloads {
+        let mut s = std::net::TcpStream::connect(&a.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = s.write_all(&p);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+    }
+    let src = t.path().join("f.dat");
+    write_file(&src, 1, 100_000);
+    assert_ok(&cp(&[src.to_str().unwrap(), &a.url("f.dat")]));
+}
+
+#[test]
+fn json_error_and_help() {
+    let out = haul().args(["help", "cp"]).output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Examples:") && help.contains("haul cp -r"));
+    let out = haul().arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Exit codes:"));
+    let t = tempfile::tempdir().unwrap();
+    let out = cp(&[
+        t.path().join("missing").to_str().unwrap(),
+        "haul://127.0.0.1:1/x",
+    ]);
+    assert_eq!(json(&out)["exit_code"], 3);
+}
+
+#[allow(dead_code)]
+fn unused(_: &Path) {}

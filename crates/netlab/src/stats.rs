@@ -1,0 +1,205 @@
+//! Counters of what the emulator did, per direction of the bottleneck and for traffic that
+//! stays inside a site, and their printable snapshot.
+//!
+//! The emulator thread bumps relaxed atomics; `Lab::stats` reads a consistent-enough snapshot
+//! at any time without stopping traffic.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+use crate::model::DropCause;
+
+#[derive(Default, Debug)]
+pub(crate) struct DirCounters {
+    pub offered_packets: AtomicU64,
+    pub offered_bytes: AtomicU64,
+    pub packets: AtomicU64,
+    pub bytes: AtomicU64,
+    pub drop_queue: AtomicU64,
+    pub drop_loss: AtomicU64,
+    pub drop_blackout: AtomicU64,
+    pub drop_other: AtomicU64,
+    pub max_backlog: AtomicU64,
+    /// Sum and maximum of how late packets were written compared with their due time, ns.
+    pub late_sum_ns: AtomicU64,
+    pub late_max_ns: AtomicU64,
+    pub late_over_1ms: AtomicU64,
+}
+
+impl DirCounters {
+    pub fn drop(&self, cause: DropCause) {
+        match cause {
+            DropCause::Queue => &self.drop_queue,
+            DropCause::Loss => &self.drop_loss,
+            DropCause::Blackout => &self.drop_blackout,
+        }
+        .fetch_add(1, Relaxed);
+    }
+}
+
+#[derive(Default, Debug)]
+pub(crate) struct Counters {
+    pub dirs: [DirCounters; 2],
+    pub local_packets: AtomicU64,
+    pub local_bytes: AtomicU64,
+    /// Not IPv4, or to an address that is no host of the lab.
+    pub unroutable: AtomicU64,
+    /// Packets dropped because the emulator's buffer memory cap was reached.
+    pub no_buffer: AtomicU64,
+}
+
+/// Packets dropped in one direction, by cause.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Drops {
+    /// Drop-tail queue full.
+    pub queue: u64,
+    /// Random loss.
+    pub loss: u64,
+    /// Link down (blackout).
+    pub blackout: u64,
+    /// Could not be written to the destination device (it was gone or full).
+    pub other: u64,
+}
+
+/// What one direction of the bottleneck carried.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DirectionStats {
+    /// Sending site.
+    pub from: String,
+    /// Receiving site.
+    pub to: String,
+    /// Packets that arrived at the bottleneck.
+    pub offered_packets: u64,
+    /// Bytes (IP packets) that arrived at the bottleneck.
+    pub offered_bytes: u64,
+    /// Packets delivered to the receiving side.
+    pub packets: u64,
+    /// Bytes delivered to the receiving side.
+    pub bytes: u64,
+    /// Drops by cause.
+    pub drops: Drops,
+    /// Largest queue backlog seen, bytes.
+    pub max_queue_bytes: u64,
+    /// Mean time by which the emulator wrote packets after their due time, microseconds
+    /// (timer precision; packets may also go out up to 20 us early, counted as 0).
+    pub late_mean_us: f64,
+    /// Largest such lateness, microseconds.
+    pub late_max_us: f64,
+    /// Packets written more than 1 ms after their due time.
+    pub late_over_1ms: u64,
+}
+
+/// Snapshot of all counters.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Stats {
+    /// Seconds since the lab started.
+    pub elapsed_s: f64,
+    /// The two directions of the bottleneck (one entry per direction; none for a one-site lab).
+    pub directions: Vec<DirectionStats>,
+    /// Packets between hosts of the same site (not through the bottleneck).
+    pub local_packets: u64,
+    /// Bytes between hosts of the same site.
+    pub local_bytes: u64,
+    /// Packets that were not IPv4 or had no lab host as destination.
+    pub unroutable: u64,
+    /// Packets dropped because the emulator's buffer memory was exhausted.
+    pub no_buffer: u64,
+    /// CPU time used by the emulator thread so far, seconds.
+    pub emulator_cpu_s: f64,
+}
+
+impl Stats {
+    pub(crate) fn snapshot(c: &Counters, sites: &[String], elapsed_s: f64, cpu_s: f64) -> Stats {
+        let mut directions = Vec::new();
+        if sites.len() == 2 {
+            for (i, d) in c.dirs.iter().enumerate() {
+                directions.push(DirectionStats {
+                    from: sites[i].clone(),
+                    to: sites[1 - i].clone(),
+                    offered_packets: d.offered_packets.load(Relaxed),
+                    offered_bytes: d.offered_bytes.load(Relaxed),
+                    packets: d.packets.load(Relaxed),
+                    bytes: d.bytes.load(Relaxed),
+                    drops: Drops {
+                        queue: d.drop_queue.load(Relaxed),
+                        loss: d.drop_loss.load(Relaxed),
+                        blackout: d.drop_blackout.load(Relaxed),
+                        other: d.drop_other.load(Relaxed),
+                    },
+                    max_queue_bytes: d.max_backlog.load(Relaxed),
+                    late_mean_us: d.late_sum_ns.load(Relaxed) as f64
+                        / d.packets.load(Relaxed).max(1) as f64
+                        / 1e3,
+                    late_max_us: d.late_max_ns.load(Relaxed) as f64 / 1e3,
+                    late_over_1ms: d.late_over_1ms.load(Relaxed),
+                });
+            }
+        }
+        Stats {
+            elapsed_s,
+            directions,
+            local_packets: c.local_packets.load(Relaxed),
+            local_bytes: c.local_bytes.load(Relaxed),
+            unroutable: c.unroutable.load(Relaxed),
+            no_buffer: c.no_buffer.load(Relaxed),
+            emulator_cpu_s: cpu_s,
+        }
+    }
+
+    /// The direction from site `from`, if there is one.
+    pub fn direction(&self, from: &str) -> Option<&DirectionStats> {
+        self.directions.iter().find(|d| d.from == from)
+    }
+
+    /// One JSON object on one line.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "netlab: {:.1} s, emulator cpu {:.2} s ({:.0}% of a core)",
+            self.elapsed_s,
+            self.emulator_cpu_s,
+            if self.elapsed_s > 0.0 {
+                100.0 * self.emulator_cpu_s / self.elapsed_s
+            } else {
+                0.0
+            }
+        )?;
+        for d in &self.directions {
+            let mbps = if self.elapsed_s > 0.0 {
+                d.bytes as f64 * 8.0 / self.elapsed_s / 1e6
+            } else {
+                0.0
+            };
+            writeln!(
+                f,
+                "  {}->{}: {} pkts {} bytes ({mbps:.1} Mbit/s avg) of {} offered; drops queue {} loss {} blackout {} other {}; max queue {} B; late mean {:.1} us max {:.1} us, {} over 1 ms",
+                d.from,
+                d.to,
+                d.packets,
+                d.bytes,
+                d.offered_packets,
+                d.drops.queue,
+                d.drops.loss,
+                d.drops.blackout,
+                d.drops.other,
+                d.max_queue_bytes,
+                d.late_mean_us,
+                d.late_max_us,
+                d.late_over_1ms
+            )?;
+        }
+        write!(
+            f,
+            "  local: {} pkts {} bytes; unroutable {}; no buffer {}",
+            self.local_packets, self.local_bytes, self.unroutable, self.no_buffer
+        )
+    }
+}

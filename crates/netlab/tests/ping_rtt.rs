@@ -1,0 +1,58 @@
+//! Ping round-trip time through the emulator equals the configured RTT within 1 ms, and
+//! hosts of the same site reach each other directly (no added delay).
+
+mod common;
+
+use std::time::Duration;
+
+use netlab::Lab;
+
+#[test]
+fn ping_rtt_matches_configured_rtt_within_1ms() {
+    netlab::require!();
+    if !common::ensure_tool("ping", "iputils-ping") {
+        return;
+    }
+    let _g = common::serial();
+    for rtt_ms in [20u64, 200] {
+        let lab = Lab::builder()
+            .site("a", 2)
+            .site("b", 1)
+            .rtt(Duration::from_millis(rtt_ms))
+            .build()
+            .expect("build lab");
+        let (a0, a1, b0) = (lab.host("a", 0), lab.host("a", 1), lab.host("b", 0));
+        let (min, avg, max) = common::ping(a0, b0, 10, 0.1);
+        let want = rtt_ms as f64;
+        println!(
+            "netlab ping: configured RTT {rtt_ms} ms; measured min/avg/max {min:.3}/{avg:.3}/{max:.3} ms; avg error {:+.3} ms",
+            avg - want
+        );
+        assert!(
+            (avg - want).abs() < 1.0,
+            "average RTT {avg} ms, want {want} ms +- 1 ms"
+        );
+        assert!(
+            max - want < 1.0,
+            "max RTT {max} ms exceeds {want} ms by 1 ms or more"
+        );
+        assert!(
+            min > want - 0.05,
+            "min RTT {min} ms is shorter than configured {want} ms"
+        );
+        let (_, local, _) = common::ping(a0, a1, 3, 0.1);
+        println!("netlab ping: same-site RTT {local:.3} ms");
+        assert!(
+            local < 1.0,
+            "same-site ping took {local} ms: it must bypass the bottleneck"
+        );
+        let stats = lab.stats();
+        let ab = stats.direction("a").expect("a->b");
+        println!(
+            "netlab ping: emulator wrote packets {:.1} us late on average, {:.1} us at most",
+            ab.late_mean_us, ab.late_max_us
+        );
+        assert_eq!(stats.direction("a").expect("a->b").packets, 10);
+        assert_eq!(stats.local_packets, 6);
+    }
+}
