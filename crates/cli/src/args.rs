@@ -43,6 +43,13 @@ pub enum Command {
     /// Issue certificates.
     #[command(subcommand)]
     Cert(CertCommand),
+    /// Emulated long fat networks for tests and benchmarks (`haul netlab --help`).
+    #[command(disable_help_flag = true)]
+    Netlab {
+        /// Arguments of the netlab command line.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// Where TLS credentials come from.

@@ -66,5 +66,15 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Serve(a) => serve::run(a).await.map(|()| 0),
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),
+        args::Command::Netlab { args } => {
+            let argv = std::iter::once("haul netlab".to_string())
+                .chain(args)
+                .collect();
+            // The emulator runs its own threads and blocks; keep it off the async workers.
+            let code = tokio::task::spawn_blocking(move || netlab::cli::main(argv))
+                .await
+                .unwrap_or(1);
+            Ok(code.clamp(0, 255) as u8)
+        }
     }
 }

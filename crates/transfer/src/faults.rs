@@ -39,6 +39,11 @@ static BLOCKS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 static STALL_FIRED: AtomicBool = AtomicBool::new(false);
 
+/// Whether block corruption is being injected (senders then keep blocks in memory).
+pub fn corrupt_enabled() -> bool {
+    faults().corrupt_every.is_some()
+}
+
 /// Called for each block about to be sent for the first time: true if it must be corrupted.
 pub fn corrupt_this_block() -> bool {
     match faults().corrupt_every {

@@ -21,7 +21,7 @@ impl BufPool {
         }
     }
 
-    /// A buffer of exactly `len` bytes (contents unspecified).
+    /// A buffer of exactly `len` bytes; its contents are stale bytes or zeros.
     pub fn get(&self, len: usize) -> PooledBuf {
         let mut buf = self
             .inner
@@ -29,22 +29,21 @@ impl BufPool {
             .expect("pool lock")
             .pop()
             .unwrap_or_default();
-        if buf.capacity() < len {
-            buf = Vec::with_capacity(len.next_power_of_two());
+        // Buffers keep their initialised length in the pool: reusing one of the same size costs
+        // no zeroing (callers overwrite the contents entirely).
+        if buf.len() < len {
+            buf.resize(len, 0);
         }
-        // SAFETY-free resize: zeroing is cheap relative to the I/O that fills it, and avoids
-        // exposing stale bytes if a read comes back short.
-        buf.resize(len, 0);
+        buf.truncate(len);
         PooledBuf {
             buf,
             pool: Some(self.clone()),
         }
     }
 
-    fn put(&self, mut buf: Vec<u8>) {
+    fn put(&self, buf: Vec<u8>) {
         let mut idle = self.inner.lock().expect("pool lock");
         if idle.len() < self.keep {
-            buf.clear();
             idle.push(buf);
         }
     }

@@ -70,7 +70,9 @@ struct Shared {
     files: Mutex<HashMap<(FileId, u32), Arc<OpenFile>>>,
     outboxes: Mutex<HashMap<u32, mpsc::UnboundedSender<DataFrame>>>,
     ops: flume::Sender<Op>,
-    writes: flume::Sender<WriteJob>,
+    /// One queue per writer thread; a file's blocks always go to the same writer, so writes to
+    /// one file never contend for its inode lock and land roughly in order.
+    writes: Vec<flume::Sender<WriteJob>>,
     root: Arc<Root>,
     dest: Destination,
     algos: Vec<Algorithm>,
@@ -161,7 +163,7 @@ impl Shared {
                 new_ranges,
             } = v
             {
-                let _ = self.writes.send(WriteJob {
+                let _ = self.writes[file as usize % self.writes.len()].send(WriteJob {
                     file,
                     attempt,
                     offset,
@@ -470,7 +472,8 @@ async fn stream_reader(
                         payload,
                         new_ranges,
                     };
-                    if sh.writes.send_async(job).await.is_err() {
+                    let queue = &sh.writes[job.file as usize % sh.writes.len()];
+                    if queue.send_async(job).await.is_err() {
                         return Ok(false);
                     }
                 }
@@ -535,6 +538,9 @@ async fn stream_writer(
     let _ = w.shutdown().await;
 }
 
+/// Writer threads of a sink session.
+const WRITERS: usize = 4;
+
 /// The next job of a worker pool; `None` once the session is cancelled and the queue is empty.
 fn next_job<T>(rx: &flume::Receiver<T>, cancel: &CancellationToken) -> Option<T> {
     loop {
@@ -559,7 +565,8 @@ pub async fn run_sink(
 ) -> Result<SinkOutcome, TransferError> {
     let opts = spec.options.clone();
     let (ops_tx, ops_rx) = flume::unbounded::<Op>();
-    let (w_tx, w_rx) = flume::bounded::<WriteJob>(16);
+    let (w_tx, w_rx): (Vec<_>, Vec<_>) =
+        (0..WRITERS).map(|_| flume::bounded::<WriteJob>(8)).unzip();
     let needs_bytes = opts.checksums.iter().any(|a| *a != Algorithm::Crc32c);
     let sh = Arc::new(Shared {
         state: Mutex::new(Sink::new(SinkConfig {
@@ -589,8 +596,8 @@ pub async fn run_sink(
         changed: Notify::new(),
     });
     let mut threads = Vec::new();
-    for i in 0..4 {
-        let (sh, rx) = (sh.clone(), w_rx.clone());
+    for (i, rx) in w_rx.into_iter().enumerate() {
+        let sh = sh.clone();
         threads.push(
             std::thread::Builder::new()
                 .name(format!("haul-write-{i}"))
@@ -602,7 +609,6 @@ pub async fn run_sink(
                 .expect("spawn writer thread"),
         );
     }
-    drop(w_rx);
     for i in 0..8 {
         let (sh, rx) = (sh.clone(), ops_rx.clone());
         threads.push(

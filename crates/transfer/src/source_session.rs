@@ -51,9 +51,19 @@ pub struct SourceOutcome {
 
 /// A block read from disk, holding its share of the read-ahead budget until dropped.
 pub struct Loaded {
-    buf: PooledBuf,
+    body: Body,
     budget: Arc<ByteBudget>,
     len: u64,
+}
+
+/// Where a block's bytes are: in memory, or still in the file (sent with `sendfile`, so they
+/// never cross into user space; their CRC was computed through a small scratch buffer).
+enum Body {
+    Buf(PooledBuf),
+    File {
+        file: Arc<std::fs::File>,
+        offset: u64,
+    },
 }
 
 impl Drop for Loaded {
@@ -69,6 +79,8 @@ struct Shared {
     changed: Notify,
     locators: Vec<PathBuf>,
     root: Arc<Root>,
+    /// Send blocks with `sendfile` (clear streams).
+    zero_copy: bool,
     range_base: u64,
     /// Sending a byte range: the file's own length is not the announced size.
     is_range: bool,
@@ -161,17 +173,57 @@ impl Shared {
     ) -> Result<PooledBuf, ErrorInfo> {
         let mut buf = self.pool.get(len as usize);
         file.read_exact_at(buf.as_mut_slice(), self.range_base + offset)
-            .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    ErrorInfo::new(
-                        ErrorKind::Io,
-                        format!("{path}: file became shorter while being sent"),
-                    )
-                } else {
-                    io_info(path, &e)
-                }
-            })?;
+            .map_err(|e| short_read(path, &e))?;
         Ok(buf)
+    }
+
+    /// Loads block `off..off+len` (destination offsets): its CRC32C, the whole-file hashes
+    /// when asked, and its bytes (or, with zero copy, a reference to them in the file).
+    fn load_block(
+        &self,
+        file: &Arc<std::fs::File>,
+        off: u64,
+        len: u64,
+        path: &str,
+        hasher: Option<&mut MultiHasher>,
+    ) -> Result<(Body, u32), ErrorInfo> {
+        if !self.zero_copy {
+            let buf = self.read_block(file, off, len, path)?;
+            let crc = block_crc(buf.as_ref());
+            if let Some(h) = hasher {
+                h.update(buf.as_ref());
+            }
+            return Ok((Body::Buf(buf), crc));
+        }
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let mut hasher = hasher;
+        let crc = SCRATCH.with(|s| -> Result<u32, ErrorInfo> {
+            let mut scratch = s.borrow_mut();
+            scratch.resize(SCRATCH_LEN, 0);
+            let mut crc = 0u32;
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(SCRATCH_LEN as u64) as usize;
+                let at = self.range_base + off + done;
+                file.read_exact_at(&mut scratch[..n], at)
+                    .map_err(|e| short_read(path, &e))?;
+                crc = wire::checksum::crc32c_append(crc, &scratch[..n]);
+                if let Some(h) = hasher.as_deref_mut() {
+                    h.update(&scratch[..n]);
+                }
+                done += n as u64;
+            }
+            Ok(crc)
+        })?;
+        Ok((
+            Body::File {
+                file: file.clone(),
+                offset: self.range_base + off,
+            },
+            crc,
+        ))
     }
 
     /// Reads one file in order: blocks to send go to the queue, every byte into the digests.
@@ -184,10 +236,11 @@ impl Shared {
             if job.spec.kind == EntryKind::Dir {
                 return Ok(Vec::new());
             }
-            let file = self
-                .root
-                .open(locator, OpenMode::Read)
-                .map_err(|e| io_info(&path, &e))?;
+            let file = Arc::new(
+                self.root
+                    .open(locator, OpenMode::Read)
+                    .map_err(|e| io_info(&path, &e))?,
+            );
             let before = file.metadata().map_err(|e| io_info(&path, &e))?;
             let mut pos = 0u64;
             for seg in &job.segments {
@@ -202,26 +255,23 @@ impl Shared {
                         return Err(ErrorInfo::new(ErrorKind::Cancelled, "cancelled"));
                     }
                     let loaded_len = if seg.send { len } else { 0 };
-                    let buf = match self.read_block(&file, off, len, &path) {
+                    let hash = hasher.needs_bytes().then_some(&mut hasher);
+                    let (body, c) = match self.load_block(&file, off, len, &path, hash) {
                         Ok(b) => b,
                         Err(e) => {
                             self.budget.release(loaded_len);
                             return Err(e);
                         }
                     };
-                    let c = block_crc(buf.as_ref());
                     crc = if pos == 0 {
                         c
                     } else {
                         wire::checksum::crc_combine(crc, c, len)
                     };
                     pos += len;
-                    if hasher.needs_bytes() {
-                        hasher.update(buf.as_ref());
-                    }
                     if seg.send {
                         let loaded = Loaded {
-                            buf,
+                            body,
                             budget: self.budget.clone(),
                             len,
                         };
@@ -276,16 +326,15 @@ impl Shared {
             .root
             .open(&self.locators[d.file as usize], OpenMode::Read)
             .map_err(|e| io_info(&path, &e))
-            .and_then(|f| self.read_block(&f, d.offset, len, &path));
+            .and_then(|f| self.load_block(&Arc::new(f), d.offset, len, &path, None));
         let mut st = self.lock();
         match result {
-            Ok(buf) => {
-                let crc = block_crc(buf.as_ref());
+            Ok((body, crc)) => {
                 st.push_resend(
                     d,
                     crc,
                     Loaded {
-                        buf,
+                        body,
                         budget: self.budget.clone(),
                         len,
                     },
@@ -298,6 +347,63 @@ impl Shared {
         }
         self.after_change(&mut st);
     }
+}
+
+/// Bytes read at a time to checksum a block that is then sent with `sendfile`.
+const SCRATCH_LEN: usize = 256 << 10;
+
+fn short_read(path: &str, e: &std::io::Error) -> ErrorInfo {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        ErrorInfo::new(
+            ErrorKind::Io,
+            format!("{path}: file became shorter while being sent"),
+        )
+    } else {
+        io_info(path, e)
+    }
+}
+
+/// Writes a block's payload: from memory, or with `sendfile` straight from the page cache
+/// when the stream is a plain socket.
+async fn write_body(
+    w: &mut Writer,
+    body: &Body,
+    len: u32,
+    peer: &str,
+) -> Result<(), TransferError> {
+    let (file, offset) = match body {
+        Body::Buf(buf) => return conn::write_all(w, buf.as_ref(), peer).await,
+        Body::File { file, offset } => (file, *offset),
+    };
+    let Writer::Plain(half) = w else {
+        // TLS streams encrypt in user space: read the bytes and write them.
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| TransferError::Local(short_read(peer, &e).message))?;
+        return conn::write_all(w, &buf, peer).await;
+    };
+    let tcp: &tokio::net::TcpStream = half.as_ref();
+    let fd = tcp.as_raw_fd();
+    let mut sent = 0u64;
+    while sent < len as u64 {
+        tcp.writable()
+            .await
+            .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
+        let r = tcp.try_io(tokio::io::Interest::WRITABLE, || {
+            sys::sendfile_once(fd, file, offset + sent, (len as u64 - sent) as usize)
+        });
+        match r {
+            Ok(0) => {
+                return Err(TransferError::Local(format!(
+                    "{peer}: source file became shorter while being sent"
+                )));
+            }
+            Ok(n) => sent += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(TransferError::Connect(format!("{peer}: {e}"))),
+        }
+    }
+    Ok(())
 }
 
 fn reader_thread(sh: Arc<Shared>) {
@@ -396,11 +502,13 @@ async fn stream_writer(
                         }
                     }
                     if faults::corrupt_this_block() {
-                        payload.buf.as_mut_slice()[0] ^= 0x5a;
+                        if let Body::Buf(buf) = &mut payload.body {
+                            buf.as_mut_slice()[0] ^= 0x5a;
+                        }
                     }
                     let prefix = header.frame_prefix(len);
                     conn::write_all(&mut w, &prefix, &peer).await?;
-                    conn::write_all(&mut w, payload.buf.as_ref(), &peer).await?;
+                    write_body(&mut w, &payload.body, len, &peer).await?;
                     drop(payload);
                     Counters::add(&sh.counters.bytes_sent, len as u64);
                     if faults::moved(len as u64) {
@@ -540,6 +648,11 @@ pub async fn run_source(
         changed: Notify::new(),
         locators,
         root: spec.root.clone(),
+        zero_copy: opts.protect == wire::control::Protect::Clear
+            && !faults::corrupt_enabled()
+            && std::env::var("HAUL_ZERO_COPY")
+                .map(|v| v != "0")
+                .unwrap_or(true),
         range_base,
         is_range: spec.range.is_some(),
         algos: opts.checksums.clone(),

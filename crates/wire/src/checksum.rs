@@ -176,8 +176,69 @@ impl MultiHasher {
 }
 
 /// The CRC32C of `a ++ b` from the CRC32C of `a`, of `b`, and the length of `b`.
+///
+/// Written by hand because the `crc32c` crate's combine multiplies 32x32 bit matrices for
+/// every doubling of the length (several microseconds per 1 MiB block, 3% of a transfer's CPU
+/// in profiles); this is the polynomial method of zlib 1.2.12: multiply by x^(8 len) mod P
+/// using a table of x^(2^k) mod P, a few hundred operations.
 pub fn crc_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
-    crc32c::crc32c_combine(crc_a, crc_b, len_b as usize)
+    if len_b == 0 {
+        return crc_a;
+    }
+    multmodp(x2nmodp(len_b, 3), crc_a) ^ crc_b
+}
+
+/// Reflected CRC-32C (Castagnoli) polynomial.
+const POLY: u32 = 0x82F6_3B78;
+
+/// a(x) * b(x) mod P(x), reflected bit order.
+fn multmodp(a: u32, mut b: u32) -> u32 {
+    let mut m: u32 = 1 << 31;
+    let mut p: u32 = 0;
+    loop {
+        if a & m != 0 {
+            p ^= b;
+            if a & (m - 1) == 0 {
+                break;
+            }
+        }
+        m >>= 1;
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+    }
+    p
+}
+
+/// x^(2^k) mod P for k = 0..32.
+fn x2n_table() -> &'static [u32; 32] {
+    static TABLE: std::sync::OnceLock<[u32; 32]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = [0u32; 32];
+        let mut p: u32 = 1 << 30; // x^1
+        for slot in t.iter_mut() {
+            *slot = p;
+            p = multmodp(p, p);
+        }
+        t
+    })
+}
+
+/// x^(n * 2^k) mod P.
+fn x2nmodp(mut n: u64, mut k: u32) -> u32 {
+    let table = x2n_table();
+    let mut p: u32 = 1 << 31; // x^0
+    while n != 0 {
+        if n & 1 != 0 {
+            p = multmodp(table[(k & 31) as usize], p);
+        }
+        n >>= 1;
+        k += 1;
+    }
+    p
+}
+
+/// Continues a CRC32C over more bytes.
+pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, data)
 }
 
 /// CRC32C of a block payload.
@@ -315,7 +376,7 @@ impl<B: AsRef<[u8]>> InOrderDigest<B> {
             self.crc = if self.cursor == 0 {
                 crc
             } else {
-                crc32c::crc32c_combine(self.crc, crc, p.len as usize)
+                crc_combine(self.crc, crc, p.len)
             };
             self.cursor += p.len;
         }
@@ -505,6 +566,15 @@ mod tests {
     }
 
     proptest! {
+        /// The hand-written combine agrees with the crate's reference implementation.
+        #[test]
+        fn combine_matches_reference(a in proptest::collection::vec(any::<u8>(), 0..300), b in proptest::collection::vec(any::<u8>(), 0..3000)) {
+            let (ca, cb) = (crc32c::crc32c(&a), crc32c::crc32c(&b));
+            prop_assert_eq!(crc_combine(ca, cb, b.len() as u64), crc32c::crc32c_combine(ca, cb, b.len()));
+            let whole = [a.clone(), b.clone()].concat();
+            prop_assert_eq!(crc_combine(ca, cb, b.len() as u64), crc32c::crc32c(&whole));
+        }
+
         /// Any arrival order, any budget, any mix of in-memory and on-disk pieces gives the same
         /// digests as hashing the file in one pass.
         #[test]
