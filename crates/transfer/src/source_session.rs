@@ -501,10 +501,8 @@ async fn stream_writer(
                             tokio::time::sleep(wait).await;
                         }
                     }
-                    if faults::corrupt_this_block() {
-                        if let Body::Buf(buf) = &mut payload.body {
-                            buf.as_mut_slice()[0] ^= 0x5a;
-                        }
+                                        if let (true, Body::Buf(buf)) = (faults::corrupt_this_block(), &mut payload.body) {
+                        buf.as_mut_slice()[0] ^= 0x5a;
                     }
                     let prefix = header.frame_prefix(len);
                     conn::write_all(&mut w, &prefix, &peer).await?;
