@@ -236,6 +236,8 @@ pub async fn copy(
                 }
             }
         };
+        // Whatever the attempt left running (stream openers, sessions) stops now.
+        attempt_cancel.cancel();
         while let Ok(ev) = rec_rx.try_recv() {
             record(&ev, &mut done_files, &mut failed_files);
             let _ = events.send(ev);
@@ -452,44 +454,6 @@ async fn run_attempt(
     }
 }
 
-async fn expect_ready(s: &mut Session) -> Result<Response, TransferError> {
-    loop {
-        match s.reader.response().await? {
-            Response::Error(e) => return Err(e.into()),
-            Response::Progress { .. } => continue,
-            other => return Ok(other),
-        }
-    }
-}
-
-fn stream_target(
-    s: &Session,
-    tls: Option<&ClientTls>,
-    session: &SessionOptions,
-    id: [u8; 16],
-    key: [u8; 32],
-    buffer: Option<u64>,
-) -> Result<StreamTarget, TransferError> {
-    let tls = match (session.protect, tls) {
-        (wire::control::Protect::Clear, _) => None,
-        (wire::control::Protect::Private, Some(t)) => Some(t.clone()),
-        (wire::control::Protect::Private, None) => {
-            return Err(TransferError::Usage(
-                "--protect private needs TLS; it cannot be combined with --insecure".into(),
-            ));
-        }
-    };
-    Ok(StreamTarget {
-        addr: conn::format_addr(&s.host, s.port),
-        host: s.host.clone(),
-        tls,
-        session: id,
-        key,
-        buffer,
-        limits: sys::host_limits(),
-    })
-}
-
 /// Waits for the endpoint's final `Done`, relaying its events.
 async fn await_done(
     s: &mut Session,
@@ -568,6 +532,30 @@ async fn enumerate_local(
     .map_err(TransferError::from)
 }
 
+/// Connects the control connection's TCP part and measures the round trip: enough to plan
+/// and start opening data streams while TLS and the hello proceed.
+async fn connect_and_measure(
+    host: &str,
+    port: u16,
+) -> Result<(tokio::net::TcpStream, Duration), TransferError> {
+    let tcp = conn::connect_tcp(&conn::format_addr(host, port), None).await?;
+    let rtt = conn::rtt(&tcp).unwrap_or(Duration::from_millis(1));
+    Ok((tcp, rtt))
+}
+
+/// The error the endpoint reported on the control connection, if one arrives soon: it names
+/// the real cause when data streams fail because the session was refused.
+async fn control_error(s: &mut Session) -> Option<TransferError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    loop {
+        match tokio::time::timeout_at(deadline, s.reader.response()).await {
+            Ok(Ok(Response::Error(e))) => return Some(e.into()),
+            Ok(Ok(_)) => continue,
+            _ => return None,
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn upload(
     local: &std::path::Path,
@@ -594,17 +582,35 @@ async fn upload(
         None => entries.iter().map(|e| e.size).sum(),
     };
     let limits = sys::host_limits();
-    let mut s = conn::connect_control(host, port, opts.tls.as_ref(), &limits).await?;
-    let p = plan_for(s.rtt, limits, s.limits.clone(), bytes, files, opts);
+    let (tcp, rtt) = connect_and_measure(host, port).await?;
+    // Plan with our own limits as a guess of the endpoint's; refined when its hello arrives.
+    let mut p = plan_for(rtt, limits.clone(), limits.clone(), bytes, files, opts);
     session.streams = Some(p.streams);
     if p.socket_buffer.is_some() && session.tcp_buffer.is_none() {
         session.tcp_buffer = p.socket_buffer;
     }
-    let _ = events.send(Event::Plan {
-        streams: p.streams,
-        explanation: p.explanation.clone(),
-    });
     let (id, key) = random_ids();
+    let (tx, rx) = mpsc::channel(64);
+    let target = StreamTarget {
+        addr: conn::format_addr(host, port),
+        host: host.to_string(),
+        tls: stream_tls(opts.tls.as_ref(), &session)?,
+        session: id,
+        key,
+        buffer: session.tcp_buffer,
+        limits: limits.clone(),
+    };
+    let mut openers = vec![tokio::spawn(open_streams(
+        target.clone(),
+        0,
+        p.streams,
+        tx.clone(),
+        cancel.clone(),
+    ))];
+    // Kept only until the endpoint's hello tells whether more streams are needed: once every
+    // sender is gone, the session knows no stream will come any more.
+    let mut tx = Some(tx);
+    let mut s = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
     s.writer
         .send_request(&Request::OpenSink {
             session: id,
@@ -613,17 +619,6 @@ async fn upload(
             options: session.clone(),
         })
         .await?;
-    match expect_ready(&mut s).await? {
-        Response::SinkReady { .. } => {}
-        other => {
-            return Err(TransferError::Protocol(format!(
-                "unexpected answer to the sink request: {other:?}"
-            )));
-        }
-    }
-    let target = stream_target(&s, opts.tls.as_ref(), &session, id, key, session.tcp_buffer)?;
-    let (tx, rx) = mpsc::channel(64);
-    let opener = tokio::spawn(open_streams(target, 0, p.streams, tx, cancel.clone()));
     let spec = SourceSpec {
         root: Arc::new(Root::Ambient),
         entries,
@@ -632,37 +627,52 @@ async fn upload(
     };
     let source = run_source(spec, rx, counters.clone(), events.clone(), cancel.clone());
     tokio::pin!(source);
-    // The endpoint reports errors of the whole session on the control connection meanwhile.
+    let mut sink_summary = None;
+    let mut control_open = true;
     let outcome = loop {
         tokio::select! {
             r = &mut source => break r,
-            resp = s.reader.response() => match resp {
-                Ok(Response::Error(e)) => { cancel.cancel(); let _ = (&mut source).await; return Err(e.into()); }
-                Ok(Response::Done(_)) | Err(_) => {
-                    // The sink ended before the source: let the source tell why.
-                    break (&mut source).await;
+            resp = s.reader.response(), if control_open => match resp {
+                Ok(r @ Response::Welcome { .. }) => {
+                    if let Err(e) = s.on_welcome(r) { cancel.cancel(); let _ = (&mut source).await; return Err(e); }
+                                        let refined = plan_for(rtt, limits.clone(), s.limits.clone(), bytes, files, opts);
+                    if let (true, Some(tx)) = (refined.streams > p.streams, tx.take()) {
+                        openers.push(tokio::spawn(open_streams(target.clone(), p.streams, refined.streams, tx, cancel.clone())));
+                    }
+                    tx = None;
+                    p = Plan { streams: refined.streams.max(p.streams), ..refined };
+                    let _ = events.send(Event::Plan { streams: p.streams, explanation: p.explanation.clone() });
                 }
-                Ok(_) => {}
+                Ok(Response::Error(e)) => { cancel.cancel(); let _ = (&mut source).await; return Err(e.into()); }
+                                Ok(Response::Done(summary)) => { sink_summary = Some(summary); control_open = false; tx = None; }
+                                Ok(_) => {}
+                // Without its control connection the endpoint drops the session.
+                Err(e) => { cancel.cancel(); let _ = (&mut source).await; return Err(e); }
             },
         }
     };
-    let open_errors = opener.await.unwrap_or_default();
+    drop(tx);
+    let mut open_errors = Vec::new();
+    for o in openers {
+        open_errors.extend(o.await.unwrap_or_default());
+    }
     let outcome = match outcome {
-        Err(TransferError::Connect(_)) | Err(TransferError::Interrupted)
-            if !open_errors.is_empty() && !cancel.is_cancelled() =>
-        {
-            return Err(open_errors.into_iter().next().expect("non-empty"));
+        Ok(o) => o,
+        Err(e) => {
+            if let Some(real) = control_error(&mut s).await {
+                return Err(real);
+            }
+            return Err(match e {
+                TransferError::Connect(_) | TransferError::Interrupted
+                    if !open_errors.is_empty() && !cancel.is_cancelled() =>
+                {
+                    open_errors.into_iter().next().expect("non-empty")
+                }
+                other => other,
+            });
         }
-        other => other?,
     };
-    let sink = tokio::time::timeout(Duration::from_secs(30), await_done(&mut s, &events, None))
-        .await
-        .unwrap_or_else(|_| {
-            Err(TransferError::Connect(format!(
-                "{host}: no final report from the destination"
-            )))
-        })
-        .unwrap_or_default();
+    // Every file is acknowledged by the destination: no need to wait for its summary.
     s.writer.shutdown().await;
     Ok(Attempt {
         bytes_total: bytes,
@@ -679,9 +689,22 @@ async fn upload(
             congestion: outcome.congestion,
             tcp_retransmits: outcome.tcp_retransmits,
         },
-        sink,
+        sink: sink_summary.unwrap_or_default(),
         plan: p.explanation,
     })
+}
+
+fn stream_tls(
+    tls: Option<&ClientTls>,
+    session: &SessionOptions,
+) -> Result<Option<ClientTls>, TransferError> {
+    match (session.protect, tls) {
+        (wire::control::Protect::Clear, _) => Ok(None),
+        (wire::control::Protect::Private, Some(t)) => Ok(Some(t.clone())),
+        (wire::control::Protect::Private, None) => Err(TransferError::Usage(
+            "--protect private needs TLS; it cannot be combined with --insecure".into(),
+        )),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -700,10 +723,24 @@ async fn download(
     let wants_dir = local.to_string_lossy().ends_with('/');
     let dest =
         Destination::resolve(&Root::Ambient, local, wants_dir).map_err(TransferError::from)?;
-    let mut s = conn::connect_control(host, port, opts.tls.as_ref(), &limits).await?;
+    let (tcp, rtt) = connect_and_measure(host, port).await?;
+    // The dataset size is not known yet: plan as for a large transfer, then add streams if the
+    // endpoint's limits call for more.
+    let mut p = plan_for(rtt, limits.clone(), limits.clone(), u64::MAX / 2, 1, opts);
+    session.streams = Some(p.streams);
+    let buffer = session.tcp_buffer.or(p.socket_buffer);
     let (id, key) = random_ids();
-    // Planning needs the dataset size, which only the source knows: ask first with a plan
-    // for the path alone, then refine nothing (streams are opened by us after the answer).
+    let (tx, rx) = mpsc::channel(64);
+    let target = StreamTarget {
+        addr: conn::format_addr(host, port),
+        host: host.to_string(),
+        tls: stream_tls(opts.tls.as_ref(), &session)?,
+        session: id,
+        key,
+        buffer,
+        limits: limits.clone(),
+    };
+    let mut s = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
     s.writer
         .send_request(&Request::OpenSource {
             session: id,
@@ -715,26 +752,14 @@ async fn download(
             push: None,
         })
         .await?;
-    let (files, bytes) = match expect_ready(&mut s).await? {
-        Response::SourceReady { files, bytes } => (files, bytes),
-        other => {
-            return Err(TransferError::Protocol(format!(
-                "unexpected answer to the source request: {other:?}"
-            )));
-        }
-    };
-    Counters::set(&counters.total_bytes, bytes);
-    Counters::set(&counters.total_files, files);
-    let p = plan_for(s.rtt, s.limits.clone(), limits, bytes, files, opts);
-    session.streams = Some(p.streams);
-    let buffer = session.tcp_buffer.or(p.socket_buffer);
-    let _ = events.send(Event::Plan {
-        streams: p.streams,
-        explanation: p.explanation.clone(),
-    });
-    let target = stream_target(&s, opts.tls.as_ref(), &session, id, key, buffer)?;
-    let (tx, rx) = mpsc::channel(64);
-    let opener = tokio::spawn(open_streams(target, 0, p.streams, tx, cancel.clone()));
+    let mut openers = vec![tokio::spawn(open_streams(
+        target.clone(),
+        0,
+        p.streams,
+        tx.clone(),
+        cancel.clone(),
+    ))];
+    let mut tx = Some(tx);
     let spec = SinkSpec {
         root: Arc::new(Root::Ambient),
         dest,
@@ -744,38 +769,68 @@ async fn download(
     let sink = run_sink(spec, rx, counters.clone(), events.clone(), cancel.clone());
     tokio::pin!(sink);
     let mut source_summary = None;
+    let mut totals = (0u64, 0u64);
     let outcome = loop {
         tokio::select! {
             r = &mut sink => break r,
             resp = s.reader.response(), if source_summary.is_none() => match resp {
+                Ok(r @ Response::Welcome { .. }) => {
+                    if let Err(e) = s.on_welcome(r) { cancel.cancel(); let _ = (&mut sink).await; return Err(e); }
+                }
+                Ok(Response::SourceReady { files, bytes }) => {
+                    totals = (files, bytes);
+                    Counters::set(&counters.total_bytes, bytes);
+                    Counters::set(&counters.total_files, files);
+                                        let refined = plan_for(rtt, s.limits.clone(), limits.clone(), bytes, files, opts);
+                    if let (true, Some(tx)) = (refined.streams > p.streams, tx.take()) {
+                        openers.push(tokio::spawn(open_streams(target.clone(), p.streams, refined.streams, tx, cancel.clone())));
+                        p = refined;
+                    }
+                    tx = None;
+                    let _ = events.send(Event::Plan { streams: p.streams, explanation: p.explanation.clone() });
+                }
                 Ok(Response::Error(e)) => { cancel.cancel(); let _ = (&mut sink).await; return Err(e.into()); }
                 Ok(Response::Done(summary)) => source_summary = Some(summary),
-                Err(e) => { cancel.cancel(); let _ = (&mut sink).await; return Err(e); }
+                                Err(e) => { cancel.cancel(); let _ = (&mut sink).await; return Err(e); }
                 Ok(_) => {}
             },
         }
     };
-    let open_errors = opener.await.unwrap_or_default();
+    let _ = &tx;
+    drop(tx);
+    let mut open_errors = Vec::new();
+    for o in openers {
+        open_errors.extend(o.await.unwrap_or_default());
+    }
     let outcome = match outcome {
-        Err(TransferError::Connect(_)) if !open_errors.is_empty() => {
-            return Err(open_errors.into_iter().next().expect("non-empty"));
+        Ok(o) => o,
+        Err(e) => {
+            if let Some(real) = control_error(&mut s).await {
+                return Err(real);
+            }
+            return Err(match e {
+                TransferError::Connect(_) if !open_errors.is_empty() => {
+                    open_errors.into_iter().next().expect("non-empty")
+                }
+                other => other,
+            });
         }
-        other => other?,
     };
     let source = match source_summary {
         Some(s) => s,
-        None => tokio::time::timeout(Duration::from_secs(30), await_done(&mut s, &events, None))
+        None => tokio::time::timeout(Duration::from_secs(5), await_done(&mut s, &events, None))
             .await
             .unwrap_or_else(|_| {
                 Err(TransferError::Connect(format!(
                     "{host}: no final report from the source"
                 )))
-            })?,
+            })
+            .unwrap_or_default(),
     };
     s.writer.shutdown().await;
     Ok(Attempt {
-        bytes_total: bytes,
-        files,
+        bytes_total: totals.1,
+        files: totals.0,
         source,
         sink: SessionSummary {
             bytes_moved: outcome.stats.bytes_written,
@@ -814,14 +869,8 @@ async fn third_party(
             options: session.clone(),
         })
         .await?;
-    match expect_ready(&mut sb).await? {
-        Response::SinkReady { .. } => {}
-        other => {
-            return Err(TransferError::Protocol(format!(
-                "unexpected answer to the sink request: {other:?}"
-            )));
-        }
-    }
+    // The source may start pushing before the destination confirms: its data connections wait
+    // for the session, and a refusal comes back on the destination's control connection.
     let (id_a, key_a) = random_ids();
     let push = PushTarget {
         addr: conn::format_addr(b.0, b.1),
@@ -841,29 +890,32 @@ async fn third_party(
             push: Some(push),
         })
         .await?;
-    let (files, bytes) = match expect_ready(&mut sa).await? {
-        Response::SourceReady { files, bytes } => (files, bytes),
-        other => {
-            return Err(TransferError::Protocol(format!(
-                "unexpected answer to the source request: {other:?}"
-            )));
-        }
-    };
-    Counters::set(&counters.total_bytes, bytes);
-    Counters::set(&counters.total_files, files);
+    let (mut files, mut bytes) = (0u64, 0u64);
     let mut done_a: Option<SessionSummary> = None;
     let mut done_b: Option<SessionSummary> = None;
     while done_a.is_none() || done_b.is_none() {
         tokio::select! {
             r = sa.reader.response(), if done_a.is_none() => match r? {
+                Response::SourceReady { files: f, bytes: b } => {
+                    (files, bytes) = (f, b);
+                    Counters::set(&counters.total_bytes, b);
+                    Counters::set(&counters.total_files, f);
+                }
                 Response::Done(s) => done_a = Some(s),
-                Response::Error(e) => return Err(e.into()),
+                Response::Error(e) => {
+                    // The destination's own error, if it has one, is the real cause.
+                    return Err(control_error(&mut sb).await.unwrap_or_else(|| e.into()));
+                }
                 Response::FileFailed { path, error } => { let _ = events.send(Event::FileFailed { path, error }); }
                 _ => {}
             },
             r = sb.reader.response(), if done_b.is_none() => match r? {
+                Response::SinkReady { .. } => {}
                 Response::Done(s) => done_b = Some(s),
-                Response::Error(e) => return Err(e.into()),
+                Response::Error(e) => {
+                    let _ = sa.writer.send_request(&Request::Cancel).await;
+                    return Err(e.into());
+                }
                 Response::Progress { bytes, files } => {
                     Counters::set(&counters.bytes_done, bytes);
                     Counters::set(&counters.files_done, files);
@@ -871,7 +923,7 @@ async fn third_party(
                 Response::FileDone { path, bytes, digests } => {
                     let _ = events.send(Event::FileDone { path, size: bytes, digests, skipped: false });
                 }
-                Response::FileFailed { path, error } => { let _ = events.send(Event::FileFailed { path, error }); }
+                Response::FileFailed { .. } => {}
                 _ => {}
             },
             _ = cancel.cancelled() => {

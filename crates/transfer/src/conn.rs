@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use wire::codec::{DecodeError, FrameHeader, HEADER_LEN};
-use wire::control::{self, Bind, BindResult, Challenge, DataKey, HostLimits, SessionId};
+use wire::control::{self, Bind, BindResult, DataKey, HostLimits, SessionId};
 use wire::error::{ErrorInfo, ErrorKind};
 
 /// First bytes of a plain control connection (`--insecure` endpoints only).
@@ -258,36 +258,22 @@ pub struct StreamTarget {
     pub limits: HostLimits,
 }
 
-/// Opens data connection `stream` of a session and binds it.
-pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<Io, TransferError> {
+/// A data connection ready for a session.
+pub struct DataConn {
+    pub stream: u32,
+    pub io: Io,
+    /// The opener has not yet read the endpoint's `BindResult`: it is the first frame that
+    /// will come back (see [`read_bind_result`]).
+    pub await_bind: bool,
+}
+
+/// Opens data connection `stream` of a session and sends its bind. It does not wait for the
+/// answer: data may follow at once, and the `BindResult` is the first frame to read back.
+pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<DataConn, TransferError> {
     let peer = format!("{} (data stream {stream})", t.addr);
     let tcp = connect_tcp(&t.addr, t.buffer).await?;
-    let (mut io, nonce) = match &t.tls {
-        None => {
-            let mut io = Io::Plain(tcp);
-            write_all(&mut io, control::DATA_MAGIC, &peer).await?;
-            let (h, body) = tokio::time::timeout(
-                HANDSHAKE_TIMEOUT,
-                read_frame(&mut io, control::limits, &peer),
-            )
-            .await
-            .map_err(|_| {
-                TransferError::Connect(format!("{peer}: no challenge from the endpoint"))
-            })??
-            .ok_or_else(|| {
-                TransferError::Connect(format!("{peer}: closed during the bind handshake"))
-            })?;
-            let c: Challenge = control::decode_bind_frame(control::KIND_CHALLENGE, h, &body)
-                .map_err(|e| decode_err(&peer, e))?;
-            if c.version != control::PROTOCOL_VERSION {
-                return Err(TransferError::Protocol(format!(
-                    "{peer}: endpoint speaks protocol version {}, we speak {}",
-                    c.version,
-                    control::PROTOCOL_VERSION
-                )));
-            }
-            (io, c.nonce)
-        }
+    let (mut io, nonce, prefix): (Io, [u8; 32], &[u8]) = match &t.tls {
+        None => (Io::Plain(tcp), control::CLEAR_NONCE, control::DATA_MAGIC),
         Some(tls) => {
             let io = tls.handshake(tcp, &t.host, &peer).await?;
             let nonce = match &io {
@@ -297,7 +283,7 @@ pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<Io, Trans
                 },
                 Io::Plain(_) => unreachable!("handshake returns TLS"),
             };
-            (io, nonce)
+            (io, nonce, &[])
         }
     };
     let bind = Bind {
@@ -307,18 +293,32 @@ pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<Io, Trans
         proof: control::bind_proof(&t.key, &nonce, &t.session, stream),
         limits: t.limits.clone(),
     };
-    write_all(&mut io, &control::encode_bind(&bind), &peer).await?;
-    let (h, body) = tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        read_frame(&mut io, control::limits, &peer),
-    )
-    .await
-    .map_err(|_| TransferError::Connect(format!("{peer}: no answer to the bind")))??
-    .ok_or_else(|| TransferError::Connect(format!("{peer}: closed during the bind handshake")))?;
+    let mut hello = prefix.to_vec();
+    hello.extend_from_slice(&control::encode_bind(&bind));
+    write_all(&mut io, &hello, &peer).await?;
+    io.flush().await.map_err(|e| io_err(&peer, e))?;
+    Ok(DataConn {
+        stream,
+        io,
+        await_bind: true,
+    })
+}
+
+/// Reads the endpoint's answer to a bind, the first frame on a data connection we opened.
+pub async fn read_bind_result<R: AsyncRead + Unpin>(
+    r: &mut R,
+    peer: &str,
+) -> Result<(), TransferError> {
+    let (h, body) = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(r, control::limits, peer))
+        .await
+        .map_err(|_| TransferError::Connect(format!("{peer}: no answer to the bind")))??
+        .ok_or_else(|| {
+            TransferError::Connect(format!("{peer}: closed during the bind handshake"))
+        })?;
     match control::decode_bind_frame::<BindResult>(control::KIND_BIND_RESULT, h, &body)
-        .map_err(|e| decode_err(&peer, e))?
+        .map_err(|e| decode_err(peer, e))?
     {
-        BindResult::Accepted => Ok(io),
+        BindResult::Accepted => Ok(()),
         BindResult::Refused(e) => Err(e.into()),
     }
 }
@@ -365,12 +365,6 @@ pub async fn accept(
         io.read_exact(&mut magic)
             .await
             .map_err(|e| io_err(peer, e))?;
-        let nonce: [u8; 32] = rand::random();
-        let c = Challenge {
-            version: control::PROTOCOL_VERSION,
-            nonce,
-        };
-        write_all(&mut io, &control::encode_challenge(&c), peer).await?;
         let (h, body) = tokio::time::timeout(
             HANDSHAKE_TIMEOUT,
             read_frame(&mut io, control::limits, peer),
@@ -380,7 +374,11 @@ pub async fn accept(
         .ok_or_else(|| TransferError::Connect(format!("{peer}: closed before binding")))?;
         let bind = control::decode_bind_frame(control::KIND_BIND, h, &body)
             .map_err(|e| decode_err(peer, e))?;
-        return Ok(Accepted::Data { io, bind, nonce });
+        return Ok(Accepted::Data {
+            io,
+            bind,
+            nonce: control::CLEAR_NONCE,
+        });
     }
     if &magic == CONTROL_MAGIC {
         let mut io = Io::Plain(tcp);
@@ -553,15 +551,105 @@ impl ControlWriter {
     }
 }
 
-/// A connected, greeted control connection from the client side.
+/// A control connection from the client side.
 pub struct Session {
     pub reader: ControlReader,
     pub writer: ControlWriter,
+    /// Round trip time measured on the connection.
     pub rtt: Duration,
-    pub welcome_identity: String,
+    /// The endpoint's limits, once its `Welcome` arrived (until then, ours as a guess).
     pub limits: HostLimits,
+    pub welcomed: bool,
+    pub identity: String,
     pub host: String,
     pub port: u16,
+}
+
+impl Session {
+    /// Handles a `Welcome` (or an error instead of it).
+    pub fn on_welcome(&mut self, reply: control::Response) -> Result<(), TransferError> {
+        let addr = format_addr(&self.host, self.port);
+        match reply {
+            control::Response::Welcome {
+                version,
+                identity,
+                limits,
+                ..
+            } => {
+                if version != control::PROTOCOL_VERSION {
+                    return Err(TransferError::Protocol(format!(
+                        "{addr}: endpoint speaks protocol version {version}, we speak {}",
+                        control::PROTOCOL_VERSION
+                    )));
+                }
+                self.limits = limits;
+                self.identity = identity;
+                self.welcomed = true;
+                Ok(())
+            }
+            control::Response::Error(e) => Err(e.into()),
+            other => Err(TransferError::Protocol(format!(
+                "{addr}: unexpected answer to hello: {other:?}"
+            ))),
+        }
+    }
+
+    /// Waits for the `Welcome`.
+    pub async fn await_welcome(&mut self) -> Result<(), TransferError> {
+        let reply = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.reader.response())
+            .await
+            .map_err(|_| {
+                TransferError::Connect(format!("{}: no answer to hello", self.reader.peer))
+            })??;
+        self.on_welcome(reply)
+    }
+}
+
+/// Finishes a control connection on an established TCP connection: TLS (or the plain
+/// magic), then sends `Hello` without waiting for the answer, so that a request can follow in
+/// the same round trip.
+pub async fn start_control(
+    tcp: TcpStream,
+    host: &str,
+    port: u16,
+    tls: Option<&ClientTls>,
+    limits: &HostLimits,
+) -> Result<Session, TransferError> {
+    let addr = format_addr(host, port);
+    let rtt = rtt(&tcp).unwrap_or(Duration::from_millis(1));
+    let io = match tls {
+        Some(t) => t.handshake(tcp, host, &addr).await?,
+        None => {
+            let mut io = Io::Plain(tcp);
+            write_all(&mut io, CONTROL_MAGIC, &addr).await?;
+            io
+        }
+    };
+    let (mut reader, mut writer) = ControlConn::new(io, None, addr.clone()).split();
+    let hello = control::Request::Hello {
+        version: control::PROTOCOL_VERSION,
+        agent: format!("haul/{}", env!("CARGO_PKG_VERSION")),
+        limits: limits.clone(),
+    };
+    if let Err(e) = writer.send_request(&hello).await {
+        // A refused certificate closes the connection; the TLS alert saying why is readable.
+        return Err(
+            match tokio::time::timeout(Duration::from_millis(500), reader.frame()).await {
+                Ok(Err(tls @ TransferError::Auth(_))) => tls,
+                _ => e,
+            },
+        );
+    }
+    Ok(Session {
+        reader,
+        writer,
+        rtt,
+        limits: limits.clone(),
+        welcomed: false,
+        identity: String::new(),
+        host: host.to_string(),
+        port,
+    })
 }
 
 /// Connects a control connection to `host:port` and exchanges hellos.
@@ -571,59 +659,10 @@ pub async fn connect_control(
     tls: Option<&ClientTls>,
     limits: &HostLimits,
 ) -> Result<Session, TransferError> {
-    let addr = format_addr(host, port);
-    let tcp = connect_tcp(&addr, None).await?;
-    let io = match tls {
-        Some(t) => t.handshake(tcp, host, &addr).await?,
-        None => {
-            let mut io = Io::Plain(tcp);
-            write_all(&mut io, CONTROL_MAGIC, &addr).await?;
-            io
-        }
-    };
-    let handshake_rtt = rtt(io.tcp());
-    let (mut reader, mut writer) = ControlConn::new(io, None, addr.clone()).split();
-    let started = std::time::Instant::now();
-    writer
-        .send_request(&control::Request::Hello {
-            version: control::PROTOCOL_VERSION,
-            agent: format!("haul/{}", env!("CARGO_PKG_VERSION")),
-            limits: limits.clone(),
-        })
-        .await?;
-    let reply = tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.response())
-        .await
-        .map_err(|_| TransferError::Connect(format!("{addr}: no answer to hello")))??;
-    let hello_rtt = started.elapsed();
-    match reply {
-        control::Response::Welcome {
-            version,
-            identity,
-            limits,
-            ..
-        } => {
-            if version != control::PROTOCOL_VERSION {
-                return Err(TransferError::Protocol(format!(
-                    "{addr}: endpoint speaks protocol version {version}, we speak {}",
-                    control::PROTOCOL_VERSION
-                )));
-            }
-            let rtt = handshake_rtt.map(|r| r.min(hello_rtt)).unwrap_or(hello_rtt);
-            Ok(Session {
-                reader,
-                writer,
-                rtt,
-                welcome_identity: identity,
-                limits,
-                host: host.to_string(),
-                port,
-            })
-        }
-        control::Response::Error(e) => Err(e.into()),
-        other => Err(TransferError::Protocol(format!(
-            "{addr}: unexpected answer to hello: {other:?}"
-        ))),
-    }
+    let tcp = connect_tcp(&format_addr(host, port), None).await?;
+    let mut s = start_control(tcp, host, port, tls, limits).await?;
+    s.await_welcome().await?;
+    Ok(s)
 }
 
 /// `host:port`, bracketing IPv6 literals.

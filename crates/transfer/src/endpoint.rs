@@ -7,7 +7,9 @@
 //! third-party transfer the source endpoint itself connects to the destination endpoint, so
 //! the data never passes through the client.
 
-use crate::conn::{self, Accepted, ClientTls, ControlReader, ControlWriter, Io, StreamTarget};
+use crate::conn::{
+    self, Accepted, ClientTls, ControlReader, ControlWriter, DataConn, Io, StreamTarget,
+};
 use crate::error::TransferError;
 use crate::progress::{Counters, Event};
 use crate::sink_session::{SinkSpec, run_sink};
@@ -55,7 +57,7 @@ pub struct EndpointConfig {
 struct Registered {
     key: DataKey,
     protect: Protect,
-    conns: mpsc::Sender<(u32, Io)>,
+    conns: mpsc::Sender<DataConn>,
     seen: Mutex<HashSet<u32>>,
 }
 
@@ -214,7 +216,14 @@ async fn bind_data(ep: &Endpoint, mut io: Io, bind: Bind, nonce: [u8; 32], peer:
     {
         return;
     }
-    let _ = reg.conns.send((bind.stream, io)).await;
+    let _ = reg
+        .conns
+        .send(DataConn {
+            stream: bind.stream,
+            io,
+            await_bind: false,
+        })
+        .await;
 }
 
 struct SessionGuard<'a> {
@@ -237,7 +246,7 @@ fn register(
     id: SessionId,
     key: DataKey,
     protect: Protect,
-) -> Result<mpsc::Receiver<(u32, Io)>, ErrorInfo> {
+) -> Result<mpsc::Receiver<DataConn>, ErrorInfo> {
     let (tx, rx) = mpsc::channel(256);
     let mut sessions = ep.sessions.lock().expect("sessions lock");
     if sessions.contains_key(&id) {
@@ -566,7 +575,7 @@ async fn source(
                 Ok(io) => io,
                 Err(e) => return writer.send_response(&Response::Error(e.to_info())).await,
             };
-            let rtt = conn::rtt(first.tcp()).unwrap_or(Duration::from_millis(1));
+            let rtt = conn::rtt(first.io.tcp()).unwrap_or(Duration::from_millis(1));
             let p = plan(
                 &PathFacts {
                     rtt,
@@ -584,7 +593,7 @@ async fn source(
                 },
             );
             options.streams = Some(p.streams);
-            let _ = tx.send((0, first)).await;
+            let _ = tx.send(first).await;
             let n = p.streams;
             let c2 = cancel.clone();
             tokio::spawn(async move {
@@ -626,7 +635,7 @@ pub async fn open_streams(
     target: StreamTarget,
     from: u32,
     to: u32,
-    tx: mpsc::Sender<(u32, Io)>,
+    tx: mpsc::Sender<DataConn>,
     cancel: CancellationToken,
 ) -> Vec<TransferError> {
     let mut tasks = Vec::new();
@@ -635,7 +644,7 @@ pub async fn open_streams(
         tasks.push(tokio::spawn(async move {
             tokio::select! {
                 r = conn::open_data_stream(&t, i) => match r {
-                    Ok(io) => { let _ = tx.send((i, io)).await; None }
+                    Ok(dc) => { let _ = tx.send(dc).await; None }
                     Err(e) => Some(e),
                 },
                 _ = cancel.cancelled() => None,

@@ -7,7 +7,7 @@
 //! checkpoint the restart ledger, commit, discard) run on a separate pool so that no stream
 //! waits for an fsync.
 
-use crate::conn::{self, Io, Reader, Writer};
+use crate::conn::{self, Reader, Writer};
 use crate::error::{TransferError, io_info};
 use crate::faults;
 use crate::pool::{BufPool, PooledBuf, SharedSlice};
@@ -425,12 +425,16 @@ async fn stream_reader(
     r: Reader,
     outbox: mpsc::UnboundedSender<DataFrame>,
     stop: CancellationToken,
+    await_bind: bool,
 ) {
     let peer = format!("data stream {idx}");
     let pool = BufPool::new(4);
     let mut r = BufReader::with_capacity(256 << 10, r);
     let mut processed = 0u64;
     let result: Result<bool, TransferError> = async {
+        if await_bind {
+            conn::read_bind_result(&mut r, &peer).await?;
+        }
         loop {
             let header = tokio::select! {
                 h = conn::read_header(&mut r, data::limits, &peer) => h?,
@@ -502,7 +506,7 @@ async fn stream_reader(
             sh.ended.store(true, Ordering::SeqCst);
         }
         Ok(false) => {}
-        Err(e @ TransferError::Protocol(_)) => sh.fail(e),
+        Err(e @ (TransferError::Protocol(_) | TransferError::Auth(_))) => sh.fail(e),
         Err(e) => tracing::debug!(stream = idx, error = %e, "data stream closed"),
     }
     {
@@ -544,7 +548,7 @@ const WRITERS: usize = 4;
 /// The next job of a worker pool; `None` once the session is cancelled and the queue is empty.
 fn next_job<T>(rx: &flume::Receiver<T>, cancel: &CancellationToken) -> Option<T> {
     loop {
-        match rx.recv_timeout(Duration::from_millis(100)) {
+        match rx.recv_timeout(Duration::from_millis(10)) {
             Ok(job) => return Some(job),
             Err(flume::RecvTimeoutError::Timeout) if cancel.is_cancelled() => return None,
             Err(flume::RecvTimeoutError::Timeout) => {}
@@ -558,7 +562,7 @@ fn next_job<T>(rx: &flume::Receiver<T>, cancel: &CancellationToken) -> Option<T>
 /// ledgers of unfinished files).
 pub async fn run_sink(
     spec: SinkSpec,
-    mut conns: mpsc::Receiver<(u32, Io)>,
+    mut conns: mpsc::Receiver<conn::DataConn>,
     counters: Arc<Counters>,
     events: EventSender,
     cancel: CancellationToken,
@@ -647,7 +651,7 @@ pub async fn run_sink(
         let changed = sh.changed.notified();
         tokio::select! {
             c = conns.recv(), if conns_open => match c {
-                Some((idx, io)) => {
+                Some(conn::DataConn { stream: idx, io, await_bind }) => {
                     if let Some(b) = opts.tcp_buffer {
                         let _ = crate::sys::set_buffers(io.tcp(), b);
                     }
@@ -658,7 +662,7 @@ pub async fn run_sink(
                     sh.lock().add_stream(idx);
                     sh.live_streams.fetch_add(1, Ordering::SeqCst);
                     let stop = sh.cancel.child_token();
-                    tokio::spawn(stream_reader(sh.clone(), idx, r, tx, stop.clone()));
+                    tokio::spawn(stream_reader(sh.clone(), idx, r, tx, stop.clone(), await_bind));
                     tokio::spawn(stream_writer(w, rx, stop.clone()));
                     stops.push(stop);
                 }

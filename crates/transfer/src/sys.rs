@@ -102,6 +102,19 @@ pub fn set_buffers(sock: &impl AsFd, bytes: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Limits unsent data queued in the socket: it reports writable only when less than `bytes`
+/// wait to be sent. Blocks then stay in the session's shared queue until a stream can really
+/// send them, instead of piling up behind a slow stream's window.
+pub fn set_notsent_lowat(sock: &impl AsFd, bytes: u32) -> io::Result<()> {
+    const TCP_NOTSENT_LOWAT: libc::c_int = 25;
+    setsockopt(
+        sock.as_fd().as_raw_fd(),
+        libc::IPPROTO_TCP,
+        TCP_NOTSENT_LOWAT,
+        &(bytes as libc::c_int),
+    )
+}
+
 pub fn set_nodelay(sock: &impl AsFd) -> io::Result<()> {
     socket2::SockRef::from(sock).set_tcp_nodelay(true)
 }

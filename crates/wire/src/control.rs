@@ -4,8 +4,14 @@
 //!
 //! A session is created by the client, which picks a random session id and a random 32-byte
 //! data key and sends both over the authenticated control channel. Every data connection then
-//! proves knowledge of the key by answering a fresh challenge (HMAC-SHA256), so a connection
-//! cannot join a session without the control channel's authority, nor be replayed.
+//! opens with a `Bind` proving knowledge of the key (HMAC-SHA256 over the session and the
+//! stream index), so no connection joins a session without the control channel's authority.
+//! A private (TLS) data connection's proof also covers a TLS exporter value, binding it to that
+//! very TLS session. A clear one's proof cannot be bound to anything the peer could not
+//! record, so replays are stopped differently: each stream index binds once per session, and a
+//! session exists only while its control connection lives. The opener sends data right after
+//! its `Bind` and reads the `BindResult` as the first frame coming back, so joining a session
+//! costs no round trip beyond TCP's own.
 
 use crate::checksum::{Algorithm, Digest};
 use crate::codec::{self, DecodeError, FrameHeader, MAX_MESSAGE_LEN};
@@ -22,7 +28,7 @@ pub const DATA_MAGIC: &[u8; 8] = b"HAULDAT1";
 
 pub const KIND_REQUEST: u8 = 0x40;
 pub const KIND_RESPONSE: u8 = 0x41;
-pub const KIND_CHALLENGE: u8 = 0x01;
+
 pub const KIND_BIND: u8 = 0x02;
 pub const KIND_BIND_RESULT: u8 = 0x03;
 
@@ -30,7 +36,7 @@ pub const KIND_BIND_RESULT: u8 = 0x03;
 pub fn limits(kind: u8) -> Option<(u32, u32)> {
     match kind {
         KIND_REQUEST | KIND_RESPONSE => Some((1, MAX_MESSAGE_LEN)),
-        KIND_CHALLENGE | KIND_BIND | KIND_BIND_RESULT => Some((1, 4096)),
+        KIND_BIND | KIND_BIND_RESULT => Some((1, 4096)),
         _ => None,
     }
 }
@@ -247,13 +253,6 @@ pub fn decode_response(header: FrameHeader, body: &[u8]) -> Result<Response, Dec
     codec::decode_body(body)
 }
 
-/// The endpoint's challenge to a new data connection.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Challenge {
-    pub version: u16,
-    pub nonce: [u8; 32],
-}
-
 /// A data connection's request to join a session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bind {
@@ -272,9 +271,6 @@ pub enum BindResult {
     Refused(ErrorInfo),
 }
 
-pub fn encode_challenge(c: &Challenge) -> Vec<u8> {
-    codec::encode_message(KIND_CHALLENGE, c)
-}
 pub fn encode_bind(b: &Bind) -> Vec<u8> {
     codec::encode_message(KIND_BIND, b)
 }
@@ -304,6 +300,9 @@ fn proof_mac(key: &DataKey, nonce: &[u8; 32], session: &SessionId, stream: u32) 
     mac.update(&stream.to_be_bytes());
     mac
 }
+
+/// The nonce of a clear data connection's proof (private ones use a TLS exporter value).
+pub const CLEAR_NONCE: [u8; 32] = [0; 32];
 
 /// The proof a data connection sends: HMAC-SHA256(key, label | nonce | session | stream).
 pub fn bind_proof(key: &DataKey, nonce: &[u8; 32], session: &SessionId, stream: u32) -> [u8; 32] {

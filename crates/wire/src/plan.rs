@@ -65,19 +65,20 @@ fn mib(b: f64) -> String {
 
 /// Plans streams and buffers.
 pub fn plan(facts: &PathFacts, choices: &Choices) -> Plan {
-    let max_streams = choices.max_streams.max(1);
+    let max_streams = choices.max_streams.max(1) as u64;
     let target_bps = choices
         .rate_bps
         .unwrap_or(choices.link_bps)
         .min(choices.link_bps.max(1)) as f64;
     let rtt = facts.rtt.as_secs_f64().max(1e-4);
     let bdp = target_bps / 8.0 * rtt;
+    let streams_for = |window: f64| (bdp / window.max(64.0 * 1024.0)).ceil().max(1.0) as u64;
 
     let autotune_window = (facts.receiver.tcp_rmem_max as f64 * RCV_WINDOW_RATIO)
         .min(facts.sender.tcp_wmem_max as f64 * SND_WINDOW_RATIO);
     let core_cap = facts.receiver.core_rmem_max.min(facts.sender.core_wmem_max) as f64;
 
-    let (window, socket_buffer, how) = match choices.tcp_buffer {
+    let (mut streams, socket_buffer, how) = match choices.tcp_buffer {
         Some(buf) => {
             let effective = (buf as f64).min(core_cap.max(1.0));
             let note = if (buf as f64) > core_cap {
@@ -89,32 +90,36 @@ pub fn plan(facts: &PathFacts, choices: &Choices) -> Plan {
             } else {
                 format!("--tcp-buffer {}", mib(buf as f64))
             };
-            (effective, Some(buf), note)
+            (streams_for(effective), Some(buf), note)
         }
-        None if autotune_window < bdp && core_cap * 0.5 > autotune_window => {
-            // An explicit buffer can go beyond autotuning's ceiling.
-            let per_stream_bdp = bdp;
-            let buf = (per_stream_bdp * 2.0).min(core_cap);
-            (
-                buf * 0.5,
-                Some(buf as u64),
-                format!("explicit buffer {} (core max above autotune max)", mib(buf)),
-            )
+        None => {
+            let auto = streams_for(autotune_window);
+            // Autotuning is best (buffers grow only as needed) unless reaching the target
+            // would take more streams than allowed and an explicit buffer can be larger.
+            if auto > max_streams && core_cap * 0.5 > autotune_window {
+                let buf = (2.0 * bdp / max_streams as f64).min(core_cap);
+                (
+                    streams_for(buf * 0.5),
+                    Some(buf as u64),
+                    format!(
+                        "explicit buffer {} per stream (net.core max above autotune max)",
+                        mib(buf)
+                    ),
+                )
+            } else {
+                (
+                    auto,
+                    None,
+                    format!(
+                        "kernel autotuning, window/stream ~{} (receiver tcp_rmem max {}, sender tcp_wmem max {})",
+                        mib(autotune_window),
+                        mib(facts.receiver.tcp_rmem_max as f64),
+                        mib(facts.sender.tcp_wmem_max as f64)
+                    ),
+                )
+            }
         }
-        None => (
-            autotune_window,
-            None,
-            format!(
-                "kernel autotuning, window/stream ~{} (receiver tcp_rmem max {}, sender tcp_wmem max {})",
-                mib(autotune_window),
-                mib(facts.receiver.tcp_rmem_max as f64),
-                mib(facts.sender.tcp_wmem_max as f64)
-            ),
-        ),
     };
-
-    let window = window.max(64.0 * 1024.0);
-    let mut streams = (bdp / window).ceil().max(1.0) as u64;
     let mut why = format!(
         "target {:.1} Gbit/s x rtt {:.1} ms = {} in flight; {} -> {} streams",
         target_bps / 1e9,
@@ -123,28 +128,28 @@ pub fn plan(facts: &PathFacts, choices: &Choices) -> Plan {
         how,
         streams
     );
-    // Slow start: short transfers on long paths benefit from more initial windows.
-    if facts.rtt >= Duration::from_millis(20) {
-        let link_bdp = choices.link_bps as f64 / 8.0 * rtt;
-        let floor = if (facts.total_bytes as f64) < 4.0 * link_bdp && facts.files > 16 {
-            8
-        } else {
-            4
-        };
-        if streams < floor {
-            streams = floor;
-            why.push_str(&format!(
-                "; raised to {floor} to shorten slow start on a long path"
-            ));
-        }
+    // Slow start: every stream starts from a small window, so on long paths more streams
+    // reach full rate sooner (16 streams gain 4 round trips over one).
+    let floor = if facts.rtt >= Duration::from_millis(50) {
+        16
+    } else if facts.rtt >= Duration::from_millis(10) {
+        8
+    } else {
+        1
+    };
+    if streams < floor {
+        streams = floor;
+        why.push_str(&format!(
+            "; raised to {floor} to shorten slow start on a long path"
+        ));
     }
     let data_cap = (facts.total_bytes / (1 << 20)).max(1);
     if streams > data_cap {
         streams = data_cap;
         why.push_str(&format!("; {data_cap} by data size"));
     }
-    if streams > max_streams as u64 {
-        streams = max_streams as u64;
+    if streams > max_streams {
+        streams = max_streams;
         why.push_str(&format!("; capped at {max_streams}"));
     }
     if let Some(n) = choices.streams {
@@ -205,12 +210,18 @@ mod tests {
     }
 
     #[test]
-    fn tuned_hosts_need_few_streams() {
+    fn tuned_hosts_use_autotuning_and_many_streams_only_for_slow_start() {
+        // The window allows 4 streams' worth; slow start on a long path asks for 16.
         let p = plan(
             &facts(200, limits(128 << 20, 256 << 20), 4 << 30, 1),
             &Choices::default(),
         );
-        assert!((4..=8).contains(&p.streams), "{}", p.explanation);
+        assert_eq!(p.streams, 16, "{}", p.explanation);
+        assert_eq!(
+            p.socket_buffer, None,
+            "autotuning suffices: {}",
+            p.explanation
+        );
         let p = plan(
             &facts(1, limits(128 << 20, 256 << 20), 4 << 30, 1),
             &Choices::default(),
@@ -219,10 +230,11 @@ mod tests {
     }
 
     #[test]
-    fn explicit_buffer_when_core_max_exceeds_autotune() {
+    fn explicit_buffer_when_autotuning_would_need_too_many_streams() {
         let l = limits(4 << 20, 512 << 20);
         let p = plan(&facts(100, l, 4 << 30, 1), &Choices::default());
         assert!(p.socket_buffer.is_some(), "{}", p.explanation);
+        assert!(p.streams <= 16);
     }
 
     #[test]
@@ -255,7 +267,7 @@ mod tests {
             rate_bps: Some(100_000_000),
             ..Default::default()
         };
-        let p = plan(&facts(200, l, 4 << 30, 1), &c);
-        assert!(p.streams <= 4, "{}", p.explanation);
+        let p = plan(&facts(5, l, 4 << 30, 1), &c);
+        assert_eq!(p.streams, 1, "{}", p.explanation);
     }
 }

@@ -112,6 +112,7 @@ struct Outcome {
     bytes_sent: u64,
     streams_lost: u32,
     blocks_resent: u64,
+    blocks_hedged: u64,
     finished: bool,
     elapsed: Duration,
     failed: Vec<String>,
@@ -324,6 +325,7 @@ fn run(
         bytes_sent: src.stats().bytes_sent,
         streams_lost: src.stats().streams_lost,
         blocks_resent: src.stats().blocks_resent,
+        blocks_hedged: src.stats().blocks_hedged,
         finished: src.is_finished(),
         elapsed: now - t0,
         // A failed attempt that a later attempt repaired is not a failure.
@@ -586,4 +588,29 @@ fn resume_with_corrupted_partial_data_is_caught_by_the_file_checksum() {
     // First attempt fails verification, the file restarts from scratch and arrives intact.
     assert_identical(&out, &files);
     assert_eq!(out.bytes_sent, 500_000 + 1_000_000);
+}
+
+#[test]
+fn a_slow_stream_does_not_set_the_pace_at_the_end() {
+    // Three streams at 1 MB/s, one at 10 kB/s: each of its 64 KiB blocks takes 6.5 s.
+    let files = dataset(8, 1_500_000, 4);
+    let total: usize = files.iter().map(|(_, d)| d.len()).sum();
+    let sc = Scenario {
+        streams: 4,
+        rates: vec![1e6, 1e6, 1e6, 1e4],
+        latency_ms: 20,
+        ..Default::default()
+    };
+    let out = run(&sc, &files, HashMap::new());
+    assert_identical(&out, &files);
+    let ideal = total as f64 / 3e6;
+    assert!(
+        out.blocks_hedged > 0,
+        "the end game sent stuck blocks again"
+    );
+    assert!(
+        out.elapsed.as_secs_f64() < ideal + 1.5,
+        "took {:?} for an ideal of {ideal:.1} s",
+        out.elapsed
+    );
 }

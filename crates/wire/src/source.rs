@@ -48,6 +48,10 @@ pub struct SourceConfig {
     pub resume_lookahead: usize,
     /// Block size in bytes.
     pub block_size: u32,
+    /// End game: once nothing is left to send, an idle stream sends again blocks that another
+    /// stream has held unacknowledged for this long (or 4x the usual ack latency, if longer),
+    /// so one slow or stuck stream does not hold back the end of a transfer.
+    pub hedge_after: Duration,
 }
 
 impl Default for SourceConfig {
@@ -58,6 +62,7 @@ impl Default for SourceConfig {
             stream_timeout: Duration::from_secs(20),
             resume_lookahead: 64,
             block_size: 1 << 20,
+            hedge_after: Duration::from_millis(500),
         }
     }
 }
@@ -129,6 +134,10 @@ pub enum SourceEvent {
     Aborted(ErrorInfo),
 }
 
+/// Keys of hedged control frames in `Source::hedged` (blocks use their offset).
+const HEDGED_BEGIN: u64 = u64::MAX - 1;
+const HEDGED_END: u64 = u64::MAX;
+
 /// A peer broke the protocol; the session ends.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("protocol violation by the destination: {0}")]
@@ -170,7 +179,7 @@ enum Item<P> {
 #[derive(Clone, Debug)]
 enum Sent {
     Begin(FileId, u32),
-    Block(BlockDesc),
+    Block(BlockDesc, Instant),
     End(FileId, u32, Vec<Digest>),
     Other,
 }
@@ -190,6 +199,8 @@ pub struct SourceStats {
     pub bytes_acked: u64,
     pub bytes_skipped: u64,
     pub blocks_resent: u64,
+    /// Blocks sent again by idle streams at the end of a transfer (see `hedge_after`).
+    pub blocks_hedged: u64,
     pub streams_lost: u32,
     pub files_done: u64,
     pub files_failed: u64,
@@ -210,6 +221,10 @@ pub struct Source<P> {
     events: VecDeque<SourceEvent>,
     unfinished: usize,
     stats: SourceStats,
+    /// Blocks sent twice by the end game, and whether one copy was acknowledged already.
+    hedged: std::collections::HashMap<(FileId, u32, u64), bool>,
+    /// Smoothed time from sending a block to its acknowledgement.
+    ack_latency: Option<Duration>,
 }
 
 impl<P> Source<P> {
@@ -227,6 +242,8 @@ impl<P> Source<P> {
             events: VecDeque::new(),
             unfinished: 0,
             stats: SourceStats::default(),
+            hedged: std::collections::HashMap::new(),
+            ack_latency: None,
         }
     }
 
@@ -439,7 +456,12 @@ impl<P> Source<P> {
             return None;
         }
         loop {
-            let item = self.queue.pop_front()?;
+            let Some(item) = self.queue.pop_front() else {
+                if !self.end_game(stream, now) {
+                    return None;
+                }
+                continue;
+            };
             let (sent, tx) = match item {
                 Item::Begin(id, attempt) => {
                     if !self.is_current(id, attempt) {
@@ -473,7 +495,7 @@ impl<P> Source<P> {
                         crc,
                     };
                     (
-                        Sent::Block(desc),
+                        Sent::Block(desc, now),
                         Transmit::Block {
                             header,
                             len: desc.len,
@@ -637,13 +659,92 @@ impl<P> Source<P> {
         if newly > 0 {
             s.last_progress = now;
         }
+        let mut latencies = Vec::new();
         for _ in 0..newly {
-            if let Some(Sent::Block(d)) = s.sent.pop_front() {
+            if let Some(Sent::Block(d, sent_at)) = s.sent.pop_front() {
+                latencies.push(now.saturating_duration_since(sent_at));
+                match self.hedged.get_mut(&(d.file, d.attempt, d.offset)) {
+                    Some(true) => continue, // the other copy was counted
+                    Some(acked) => *acked = true,
+                    None => {}
+                }
                 self.stats.bytes_acked += d.len as u64;
             }
         }
         s.frames_acked = n;
+        for l in latencies {
+            self.ack_latency = Some(match self.ack_latency {
+                None => l,
+                Some(avg) => (avg * 7 + l) / 8,
+            });
+        }
         Ok(())
+    }
+
+    /// With nothing left to send, `stream` is idle: it takes over the oldest frame another
+    /// stream has held unacknowledged for too long. Blocks are read again (through
+    /// [`poll_reread`](Self::poll_reread)); control frames are queued again directly. The sink
+    /// drops whichever copy arrives second.
+    /// Returns true when a frame was queued for immediate sending.
+    fn end_game(&mut self, stream: u32, now: Instant) -> bool {
+        if !self.rereads.is_empty() || !self.queue.is_empty() {
+            return false;
+        }
+        let threshold = self
+            .cfg
+            .hedge_after
+            .max(self.ack_latency.map(|l| l * 4).unwrap_or_default());
+        // Control frames carry no time; they count as old as the block sent before them.
+        let mut best: Option<(Duration, Sent)> = None;
+        for (i, s) in self.streams.iter().enumerate() {
+            if i as u32 == stream || !s.alive {
+                continue;
+            }
+            let mut age = Duration::ZERO;
+            for sent in &s.sent {
+                let key = match sent {
+                    Sent::Block(d, at) => {
+                        age = now.saturating_duration_since(*at);
+                        if age < threshold {
+                            break; // later frames of this stream are younger
+                        }
+                        (d.file, d.attempt, d.offset)
+                    }
+                    Sent::Begin(f, a) => (*f, *a, HEDGED_BEGIN),
+                    Sent::End(f, a, _) => (*f, *a, HEDGED_END),
+                    Sent::Other => continue,
+                };
+                if age < threshold
+                    || self.hedged.contains_key(&key)
+                    || !self.is_current(key.0, key.1)
+                {
+                    continue;
+                }
+                if best.as_ref().is_none_or(|(a, _)| age > *a) {
+                    best = Some((age, sent.clone()));
+                }
+                break;
+            }
+        }
+        match best {
+            Some((_, Sent::Block(d, _))) => {
+                self.hedged.insert((d.file, d.attempt, d.offset), false);
+                self.stats.blocks_hedged += 1;
+                self.rereads.push_back(d);
+                false
+            }
+            Some((_, Sent::Begin(f, a))) => {
+                self.hedged.insert((f, a, HEDGED_BEGIN), false);
+                self.queue.push_back(Item::Begin(f, a));
+                true
+            }
+            Some((_, Sent::End(f, a, digests))) => {
+                self.hedged.insert((f, a, HEDGED_END), false);
+                self.queue.push_back(Item::End(f, a, digests));
+                true
+            }
+            _ => false,
+        }
     }
 
     fn restart_file(&mut self, file: FileId, reason: String) {
@@ -697,7 +798,7 @@ impl<P> Source<P> {
                 Sent::End(id, attempt, digests) => {
                     self.queue.push_front(Item::End(id, attempt, digests))
                 }
-                Sent::Block(d) => {
+                Sent::Block(d, _) => {
                     self.stats.bytes_sent -= d.len as u64;
                     self.rereads.push_front(d)
                 }
