@@ -532,6 +532,30 @@ async fn enumerate_local(
     .map_err(TransferError::from)
 }
 
+/// The socket buffer of data streams, set before connecting: the user's `--tcp-buffer`, or,
+/// on hosts whose `net.core` limits reach autotuning's ceiling (tuned data transfer nodes),
+/// that ceiling, so that windows are not held back in the first round trips; otherwise
+/// kernel autotuning.
+fn host_buffer(session: &SessionOptions, limits: &HostLimits) -> Option<u64> {
+    session.tcp_buffer.or_else(|| {
+        let cap = limits.tcp_rmem_max.min(limits.tcp_wmem_max);
+        (limits.core_rmem_max.min(limits.core_wmem_max) >= cap && cap >= 16 << 20).then_some(cap)
+    })
+}
+
+/// A control connection established within this is on a short path: streams are planned from
+/// its round trip. Beyond it the path is long, and streams start without waiting for it.
+const SHORT_PATH: Duration = Duration::from_millis(5);
+
+/// Streams to connect before the round trip is known: `-p`, or as many as a long path wants
+/// (16), fewer for small data.
+fn initial_streams(opts: &CopyOptions, bytes: Option<u64>) -> u32 {
+    opts.session.streams.unwrap_or_else(|| {
+        let by_data = bytes.map(|b| (b >> 20).max(1)).unwrap_or(u64::MAX);
+        by_data.min(16) as u32
+    })
+}
+
 /// Connects the control connection's TCP part and measures the round trip: enough to plan
 /// and start opening data streams while TLS and the hello proceed.
 async fn connect_and_measure(
@@ -582,13 +606,22 @@ async fn upload(
         None => entries.iter().map(|e| e.size).sum(),
     };
     let limits = sys::host_limits();
-    let (tcp, rtt) = connect_and_measure(host, port).await?;
-    // Plan with our own limits as a guess of the endpoint's; refined when its hello arrives.
-    let mut p = plan_for(rtt, limits.clone(), limits.clone(), bytes, files, opts);
-    session.streams = Some(p.streams);
-    if p.socket_buffer.is_some() && session.tcp_buffer.is_none() {
-        session.tcp_buffer = p.socket_buffer;
-    }
+    // Data streams connect at once, alongside the control connection: the session id and key
+    // are ours, and the endpoint holds early binds until the session exists.
+    session.tcp_buffer = host_buffer(&session, &limits);
+    let connect = connect_and_measure(host, port);
+    tokio::pin!(connect);
+    let quick = tokio::time::timeout(SHORT_PATH, &mut connect)
+        .await
+        .ok()
+        .transpose()?;
+    let opened = match &quick {
+        Some((_, rtt)) => {
+            plan_for(*rtt, limits.clone(), limits.clone(), bytes, files, opts).streams
+        }
+        None => initial_streams(opts, Some(bytes)),
+    };
+    session.streams = Some(opened);
     let (id, key) = random_ids();
     let (tx, rx) = mpsc::channel(64);
     let target = StreamTarget {
@@ -603,10 +636,17 @@ async fn upload(
     let mut openers = vec![tokio::spawn(open_streams(
         target.clone(),
         0,
-        p.streams,
+        opened,
         tx.clone(),
         cancel.clone(),
     ))];
+    let (tcp, rtt) = match quick {
+        Some(c) => c,
+        None => connect.await?,
+    };
+    // Plan with our own limits as a guess of the endpoint's; refined when its hello arrives.
+    let mut p = plan_for(rtt, limits.clone(), limits.clone(), bytes, files, opts);
+    p.streams = p.streams.max(opened);
     // Kept only until the endpoint's hello tells whether more streams are needed: once every
     // sender is gone, the session knows no stream will come any more.
     let mut tx = Some(tx);
@@ -723,12 +763,23 @@ async fn download(
     let wants_dir = local.to_string_lossy().ends_with('/');
     let dest =
         Destination::resolve(&Root::Ambient, local, wants_dir).map_err(TransferError::from)?;
-    let (tcp, rtt) = connect_and_measure(host, port).await?;
-    // The dataset size is not known yet: plan as for a large transfer, then add streams if the
-    // endpoint's limits call for more.
-    let mut p = plan_for(rtt, limits.clone(), limits.clone(), u64::MAX / 2, 1, opts);
-    session.streams = Some(p.streams);
-    let buffer = session.tcp_buffer.or(p.socket_buffer);
+    // The dataset size is not known yet: streams connect at once as for a large transfer on a
+    // long path, and more follow if the endpoint's answer calls for them.
+    let buffer = host_buffer(&session, &limits);
+    session.tcp_buffer = buffer;
+    let connect = connect_and_measure(host, port);
+    tokio::pin!(connect);
+    let quick = tokio::time::timeout(SHORT_PATH, &mut connect)
+        .await
+        .ok()
+        .transpose()?;
+    let opened = match &quick {
+        Some((_, rtt)) => {
+            plan_for(*rtt, limits.clone(), limits.clone(), u64::MAX / 2, 1, opts).streams
+        }
+        None => initial_streams(opts, None),
+    };
+    session.streams = Some(opened);
     let (id, key) = random_ids();
     let (tx, rx) = mpsc::channel(64);
     let target = StreamTarget {
@@ -740,6 +791,19 @@ async fn download(
         buffer,
         limits: limits.clone(),
     };
+    let early = tokio::spawn(open_streams(
+        target.clone(),
+        0,
+        opened,
+        tx.clone(),
+        cancel.clone(),
+    ));
+    let (tcp, rtt) = match quick {
+        Some(c) => c,
+        None => connect.await?,
+    };
+    let mut p = plan_for(rtt, limits.clone(), limits.clone(), u64::MAX / 2, 1, opts);
+    p.streams = p.streams.max(opened);
     let mut s = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
     s.writer
         .send_request(&Request::OpenSource {
@@ -752,13 +816,7 @@ async fn download(
             push: None,
         })
         .await?;
-    let mut openers = vec![tokio::spawn(open_streams(
-        target.clone(),
-        0,
-        p.streams,
-        tx.clone(),
-        cancel.clone(),
-    ))];
+    let mut openers = vec![early];
     let mut tx = Some(tx);
     let spec = SinkSpec {
         root: Arc::new(Root::Ambient),

@@ -292,6 +292,7 @@ pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<DataConn,
         stream,
         proof: control::bind_proof(&t.key, &nonce, &t.session, stream),
         limits: t.limits.clone(),
+        buffer: t.buffer,
     };
     let mut hello = prefix.to_vec();
     hello.extend_from_slice(&control::encode_bind(&bind));

@@ -85,6 +85,13 @@ pub async fn run(
         .tls
         .as_ref()
         .map(|t| tokio_rustls::TlsAcceptor::from(t.server.clone()));
+    // On hosts whose explicit buffers may reach autotuning's ceiling (tuned data transfer
+    // nodes), accepted data connections start with a window that is not limited by
+    // tcp_rmem's small default: slow start on long paths is not held back by the receiver.
+    let limits = sys::host_limits();
+    if limits.core_rmem_max >= limits.tcp_rmem_max && limits.tcp_rmem_max >= 16 << 20 {
+        let _ = sys::set_listener_recv_buffer(&listener, limits.tcp_rmem_max);
+    }
     let limit = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
     let ep = Arc::new(Endpoint {
         cfg,
@@ -206,6 +213,9 @@ async fn bind_data(ep: &Endpoint, mut io: Io, bind: Bind, nonce: [u8; 32], peer:
         );
         return refuse(io, e, peer).await;
     }
+    if let Some(b) = bind.buffer {
+        let _ = sys::set_send_buffer(io.tcp(), b);
+    }
     if conn::write_all(
         &mut io,
         &control::encode_bind_result(&BindResult::Accepted),
@@ -216,6 +226,7 @@ async fn bind_data(ep: &Endpoint, mut io: Io, bind: Bind, nonce: [u8; 32], peer:
     {
         return;
     }
+    tracing::debug!(%peer, stream = bind.stream, "data stream bound");
     let _ = reg
         .conns
         .send(DataConn {
@@ -593,6 +604,12 @@ async fn source(
                 },
             );
             options.streams = Some(p.streams);
+            options.tcp_buffer = options.tcp_buffer.or(p.socket_buffer);
+            if let Some(b) = options.tcp_buffer {
+                let _ = sys::set_send_buffer(first.io.tcp(), b);
+            }
+            let mut st = st;
+            st.buffer = options.tcp_buffer;
             let _ = tx.send(first).await;
             let n = p.streams;
             let c2 = cancel.clone();

@@ -431,6 +431,7 @@ async fn stream_reader(
     let pool = BufPool::new(4);
     let mut r = BufReader::with_capacity(256 << 10, r);
     let mut processed = 0u64;
+    let mut acked = 0u64;
     let result: Result<bool, TransferError> = async {
         if await_bind {
             conn::read_bind_result(&mut r, &peer).await?;
@@ -477,8 +478,16 @@ async fn stream_reader(
                         new_ranges,
                     };
                     let queue = &sh.writes[job.file as usize % sh.writes.len()];
+                    let t = Instant::now();
                     if queue.send_async(job).await.is_err() {
                         return Ok(false);
+                    }
+                    if t.elapsed() > Duration::from_millis(500) {
+                        tracing::debug!(
+                            stream = idx,
+                            waited_ms = t.elapsed().as_millis() as u64,
+                            "writer queue full"
+                        );
                     }
                 }
             } else {
@@ -495,8 +504,13 @@ async fn stream_reader(
                 }
             }
             processed += 1;
-            if r.buffer().is_empty() {
+            if ack_due(
+                h.kind == data::KIND_BLOCK,
+                processed - acked,
+                r.buffer().is_empty(),
+            ) {
                 let _ = outbox.send(DataFrame::Ack(processed));
+                acked = processed;
             }
         }
     }
@@ -540,6 +554,14 @@ async fn stream_writer(
         }
     }
     let _ = w.shutdown().await;
+}
+
+/// Whether to acknowledge now: after every block (the sender measures stream liveness and
+/// rates from these), and otherwise every 16 frames or when no more input is buffered. (A
+/// busy stream's read buffer is almost never empty: reading a block's tail refills it with
+/// the next frame's head, so "when empty" alone meant no acknowledgements at all.)
+fn ack_due(block: bool, unacked_frames: u64, input_drained: bool) -> bool {
+    block || unacked_frames >= 16 || input_drained
 }
 
 /// Writer threads of a sink session.
@@ -633,7 +655,21 @@ pub async fn run_sink(
     let mut streams = 0u32;
     let mut conns_open = true;
     let mut stops = Vec::new();
+    let mut last_activity = (Counters::get(&sh.counters.activity), Instant::now());
     let outcome: Result<(), TransferError> = loop {
+        // Diagnostics: a session receiving nothing for a while says what it waits for.
+        let activity = Counters::get(&sh.counters.activity);
+        if activity != last_activity.0 {
+            last_activity = (activity, Instant::now());
+        } else if last_activity.1.elapsed() >= Duration::from_secs(2) && streams > 0 {
+            tracing::debug!(
+                pending_ops = sh.pending_ops.load(Ordering::SeqCst),
+                writes_queued = sh.writes.iter().map(|w| w.len()).sum::<usize>(),
+                state = %sh.lock().describe(),
+                "sink idle for 2 s"
+            );
+            last_activity.1 = Instant::now();
+        }
         if let Some(e) = sh.failure.lock().expect("failure lock").take() {
             break Err(e);
         }
@@ -652,9 +688,6 @@ pub async fn run_sink(
         tokio::select! {
             c = conns.recv(), if conns_open => match c {
                 Some(conn::DataConn { stream: idx, io, await_bind }) => {
-                    if let Some(b) = opts.tcp_buffer {
-                        let _ = crate::sys::set_buffers(io.tcp(), b);
-                    }
                     streams += 1;
                     let (r, w) = io.split();
                     let (tx, rx) = mpsc::unbounded_channel();
@@ -704,4 +737,18 @@ pub async fn run_sink(
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
     outcome.map(|()| SinkOutcome { stats, streams })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ack_due;
+
+    #[test]
+    fn busy_streams_are_acknowledged() {
+        // Regression: with input always buffered, blocks must still be acknowledged.
+        assert!(ack_due(true, 1, false));
+        assert!(!ack_due(false, 3, false));
+        assert!(ack_due(false, 16, false));
+        assert!(ack_due(false, 1, true));
+    }
 }

@@ -156,6 +156,12 @@ impl Shared {
                     reason,
                 },
                 SourceEvent::StreamLost { stream } => {
+                    tracing::debug!(
+                        stream,
+                        state = %st.describe(),
+                        streams = %st.describe_streams(Instant::now()),
+                        "stream declared lost"
+                    );
                     if let Some(stop) = self.stops.lock().expect("stops lock").remove(&stream) {
                         stop.cancel();
                     }
@@ -358,8 +364,10 @@ impl Shared {
     }
 }
 
-/// Unsent bytes a data socket may hold (see [`sys::set_notsent_lowat`]).
-const NOTSENT_LOWAT: u32 = 4 << 20;
+/// Least unsent bytes a data socket may hold (see [`sys::set_notsent_lowat`]); the mark is two
+/// blocks: enough to keep the socket busy while the next block is fetched, little enough that
+/// data is not committed to a stream long before it can leave.
+const NOTSENT_LOWAT_MIN: u32 = 1 << 20;
 
 /// Bytes read at a time to checksum a block that is then sent with `sendfile`.
 const SCRATCH_LEN: usize = 256 << 10;
@@ -464,9 +472,9 @@ pub fn tune_sender(io: &Io, opts: &SessionOptions, streams: u32) -> Result<Strin
         let _ = sys::set_max_pacing_rate(tcp, per_stream);
     }
     if let Some(b) = opts.tcp_buffer {
-        let _ = sys::set_buffers(tcp, b);
+        let _ = sys::set_send_buffer(tcp, b);
     }
-    let _ = sys::set_notsent_lowat(tcp, NOTSENT_LOWAT.max(2 * opts.block_size));
+    let _ = sys::set_notsent_lowat(tcp, (2 * opts.block_size).max(NOTSENT_LOWAT_MIN));
     Ok(sys::congestion(tcp).unwrap_or_else(|_| sys::default_congestion()))
 }
 

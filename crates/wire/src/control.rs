@@ -262,6 +262,9 @@ pub struct Bind {
     pub proof: [u8; 32],
     /// Limits of the connecting host, for the session's planning.
     pub limits: HostLimits,
+    /// Socket buffer the opener chose for this stream; the endpoint applies it on its side
+    /// too (the receiver's buffer bounds the window).
+    pub buffer: Option<u64>,
 }
 
 /// The endpoint's answer to a bind.

@@ -152,12 +152,27 @@ pub fn plan(facts: &PathFacts, choices: &Choices) -> Plan {
         streams = max_streams;
         why.push_str(&format!("; capped at {max_streams}"));
     }
-    if let Some(n) = choices.streams {
-        return Plan {
-            streams: n.clamp(1, 256),
-            socket_buffer,
-            explanation: format!("-p {n} given; {how}"),
-        };
+    let streams = match choices.streams {
+        Some(n) => {
+            why = format!("-p {n} given; {how}");
+            n.clamp(1, 256) as u64
+        }
+        None => streams,
+    };
+    // Explicit buffers when the host allows each stream its share of the target window:
+    // they open the receive window at once, where autotuning starts it at tcp_rmem's default
+    // and holds back the first round trips of slow start.
+    let mut socket_buffer = socket_buffer;
+    if socket_buffer.is_none() {
+        let share = (2.0 * bdp / streams as f64).max(4.0 * 1024.0 * 1024.0);
+        let autotune_max = facts.receiver.tcp_rmem_max.min(facts.sender.tcp_wmem_max) as f64;
+        if core_cap >= share && core_cap >= autotune_max {
+            socket_buffer = Some(share.min(core_cap) as u64);
+            why.push_str(&format!(
+                "; explicit buffers of {} per stream (net.core max allows)",
+                mib(share)
+            ));
+        }
     }
     Plan {
         streams: streams as u32,
@@ -217,11 +232,8 @@ mod tests {
             &Choices::default(),
         );
         assert_eq!(p.streams, 16, "{}", p.explanation);
-        assert_eq!(
-            p.socket_buffer, None,
-            "autotuning suffices: {}",
-            p.explanation
-        );
+        // 2 x 238 MiB / 16 streams, allowed by net.core max: opens windows at once.
+        assert_eq!(p.socket_buffer, Some(31_250_000), "{}", p.explanation);
         let p = plan(
             &facts(1, limits(128 << 20, 256 << 20), 4 << 30, 1),
             &Choices::default(),

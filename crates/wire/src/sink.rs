@@ -194,6 +194,34 @@ impl<P> Sink<P> {
         &self.stats
     }
 
+    /// Internal queue sizes for diagnostics.
+    pub fn describe(&self) -> String {
+        let states: Vec<String> = self
+            .files
+            .values()
+            .filter(|f| !matches!(f.state, State::Done | State::Failed))
+            .map(|f| {
+                format!(
+                    "{}:{:?} w{}/{} inflight {} end {} digest {}",
+                    f.begin.file,
+                    f.state,
+                    f.written.len_bytes(),
+                    f.expected.len_bytes(),
+                    f.writes_in_flight,
+                    f.source_digests.is_some(),
+                    f.computed.is_some()
+                )
+            })
+            .collect();
+        format!(
+            "stash {} KiB in {} files, early frames {}, open files: [{}]",
+            self.stash_bytes >> 10,
+            self.stash.len(),
+            self.early_frames.len(),
+            states.join(", ")
+        )
+    }
+
     pub fn poll_action(&mut self) -> Option<SinkAction> {
         self.actions.pop_front()
     }

@@ -62,7 +62,7 @@ impl Default for SourceConfig {
             stream_timeout: Duration::from_secs(20),
             resume_lookahead: 64,
             block_size: 1 << 20,
-            hedge_after: Duration::from_millis(500),
+            hedge_after: Duration::from_secs(1),
         }
     }
 }
@@ -143,6 +143,16 @@ const HEDGED_END: u64 = u64::MAX;
 #[error("protocol violation by the destination: {0}")]
 pub struct ProtocolViolation(pub String);
 
+impl FileState {
+    /// Not all of the file's blocks have been queued yet.
+    fn is_unread(self) -> bool {
+        matches!(
+            self,
+            FileState::Queued | FileState::AwaitingHave | FileState::Claimable | FileState::Reading
+        )
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FileState {
     /// Not yet announced.
@@ -190,6 +200,13 @@ struct StreamState {
     frames_sent: u64,
     frames_acked: u64,
     last_progress: Instant,
+    /// Payload bytes sent on this stream and not yet acknowledged.
+    outstanding: u64,
+    /// Acknowledged payload bytes per second while the stream had data outstanding (EWMA).
+    rate: f64,
+    /// Start of the current rate sample: time and bytes acknowledged so far.
+    rate_mark: (Instant, u64),
+    acked_bytes: u64,
 }
 
 /// Counters of a source session.
@@ -220,11 +237,17 @@ pub struct Source<P> {
     streams: Vec<StreamState>,
     events: VecDeque<SourceEvent>,
     unfinished: usize,
+    /// Files not yet read to the end (their blocks are not all queued yet).
+    unread: usize,
     stats: SourceStats,
     /// Blocks sent twice by the end game, and whether one copy was acknowledged already.
     hedged: std::collections::HashMap<(FileId, u32, u64), bool>,
     /// Smoothed time from sending a block to its acknowledgement.
     ack_latency: Option<Duration>,
+    /// Highest delivery rate of the whole session (bytes/s over 200 ms or more).
+    peak_rate: f64,
+    /// Start of the current session-wide rate sample: time and bytes acknowledged.
+    session_mark: (Option<Instant>, u64),
 }
 
 impl<P> Source<P> {
@@ -241,9 +264,12 @@ impl<P> Source<P> {
             streams: Vec::new(),
             events: VecDeque::new(),
             unfinished: 0,
+            unread: 0,
             stats: SourceStats::default(),
             hedged: std::collections::HashMap::new(),
             ack_latency: None,
+            peak_rate: 0.0,
+            session_mark: (None, 0),
         }
     }
 
@@ -267,6 +293,7 @@ impl<P> Source<P> {
             have: RangeSet::new(),
         });
         self.unfinished += 1;
+        self.unread += 1;
         self.announce();
         id
     }
@@ -294,6 +321,10 @@ impl<P> Source<P> {
                 frames_sent: 0,
                 frames_acked: 0,
                 last_progress: now,
+                outstanding: 0,
+                rate: 0.0,
+                rate_mark: (now, 0),
+                acked_bytes: 0,
             });
         }
         let s = &mut self.streams[idx];
@@ -303,6 +334,39 @@ impl<P> Source<P> {
 
     pub fn live_streams(&self) -> usize {
         self.streams.iter().filter(|s| s.alive).count()
+    }
+
+    /// One line per stream for diagnostics: frames sent/acked, outstanding bytes, rate.
+    pub fn describe_streams(&self, now: Instant) -> String {
+        self.streams
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                format!(
+                    "#{i}{} sent {} acked {} out {} KiB rate {:.1} MB/s quiet {} ms",
+                    if s.alive { "" } else { " (lost)" },
+                    s.frames_sent,
+                    s.frames_acked,
+                    s.outstanding >> 10,
+                    s.rate / 1e6,
+                    now.saturating_duration_since(s.last_progress).as_millis()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Queue lengths and counters for diagnostics.
+    pub fn describe(&self) -> String {
+        format!(
+            "queue {} rereads {} unread {} unfinished {} claimable {} awaiting_have {}",
+            self.queue.len(),
+            self.rereads.len(),
+            self.unread,
+            self.unfinished,
+            self.claimable.len(),
+            self.awaiting_have
+        )
     }
 
     /// Announces resume files up to the look-ahead (non-resume files are announced when
@@ -413,6 +477,7 @@ impl<P> Source<P> {
     pub fn read_done(&mut self, file: FileId, attempt: u32, digests: Vec<Digest>) {
         if self.is_current(file, attempt) {
             self.files[file as usize].state = FileState::AwaitingAck;
+            self.unread -= 1;
             self.queue.push_back(Item::End(file, attempt, digests));
         }
     }
@@ -489,6 +554,7 @@ impl<P> Source<P> {
                         continue;
                     }
                     self.stats.bytes_sent += desc.len as u64;
+                    self.streams[idx].outstanding += desc.len as u64;
                     let header = BlockHeader {
                         file: desc.file,
                         offset: desc.offset,
@@ -579,6 +645,7 @@ impl<P> Source<P> {
                     f.state = FileState::Done;
                     self.awaiting_have -= 1;
                     self.unfinished -= 1;
+                    self.unread -= 1;
                     self.stats.files_done += 1;
                     self.stats.bytes_skipped += f.spec.size;
                     self.events.push_back(SourceEvent::FileDone {
@@ -660,9 +727,12 @@ impl<P> Source<P> {
             s.last_progress = now;
         }
         let mut latencies = Vec::new();
+        let had_outstanding = s.outstanding > 0;
         for _ in 0..newly {
             if let Some(Sent::Block(d, sent_at)) = s.sent.pop_front() {
                 latencies.push(now.saturating_duration_since(sent_at));
+                s.outstanding = s.outstanding.saturating_sub(d.len as u64);
+                s.acked_bytes += d.len as u64;
                 match self.hedged.get_mut(&(d.file, d.attempt, d.offset)) {
                     Some(true) => continue, // the other copy was counted
                     Some(acked) => *acked = true,
@@ -671,7 +741,31 @@ impl<P> Source<P> {
                 self.stats.bytes_acked += d.len as u64;
             }
         }
+        // Rate samples only cover time when the stream had something to deliver.
+        let dt = now.saturating_duration_since(s.rate_mark.0).as_secs_f64();
+        if !had_outstanding {
+            s.rate_mark = (now, s.acked_bytes);
+        } else if dt >= 0.1 {
+            let sample = (s.acked_bytes - s.rate_mark.1) as f64 / dt;
+            s.rate = if s.rate == 0.0 {
+                sample
+            } else {
+                0.5 * s.rate + 0.5 * sample
+            };
+            s.rate_mark = (now, s.acked_bytes);
+        }
         s.frames_acked = n;
+        match self.session_mark {
+            (None, _) => self.session_mark = (Some(now), self.stats.bytes_acked),
+            (Some(t), b) => {
+                let dt = now.saturating_duration_since(t).as_secs_f64();
+                if dt >= 0.2 {
+                    let rate = (self.stats.bytes_acked - b) as f64 / dt;
+                    self.peak_rate = self.peak_rate.max(rate);
+                    self.session_mark = (Some(now), self.stats.bytes_acked);
+                }
+            }
+        }
         for l in latencies {
             self.ack_latency = Some(match self.ack_latency {
                 None => l,
@@ -687,42 +781,63 @@ impl<P> Source<P> {
     /// drops whichever copy arrives second.
     /// Returns true when a frame was queued for immediate sending.
     fn end_game(&mut self, stream: u32, now: Instant) -> bool {
-        if !self.rereads.is_empty() || !self.queue.is_empty() {
+        // Only at the end: every file read, nothing queued. (Mid-transfer the queue is often
+        // empty for a moment; hedging then would only send duplicates.)
+        if !self.adding_done
+            || self.unread > 0
+            || !self.rereads.is_empty()
+            || !self.queue.is_empty()
+        {
             return false;
         }
-        let threshold = self
+        // Hedge from a stream that is stuck (no acknowledgement for a while), or, when the
+        // session's delivery has fallen below half of its peak (the path has room again), from
+        // the stream that will take longest to drain. Streams merely sharing a busy path are
+        // left alone: duplicates would only take capacity from them.
+        let stall = self
             .cfg
             .hedge_after
             .max(self.ack_latency.map(|l| l * 4).unwrap_or_default());
-        // Control frames carry no time; they count as old as the block sent before them.
-        let mut best: Option<(Duration, Sent)> = None;
+        let active_rate: f64 = self
+            .streams
+            .iter()
+            .filter(|s| s.alive && s.outstanding > 0)
+            .map(|s| s.rate)
+            .sum();
+        let room = self.peak_rate > 0.0 && active_rate < 0.5 * self.peak_rate;
+        let mut victim: Option<(f64, usize)> = None;
         for (i, s) in self.streams.iter().enumerate() {
-            if i as u32 == stream || !s.alive {
+            if i as u32 == stream || !s.alive || s.sent.is_empty() {
                 continue;
             }
-            let mut age = Duration::ZERO;
-            for sent in &s.sent {
+            let stuck = now.saturating_duration_since(s.last_progress) >= stall;
+            let drain = if s.rate > 0.0 {
+                s.outstanding as f64 / s.rate
+            } else {
+                f64::INFINITY
+            };
+            let slow = room && drain > self.cfg.hedge_after.as_secs_f64();
+            if !(stuck || slow) {
+                continue;
+            }
+            let score = if stuck { f64::INFINITY } else { drain };
+            if victim.is_none_or(|(v, _)| score > v) {
+                victim = Some((score, i));
+            }
+        }
+        let mut best: Option<(Duration, Sent)> = None;
+        if let Some((_, i)) = victim {
+            for sent in &self.streams[i].sent {
                 let key = match sent {
-                    Sent::Block(d, at) => {
-                        age = now.saturating_duration_since(*at);
-                        if age < threshold {
-                            break; // later frames of this stream are younger
-                        }
-                        (d.file, d.attempt, d.offset)
-                    }
+                    Sent::Block(d, _) => (d.file, d.attempt, d.offset),
                     Sent::Begin(f, a) => (*f, *a, HEDGED_BEGIN),
                     Sent::End(f, a, _) => (*f, *a, HEDGED_END),
                     Sent::Other => continue,
                 };
-                if age < threshold
-                    || self.hedged.contains_key(&key)
-                    || !self.is_current(key.0, key.1)
-                {
+                if self.hedged.contains_key(&key) || !self.is_current(key.0, key.1) {
                     continue;
                 }
-                if best.as_ref().is_none_or(|(a, _)| age > *a) {
-                    best = Some((age, sent.clone()));
-                }
+                best = Some((Duration::ZERO, sent.clone()));
                 break;
             }
         }
@@ -749,6 +864,9 @@ impl<P> Source<P> {
 
     fn restart_file(&mut self, file: FileId, reason: String) {
         let f = &mut self.files[file as usize];
+        if !f.state.is_unread() {
+            self.unread += 1;
+        }
         f.attempt += 1;
         f.announced = false;
         f.resume = false;
@@ -767,6 +885,9 @@ impl<P> Source<P> {
         let f = &mut self.files[file as usize];
         if f.state == FileState::AwaitingHave {
             self.awaiting_have -= 1;
+        }
+        if f.state.is_unread() {
+            self.unread -= 1;
         }
         f.state = FileState::Failed;
         self.unfinished -= 1;
@@ -789,6 +910,7 @@ impl<P> Source<P> {
             return;
         }
         s.alive = false;
+        s.outstanding = 0;
         self.stats.streams_lost += 1;
         let lost: Vec<Sent> = s.sent.drain(..).collect();
         // Control frames go back to the front in their original order; blocks are reread.

@@ -445,3 +445,51 @@ fn complete_files_are_skipped_on_resume() {
     ));
     assert_eq!(src.stats().bytes_skipped, 5000);
 }
+
+#[test]
+fn end_game_hedges_only_when_everything_was_read() {
+    let t = t0();
+    let cfg = SourceConfig {
+        hedge_after: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let mut src = Source::new(cfg);
+    src.add_stream(0, t);
+    src.add_stream(1, t);
+    src.add_file(spec("a", 2000));
+    src.add_file(spec("b", 2000));
+    src.finish_adding();
+    let a = src.claim().unwrap();
+    read_job(&mut src, &a, 1000);
+    // Stream 0 takes all of a; b is claimed but not read yet.
+    assert_eq!(frames(&mut src, 0, t).len(), 4);
+    let b = src.claim().unwrap();
+    let later = t + Duration::from_secs(5);
+    assert_eq!(frames(&mut src, 1, later), vec!["begin 1"]);
+    assert!(
+        src.poll_reread().is_none(),
+        "no duplicates while b is still being read"
+    );
+    read_job(&mut src, &b, 1000);
+    // b's two blocks and end, then (stream 0 being stuck) a's begin again.
+    assert_eq!(
+        frames(&mut src, 1, later),
+        vec!["block 1 0+1000", "block 1 1000+1000", "end 1", "begin 0"]
+    );
+    // Now everything is read and queued: the idle stream takes over a's oldest block.
+    assert!(src.poll_transmit(1, later).is_none());
+    let d = src.poll_reread().expect("a stuck block is hedged");
+    assert_eq!((d.file, d.offset), (0, 0));
+    assert_eq!(src.stats().blocks_hedged, 1);
+    // Acked twice (original and copy), counted once.
+    src.push_resend(d, 0, vec![0; 1000]);
+    assert!(matches!(
+        src.poll_transmit(1, later),
+        Some(Transmit::Block { .. })
+    ));
+    // Stream 1 sent: begin 1, two blocks, end 1, begin 0 again, block 0+1000 again.
+    src.on_frame(1, DataFrame::Ack(6), later).unwrap();
+    assert_eq!(src.stats().bytes_acked, 3000);
+    src.on_frame(0, DataFrame::Ack(4), later).unwrap();
+    assert_eq!(src.stats().bytes_acked, 4000);
+}
