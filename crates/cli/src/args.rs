@@ -27,6 +27,11 @@ pub struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
+    /// Configuration file (TOML) whose values become defaults [default: $HAUL_CONFIG,
+    /// ~/.haul/config.toml, /etc/haul/config.toml]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -43,6 +48,9 @@ pub enum Command {
     /// Issue certificates.
     #[command(subcommand)]
     Cert(CertCommand),
+    /// Run the whole thing on this machine: two TLS sites on loopback, a climate-like dataset
+    /// uploaded, copied site to site (encrypted, third party), downloaded and verified.
+    Demo(DemoArgs),
     /// Emulated long fat networks for tests and benchmarks (`haul netlab --help`).
     #[command(disable_help_flag = true)]
     Netlab {
@@ -207,6 +215,23 @@ pub struct ServeArgs {
     pub print_addr: bool,
     #[command(flatten)]
     pub creds: CredArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Stop after the report instead of keeping the sites up until Ctrl-C.
+    #[arg(long)]
+    pub exit: bool,
+    /// Files in the generated dataset.
+    #[arg(long, default_value_t = 40)]
+    pub files: usize,
+    /// Median file size in MB (sizes are log-normal around it).
+    #[arg(long, default_value_t = 2.0)]
+    pub median_mb: f64,
+    /// Put the demo's files under this directory and keep them (default: a temporary
+    /// directory, removed at the end).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]

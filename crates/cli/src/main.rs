@@ -2,17 +2,30 @@
 //! sets up logging and signals, runs the command, and maps errors to documented exit codes.
 
 mod args;
+mod config;
 mod cp;
 mod creds;
+mod demo;
 mod pki;
 mod progress;
 mod serve;
 
-use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = match args::Cli::try_parse() {
+    let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let conf = match config::Config::load(config::explicit_path(&raw)) {
+        Ok((c, _)) => c,
+        Err(e) => {
+            eprintln!("haul: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let parsed = conf
+        .apply(<args::Cli as clap::CommandFactory>::command())
+        .try_get_matches_from(raw)
+        .and_then(|m| <args::Cli as clap::FromArgMatches>::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(c) => c,
         Err(e) => {
             // Help and version go to stdout with status 0; usage errors exit 2.
@@ -64,6 +77,7 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
     match cli.command {
         args::Command::Cp(a) => cp::run(a).await,
         args::Command::Serve(a) => serve::run(a).await.map(|()| 0),
+        args::Command::Demo(a) => demo::run(a).await,
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),
         args::Command::Netlab { args } => {

@@ -615,3 +615,34 @@ fn json_error_and_help() {
 
 #[allow(dead_code)]
 fn unused(_: &Path) {}
+
+#[test]
+fn rate_cap_and_congestion_control_are_applied() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let src = t.path().join("f.dat");
+    write_file(&src, 21, 10 << 20);
+    // 10 MiB at 40 Mbit/s cannot take less than about 2 s.
+    let out = cp(&[
+        "--rate",
+        "40M",
+        "--cc",
+        "reno",
+        src.to_str().unwrap(),
+        &a.url("f.dat"),
+    ]);
+    assert_ok(&out);
+    let j = json(&out);
+    let secs = j["seconds"].as_f64().unwrap();
+    let mbit = j["mbit_per_s"].as_f64().unwrap();
+    assert!(secs >= 1.8, "rate cap not honoured: {secs} s");
+    assert!(mbit <= 44.0, "{mbit} Mbit/s over a 40 Mbit/s cap");
+    assert_eq!(j["congestion"], "reno");
+    assert_same_file(&src, &a.root.join("f.dat"));
+    // Unknown congestion control is a usage error.
+    let out = haul()
+        .args(["cp", "--cc", "vegas", "a", "b"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
