@@ -20,6 +20,13 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   fi
 fi
 
+if [ "$(id -u)" = 0 ] && [ -z "${HAUL_TEST_POSTGRES_URL:-}" ]; then
+  # The catalog's conformance suite also runs against PostgreSQL.
+  export HAUL_TEST_POSTGRES_URL="$(bash scripts/pg-test.sh)"
+  trap 'bash scripts/pg-test.sh stop' EXIT
+  echo "test: PostgreSQL for the catalog tests at $HAUL_TEST_POSTGRES_URL"
+fi
+
 echo "== format"
 cargo fmt --all -- --check
 echo "== lints"

@@ -1,0 +1,286 @@
+//! The behaviour every catalog backend must have. The tests run it against SQLite (in memory
+//! and on disk) and PostgreSQL; a backend passes when `run` returns.
+
+use crate::{Catalog, CatalogError, Kind, NewEntry, ReplicaState};
+
+fn entry(owner: &str) -> NewEntry {
+    NewEntry {
+        owner: owner.into(),
+        group: "grp".into(),
+        mode: 0o755,
+        mtime_ns: 1_700_000_000_000_000_000,
+    }
+}
+
+/// Runs every check against an empty catalog. Panics with the failing check.
+pub async fn run(c: &Catalog) {
+    directories(c).await;
+    files_appear_only_when_committed(c).await;
+    replacing_and_removing_bury_replicas(c).await;
+    rename_rules(c).await;
+    attributes_and_xattrs(c).await;
+    nodes_and_replicas(c).await;
+    listing_pages(c).await;
+}
+
+async fn directories(c: &Catalog) {
+    let e = entry("alice");
+    let d = c.mkdir("/exp", &e, false).await.unwrap();
+    assert_eq!(d.kind, Kind::Dir);
+    assert_eq!(
+        c.mkdir("/exp", &e, false).await.unwrap_err(),
+        CatalogError::Exists("/exp".into())
+    );
+    assert_eq!(
+        c.mkdir("/exp", &e, true).await.unwrap().id,
+        d.id,
+        "mkdir -p of an existing directory"
+    );
+    assert_eq!(
+        c.mkdir("/a/b/c", &e, false).await.unwrap_err(),
+        CatalogError::NotFound("/a".into())
+    );
+    let deep = c.mkdir("/a/b/c", &e, true).await.unwrap();
+    assert_eq!(c.path_of(deep.id).await.unwrap(), "/a/b/c");
+    assert_eq!(c.stat("/a/b").await.unwrap().owner, "alice");
+    assert_eq!(
+        c.stat("/nope").await.unwrap_err(),
+        CatalogError::NotFound("/nope".into())
+    );
+    assert!(matches!(
+        c.mkdir("/a/../x", &e, false).await,
+        Err(CatalogError::Invalid(_))
+    ));
+    assert!(c.remove("/", true).await.is_err());
+}
+
+async fn files_appear_only_when_committed(c: &Catalog) {
+    let e = entry("alice");
+    let p = c.create_pending("/exp/run1.nc", &e).await.unwrap();
+    assert!(p.pending);
+    assert!(
+        c.lookup("/exp/run1.nc").await.unwrap().is_none(),
+        "pending files are invisible"
+    );
+    assert!(c.list("/exp", None, 100).await.unwrap().is_empty());
+    assert_eq!(c.path_of(p.id).await.unwrap(), "/exp/run1.nc");
+    // A second writer of the same path conflicts while the first is pending.
+    assert_eq!(
+        c.create_pending("/exp/run1.nc", &e).await.unwrap_err(),
+        CatalogError::Busy("/exp/run1.nc".into())
+    );
+    assert_eq!(
+        c.create_pending("/exp", &e).await.unwrap_err(),
+        CatalogError::IsADirectory("/exp".into())
+    );
+    assert_eq!(
+        c.create_pending("/missing/f", &e).await.unwrap_err(),
+        CatalogError::NotFound("/missing".into())
+    );
+    let f = c
+        .commit_file(p.id, 4096, "crc32c:0a0b0c0d", 5)
+        .await
+        .unwrap();
+    assert!(!f.pending);
+    assert_eq!(
+        (f.size, f.checksum.as_str(), f.mtime_ns),
+        (4096, "crc32c:0a0b0c0d", 5)
+    );
+    assert_eq!(c.stat("/exp/run1.nc").await.unwrap().id, p.id);
+    assert!(
+        c.commit_file(p.id, 1, "x", 1).await.is_err(),
+        "commit twice"
+    );
+    // Aborting a pending file leaves nothing behind.
+    let q = c.create_pending("/exp/tmp.nc", &e).await.unwrap();
+    c.abort_pending(q.id).await.unwrap();
+    assert!(c.inode(q.id).await.is_err());
+    assert_eq!(
+        c.create_pending("/exp/run1.nc/x", &e).await.unwrap_err(),
+        CatalogError::NotADirectory("/exp/run1.nc".into())
+    );
+}
+
+async fn replacing_and_removing_bury_replicas(c: &Catalog) {
+    let e = entry("alice");
+    c.register_node("n1", "siteA", "10.0.0.1:5811", 1000, 500)
+        .await
+        .unwrap();
+    let old = c.stat("/exp/run1.nc").await.unwrap();
+    c.set_replica(old.id, "n1", ReplicaState::Complete, "crc32c:0a0b0c0d")
+        .await
+        .unwrap();
+    // Overwriting: the new version becomes visible at commit, the old one's replica is dead.
+    let new = c.create_pending("/exp/run1.nc", &e).await.unwrap();
+    assert_eq!(
+        c.stat("/exp/run1.nc").await.unwrap().id,
+        old.id,
+        "old version visible while the new is written"
+    );
+    c.set_replica(new.id, "n1", ReplicaState::Writing, "")
+        .await
+        .unwrap();
+    let done = c
+        .complete_replica(new.id, "n1", 10, "crc32c:11111111", 7)
+        .await
+        .unwrap();
+    assert_eq!(done.id, new.id);
+    assert_eq!(c.stat("/exp/run1.nc").await.unwrap().id, new.id);
+    assert!(c.inode(old.id).await.is_err());
+    assert_eq!(c.dead_replicas("n1").await.unwrap(), vec![old.id]);
+    c.forget_dead("n1", &[old.id]).await.unwrap();
+    assert!(c.dead_replicas("n1").await.unwrap().is_empty());
+    // A second complete replica must match the committed file.
+    assert!(
+        c.complete_replica(new.id, "n1", 11, "crc32c:11111111", 7)
+            .await
+            .is_err()
+    );
+    // Removing: not empty without recursion; recursive removal buries every replica.
+    assert_eq!(
+        c.remove("/exp", false).await.unwrap_err(),
+        CatalogError::NotEmpty("/exp".into())
+    );
+    c.mkdir("/exp/sub", &e, false).await.unwrap();
+    let p2 = c.create_pending("/exp/sub/f", &e).await.unwrap();
+    c.set_replica(p2.id, "n1", ReplicaState::Writing, "")
+        .await
+        .unwrap();
+    let removed = c.remove("/exp", true).await.unwrap();
+    assert_eq!(removed, 4, "exp, run1.nc, sub, the pending f");
+    let mut dead = c.dead_replicas("n1").await.unwrap();
+    dead.sort();
+    assert_eq!(dead, vec![new.id, p2.id]);
+    assert!(c.lookup("/exp").await.unwrap().is_none());
+}
+
+async fn rename_rules(c: &Catalog) {
+    let e = entry("bob");
+    c.mkdir("/r/x", &e, true).await.unwrap();
+    for name in ["f1", "f2"] {
+        let p = c.create_pending(&format!("/r/{name}"), &e).await.unwrap();
+        c.commit_file(p.id, 1, "c", 1).await.unwrap();
+    }
+    let f1 = c.stat("/r/f1").await.unwrap();
+    c.rename("/r/f1", "/r/x/g").await.unwrap();
+    assert_eq!(c.stat("/r/x/g").await.unwrap().id, f1.id);
+    assert!(c.lookup("/r/f1").await.unwrap().is_none());
+    // A file replaces a file; a directory is never replaced; nothing moves into itself.
+    c.rename("/r/x/g", "/r/f2").await.unwrap();
+    assert_eq!(c.stat("/r/f2").await.unwrap().id, f1.id);
+    assert_eq!(
+        c.rename("/r/f2", "/r/x").await.unwrap_err(),
+        CatalogError::Exists("/r/x".into())
+    );
+    assert!(matches!(
+        c.rename("/r", "/r/x/inside").await,
+        Err(CatalogError::Invalid(_))
+    ));
+    assert_eq!(
+        c.rename("/nothing", "/r/y").await.unwrap_err(),
+        CatalogError::NotFound("/nothing".into())
+    );
+    c.rename("/r/x", "/r/y").await.unwrap();
+    assert_eq!(c.stat("/r/y").await.unwrap().kind, Kind::Dir);
+}
+
+async fn attributes_and_xattrs(c: &Catalog) {
+    let i = c.set_mode("/r/f2", 0o640).await.unwrap();
+    assert_eq!(i.mode, 0o640);
+    assert_eq!(c.set_owner("/r/f2", "carol").await.unwrap().owner, "carol");
+    assert_eq!(c.set_group("/r/f2", "atlas").await.unwrap().group, "atlas");
+    assert_eq!(c.set_mtime("/r/f2", 42).await.unwrap().mtime_ns, 42);
+    c.xattr_set("/r/f2", "user.experiment", b"CMIP5")
+        .await
+        .unwrap();
+    c.xattr_set("/r/f2", "user.experiment", b"CMIP6")
+        .await
+        .unwrap();
+    c.xattr_set("/r/f2", "user.a", &[0, 255]).await.unwrap();
+    assert_eq!(
+        c.xattr_get("/r/f2", "user.experiment")
+            .await
+            .unwrap()
+            .unwrap(),
+        b"CMIP6"
+    );
+    assert_eq!(c.xattr_list("/r/f2").await.unwrap().len(), 2);
+    assert!(c.xattr_remove("/r/f2", "user.a").await.unwrap());
+    assert!(!c.xattr_remove("/r/f2", "user.a").await.unwrap());
+    assert_eq!(c.xattr_get("/r/f2", "user.none").await.unwrap(), None);
+    assert!(c.xattr_set("/r/f2", "", b"x").await.is_err());
+    assert!(c.xattr_get("/none", "a").await.is_err());
+}
+
+async fn nodes_and_replicas(c: &Catalog) {
+    let n = c
+        .register_node("n2", "siteB", "10.0.1.1:5811", 2000, 1500)
+        .await
+        .unwrap();
+    assert!(n.up);
+    let n = c.heartbeat("n2", 2000, 1200, 0.5).await.unwrap();
+    assert_eq!((n.free, n.load), (1200, 0.5));
+    assert!(c.heartbeat("ghost", 1, 1, 0.0).await.is_err());
+    let nodes = c.nodes().await.unwrap();
+    assert_eq!(
+        nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        vec!["n1", "n2"]
+    );
+    let f = c.stat("/r/f2").await.unwrap();
+    c.set_replica(f.id, "n2", ReplicaState::Complete, &f.checksum)
+        .await
+        .unwrap();
+    c.set_replica(f.id, "n1", ReplicaState::Damaged, "bad")
+        .await
+        .unwrap();
+    let reps = c.replicas(f.id).await.unwrap();
+    assert_eq!(reps.len(), 2);
+    assert_eq!(reps[0].state, ReplicaState::Damaged);
+    assert_eq!(c.node_replicas("n2").await.unwrap().len(), 1);
+    assert!(
+        c.set_replica(f.id, "ghost", ReplicaState::Complete, "")
+            .await
+            .is_err(),
+        "unknown node"
+    );
+    c.remove_replica(f.id, "n1").await.unwrap();
+    assert_eq!(c.replicas(f.id).await.unwrap().len(), 1);
+    assert!(c.dead_replicas("n1").await.unwrap().contains(&f.id));
+    // Nodes silent for longer than the limit go down.
+    assert!(c.expire_nodes(3_600_000).await.unwrap().is_empty());
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let down = c.expire_nodes(5).await.unwrap();
+    assert_eq!(down.len(), 2);
+    assert!(!c.node("n1").await.unwrap().up);
+    assert!(
+        c.heartbeat("n1", 1000, 500, 0.1).await.unwrap().up,
+        "a heartbeat brings it back"
+    );
+}
+
+async fn listing_pages(c: &Catalog) {
+    let e = entry("dave");
+    c.mkdir("/big", &e, false).await.unwrap();
+    for i in 0..25 {
+        let p = c
+            .create_pending(&format!("/big/f{i:03}"), &e)
+            .await
+            .unwrap();
+        c.commit_file(p.id, i, "c", 0).await.unwrap();
+    }
+    let first = c.list("/big", None, 10).await.unwrap();
+    assert_eq!(first.len(), 10);
+    assert_eq!(first[0].name, "f000");
+    let next = c.list("/big", Some(&first[9].name), 100).await.unwrap();
+    assert_eq!(next.len(), 15);
+    assert_eq!(next[0].name, "f010");
+    // Listing a file lists the file; the root lists its children, not itself.
+    assert_eq!(c.list("/big/f001", None, 10).await.unwrap()[0].name, "f001");
+    assert!(
+        c.list("/", None, 100)
+            .await
+            .unwrap()
+            .iter()
+            .all(|i| !i.name.is_empty())
+    );
+}
