@@ -112,6 +112,7 @@ async fn start_site(
         read_only: false,
         link_bps: 10_000_000_000,
         checkpoint_interval: std::time::Duration::from_secs(5),
+        spool: None,
     };
     let s = stop.clone();
     tokio::spawn(async move {

@@ -56,6 +56,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         read_only: a.read_only,
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
+        spool: None,
     };
     transfer::endpoint::run(cfg, listener, shutdown_signal()).await
 }

@@ -10,6 +10,7 @@ use crate::error::TransferError;
 use crate::progress::{Counters, Event, EventSender};
 use crate::sink_session::{SinkSpec, run_sink};
 use crate::source_session::{SourceSpec, run_source};
+use crate::spool::Naming;
 use crate::store::{self, Destination, Root, SourceEntry};
 use crate::sys;
 use serde::Serialize;
@@ -19,8 +20,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wire::checksum::Digest;
-use wire::control::{HostLimits, PushTarget, Request, Response, SessionOptions, SessionSummary};
+use wire::control::{
+    HostLimits, ListedFile, PushTarget, Request, Response, SessionOptions, SessionSummary,
+};
 use wire::error::ErrorInfo;
+use wire::grant::SignedGrant;
 use wire::plan::{Choices, PathFacts, Plan, plan};
 use wire::retry::{RetryPolicy, StallDetector};
 
@@ -157,12 +161,67 @@ pub struct CopyReport {
     pub first_failure: Option<ErrorInfo>,
 }
 
-struct Attempt {
-    bytes_total: u64,
-    files: u64,
-    source: SessionSummary,
-    sink: SessionSummary,
-    plan: String,
+/// What one session (one attempt of a copy) did.
+#[derive(Clone, Debug, Default)]
+pub struct Attempt {
+    pub bytes_total: u64,
+    pub files: u64,
+    pub source: SessionSummary,
+    pub sink: SessionSummary,
+    pub plan: String,
+}
+
+/// An endpoint (or storage node) to talk to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub host: String,
+    pub port: u16,
+}
+
+impl Peer {
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        Self {
+            host: host.into(),
+            port,
+        }
+    }
+
+    /// Parses `host:port` (`[v6]:port`).
+    pub fn parse(addr: &str) -> Result<Self, TransferError> {
+        let bad = || TransferError::Usage(format!("{addr}: expected host:port"));
+        let (h, p) = addr.rsplit_once(':').ok_or_else(bad)?;
+        let h = h.trim_start_matches('[').trim_end_matches(']');
+        if h.is_empty() {
+            return Err(bad());
+        }
+        Ok(Self::new(h, p.parse().map_err(|_| bad())?))
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&conn::format_addr(&self.host, self.port))
+    }
+}
+
+/// What a destination endpoint is asked to receive.
+#[derive(Clone, Debug, Default)]
+pub struct SinkRequest {
+    /// Destination path (cp semantics); ignored by storage nodes, which name files by id.
+    pub dest: String,
+    /// Capability for a storage node.
+    pub grant: Option<SignedGrant>,
+}
+
+/// What a source endpoint is asked to send.
+#[derive(Clone, Debug, Default)]
+pub struct SourceRequest {
+    pub path: String,
+    pub recursive: bool,
+    pub range: Option<(u64, u64)>,
+    /// Exactly these files (storage nodes), instead of enumerating `path`.
+    pub files: Vec<ListedFile>,
+    pub grant: Option<SignedGrant>,
 }
 
 /// Copies `src` to `dst`. Events (per file, retries) go to `events`; live counters to
@@ -185,14 +244,45 @@ pub async fn copy(
             "--offset/--length apply to a single file, not with -r".into(),
         ));
     }
+    with_retries(
+        src.to_string(),
+        dst.to_string(),
+        opts,
+        counters,
+        events,
+        cancel,
+        |resume, counters, events, cancel| {
+            run_attempt(src, dst, opts, resume, counters, events, cancel)
+        },
+    )
+    .await
+}
+
+/// Runs attempts of a transfer until one succeeds, the error cannot pass, or the retry limit
+/// is reached: each attempt after the first resumes (`resume` is true). An attempt that moves
+/// no data for the stall timeout is cancelled and counts as failed. Files reported done in
+/// any attempt stay done; the report lists them.
+pub async fn with_retries<F, Fut>(
+    source: String,
+    destination: String,
+    opts: &CopyOptions,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+    mut run_attempt: F,
+) -> Result<CopyReport, TransferError>
+where
+    F: FnMut(bool, Arc<Counters>, EventSender, CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = Result<Attempt, TransferError>>,
+{
     let started = Instant::now();
     let (rec_tx, mut rec_rx) = mpsc::unbounded_channel::<Event>();
     let mut history: Vec<String> = Vec::new();
     let mut attempt = 1u32;
     let stall_timeout = Duration::from_millis(opts.session.stall_timeout_ms.max(100));
     let mut report = CopyReport {
-        source: src.to_string(),
-        destination: dst.to_string(),
+        source,
+        destination,
         ..Default::default()
     };
     let mut done_files: std::collections::BTreeMap<String, FileReport> = Default::default();
@@ -201,9 +291,6 @@ pub async fn copy(
         let resume = opts.session.resume || attempt > 1;
         let attempt_cancel = cancel.child_token();
         let run = run_attempt(
-            src,
-            dst,
-            opts,
             resume,
             counters.clone(),
             rec_tx.clone(),
@@ -414,16 +501,47 @@ async fn run_attempt(
 ) -> Result<Attempt, TransferError> {
     let mut session = opts.session.clone();
     session.resume = resume;
+    let source_request = |path: &str| SourceRequest {
+        path: path.to_string(),
+        recursive: opts.recursive,
+        range: opts.range,
+        ..Default::default()
+    };
+    let sink_request = |path: &str| SinkRequest {
+        dest: path.to_string(),
+        grant: None,
+    };
     match (src, dst) {
         (Location::Local(p), Location::Remote { host, port, path }) => {
+            let entries = enumerate_local(p, opts.recursive).await?;
+            let peer = Peer::new(host.clone(), *port);
             upload(
-                p, host, *port, path, opts, session, counters, events, cancel,
+                entries,
+                &peer,
+                sink_request(path),
+                opts,
+                session,
+                counters,
+                events,
+                cancel,
             )
             .await
         }
         (Location::Remote { host, port, path }, Location::Local(p)) => {
+            let wants_dir = p.to_string_lossy().ends_with('/');
+            let dest =
+                Destination::resolve(&Root::Ambient, p, wants_dir).map_err(TransferError::from)?;
+            let peer = Peer::new(host.clone(), *port);
             download(
-                host, *port, path, p, opts, session, counters, events, cancel,
+                &peer,
+                source_request(path),
+                Arc::new(Root::Ambient),
+                Naming::Tree(dest),
+                opts,
+                session,
+                counters,
+                events,
+                cancel,
             )
             .await
         }
@@ -440,8 +558,10 @@ async fn run_attempt(
             },
         ) => {
             third_party(
-                (ha, *pa, a),
-                (hb, *pb, b),
+                &Peer::new(ha.clone(), *pa),
+                source_request(a),
+                &Peer::new(hb.clone(), *pb),
+                sink_request(b),
                 opts,
                 session,
                 counters,
@@ -580,19 +700,19 @@ async fn control_error(s: &mut Session) -> Option<TransferError> {
     }
 }
 
+/// Sends local `entries` (named by their `rel`) to `peer` in one session.
 #[allow(clippy::too_many_arguments)]
-async fn upload(
-    local: &std::path::Path,
-    host: &str,
-    port: u16,
-    rpath: &str,
+pub async fn upload(
+    entries: Vec<SourceEntry>,
+    peer: &Peer,
+    request: SinkRequest,
     opts: &CopyOptions,
     mut session: SessionOptions,
     counters: Arc<Counters>,
     events: EventSender,
     cancel: CancellationToken,
 ) -> Result<Attempt, TransferError> {
-    let entries = enumerate_local(local, opts.recursive).await?;
+    let (host, port) = (peer.host.as_str(), peer.port);
     if opts.range.is_some()
         && (entries.len() != 1 || entries[0].kind != wire::data::EntryKind::File)
     {
@@ -655,8 +775,9 @@ async fn upload(
         .send_request(&Request::OpenSink {
             session: id,
             key,
-            dest: rpath.to_string(),
+            dest: request.dest,
             options: session.clone(),
+            grant: request.grant,
         })
         .await?;
     let spec = SourceSpec {
@@ -747,22 +868,25 @@ fn stream_tls(
     }
 }
 
+/// Receives what `request` names from `peer` into `root`, named as `naming` says, in one
+/// session.
 #[allow(clippy::too_many_arguments)]
-async fn download(
-    host: &str,
-    port: u16,
-    rpath: &str,
-    local: &std::path::Path,
+pub async fn download(
+    peer: &Peer,
+    request: SourceRequest,
+    root: Arc<Root>,
+    naming: Naming,
     opts: &CopyOptions,
     mut session: SessionOptions,
     counters: Arc<Counters>,
     events: EventSender,
     cancel: CancellationToken,
 ) -> Result<Attempt, TransferError> {
+    let (host, port) = (peer.host.as_str(), peer.port);
     let limits = sys::host_limits();
-    let wants_dir = local.to_string_lossy().ends_with('/');
-    let dest =
-        Destination::resolve(&Root::Ambient, local, wants_dir).map_err(TransferError::from)?;
+    // With a file list the size is known up front.
+    let listed_bytes: u64 = request.files.iter().map(|f| f.size).sum();
+    let known = (!request.files.is_empty()).then_some((request.files.len() as u64, listed_bytes));
     // The dataset size is not known yet: streams connect at once as for a large transfer on a
     // long path, and more follow if the endpoint's answer calls for them.
     let buffer = host_buffer(&session, &limits);
@@ -775,9 +899,10 @@ async fn download(
         .transpose()?;
     let opened = match &quick {
         Some((_, rtt)) => {
-            plan_for(*rtt, limits.clone(), limits.clone(), u64::MAX / 2, 1, opts).streams
+            let (f, b) = known.unwrap_or((1, u64::MAX / 2));
+            plan_for(*rtt, limits.clone(), limits.clone(), b, f, opts).streams
         }
-        None => initial_streams(opts, None),
+        None => initial_streams(opts, known.map(|k| k.1)),
     };
     session.streams = Some(opened);
     let (id, key) = random_ids();
@@ -802,25 +927,28 @@ async fn download(
         Some(c) => c,
         None => connect.await?,
     };
-    let mut p = plan_for(rtt, limits.clone(), limits.clone(), u64::MAX / 2, 1, opts);
+    let (kf, kb) = known.unwrap_or((1, u64::MAX / 2));
+    let mut p = plan_for(rtt, limits.clone(), limits.clone(), kb, kf, opts);
     p.streams = p.streams.max(opened);
     let mut s = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
     s.writer
         .send_request(&Request::OpenSource {
             session: id,
             key,
-            path: rpath.to_string(),
-            recursive: opts.recursive,
-            range: opts.range,
+            path: request.path,
+            recursive: request.recursive,
+            range: request.range,
             options: session.clone(),
             push: None,
+            files: request.files,
+            grant: request.grant,
         })
         .await?;
     let mut openers = vec![early];
     let mut tx = Some(tx);
     let spec = SinkSpec {
-        root: Arc::new(Root::Ambient),
-        dest,
+        root,
+        naming,
         options: session,
         checkpoint_interval: opts.checkpoint_interval,
     };
@@ -902,10 +1030,14 @@ async fn download(
     })
 }
 
+/// Has `a` send what `source` names straight to `b`, which receives it as `sink` says; this
+/// process only holds the two control connections.
 #[allow(clippy::too_many_arguments)]
-async fn third_party(
-    a: (&str, u16, &str),
-    b: (&str, u16, &str),
+pub async fn third_party(
+    a: &Peer,
+    source: SourceRequest,
+    b: &Peer,
+    sink: SinkRequest,
     opts: &CopyOptions,
     session: SessionOptions,
     counters: Arc<Counters>,
@@ -914,8 +1046,8 @@ async fn third_party(
 ) -> Result<Attempt, TransferError> {
     let limits = sys::host_limits();
     let (sa, sb) = tokio::join!(
-        conn::connect_control(a.0, a.1, opts.tls.as_ref(), &limits),
-        conn::connect_control(b.0, b.1, opts.tls.as_ref(), &limits)
+        conn::connect_control(&a.host, a.port, opts.tls.as_ref(), &limits),
+        conn::connect_control(&b.host, b.port, opts.tls.as_ref(), &limits)
     );
     let (mut sa, mut sb) = (sa?, sb?);
     let (id_b, key_b) = random_ids();
@@ -923,16 +1055,17 @@ async fn third_party(
         .send_request(&Request::OpenSink {
             session: id_b,
             key: key_b,
-            dest: b.2.to_string(),
+            dest: sink.dest,
             options: session.clone(),
+            grant: sink.grant,
         })
         .await?;
     // The source may start pushing before the destination confirms: its data connections wait
     // for the session, and a refusal comes back on the destination's control connection.
     let (id_a, key_a) = random_ids();
     let push = PushTarget {
-        addr: conn::format_addr(b.0, b.1),
-        server_name: b.0.to_string(),
+        addr: conn::format_addr(&b.host, b.port),
+        server_name: b.host.clone(),
         session: id_b,
         key: key_b,
         peer_limits: sb.limits.clone(),
@@ -941,11 +1074,13 @@ async fn third_party(
         .send_request(&Request::OpenSource {
             session: id_a,
             key: key_a,
-            path: a.2.to_string(),
-            recursive: opts.recursive,
-            range: opts.range,
+            path: source.path,
+            recursive: source.recursive,
+            range: source.range,
             options: session.clone(),
             push: Some(push),
+            files: source.files,
+            grant: source.grant,
         })
         .await?;
     let (mut files, mut bytes) = (0u64, 0u64);

@@ -14,6 +14,7 @@ use crate::error::TransferError;
 use crate::progress::{Counters, Event};
 use crate::sink_session::{SinkSpec, run_sink};
 use crate::source_session::{SourceSpec, run_source};
+use crate::spool::{self, Naming, Spool};
 use crate::store::{self, Destination, Root, SourceEntry};
 use crate::sys;
 use crate::tls::Mapfile;
@@ -26,10 +27,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use wire::control::{
-    self, Bind, BindResult, DataKey, HostLimits, Protect, PushTarget, Request, Response, SessionId,
-    SessionOptions, SessionSummary,
+    self, Bind, BindResult, DataKey, HostLimits, ListedFile, Protect, PushTarget, Request,
+    Response, SessionId, SessionOptions, SessionSummary,
 };
 use wire::error::{ErrorInfo, ErrorKind};
+use wire::grant::{Operation, SignedGrant};
 use wire::plan::{Choices, PathFacts, plan};
 
 /// TLS material of an endpoint: its server configuration (client certificates required) and a
@@ -52,6 +54,10 @@ pub struct EndpointConfig {
     pub link_bps: u64,
     /// How often received files are synced and their restart ledgers written.
     pub checkpoint_interval: Duration,
+    /// Storage-node mode: files are named by catalog ids and every session needs a
+    /// capability (the mapfile is not consulted; any certificate of the trusted CA may
+    /// connect).
+    pub spool: Option<Arc<dyn Spool>>,
 }
 
 struct Registered {
@@ -287,6 +293,8 @@ async fn control(
     let (mut reader, mut writer) = conn.split();
     let identity = match (&ep.acceptor, &subject) {
         (None, _) => "anonymous".to_string(),
+        // A storage node: capabilities from the metadata server authorize each session.
+        (Some(_), Some(s)) if ep.cfg.spool.is_some() => s.clone(),
         (Some(_), Some(s)) => match ep.cfg.mapfile.lookup(s) {
             Some(id) => id.to_string(),
             None => {
@@ -327,6 +335,13 @@ async fn control(
                     return Ok(());
                 }
             }
+            Request::Stat { .. } if ep.cfg.spool.is_some() => {
+                let e = ErrorInfo::new(
+                    ErrorKind::Unsupported,
+                    "storage nodes have no namespace; ask the metadata server",
+                );
+                writer.send_response(&Response::Error(e)).await?;
+            }
             Request::Stat { path } => {
                 let reply = match store::remote_rel_path(&path) {
                     Ok(rel) => Response::Stat(ep.root.metadata(&rel).ok().map(|m| m.info())),
@@ -340,8 +355,16 @@ async fn control(
                 key,
                 dest,
                 options,
+                grant,
             } => {
-                sink(&ep, &mut reader, &mut writer, session, key, dest, options).await?;
+                let naming = match sink_naming(&ep, &dest, grant.as_ref()) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        writer.send_response(&Response::Error(e)).await?;
+                        continue;
+                    }
+                };
+                sink(&ep, &mut reader, &mut writer, session, key, naming, options).await?;
             }
             Request::OpenSource {
                 session,
@@ -351,15 +374,24 @@ async fn control(
                 range,
                 options,
                 push,
+                files,
+                grant,
             } => {
+                let entries =
+                    match source_entries(&ep, &path, recursive, files, grant.as_ref()).await {
+                        Ok(e) => e,
+                        Err(e) => {
+                            writer.send_response(&Response::Error(e)).await?;
+                            continue;
+                        }
+                    };
                 source(
                     &ep,
                     &mut reader,
                     &mut writer,
                     session,
                     key,
-                    path,
-                    recursive,
+                    entries,
                     range,
                     options,
                     push,
@@ -447,19 +479,9 @@ async fn sink(
     writer: &mut ControlWriter,
     session: SessionId,
     key: DataKey,
-    dest: String,
+    naming: Naming,
     options: SessionOptions,
 ) -> Result<(), TransferError> {
-    if ep.cfg.read_only {
-        let e = ErrorInfo::new(ErrorKind::PermissionDenied, "this endpoint is read-only");
-        return writer.send_response(&Response::Error(e)).await;
-    }
-    let resolved = store::remote_rel_path(&dest)
-        .and_then(|rel| Destination::resolve(&ep.root, &rel, dest.ends_with('/')));
-    let dest = match resolved {
-        Ok(d) => d,
-        Err(e) => return writer.send_response(&Response::Error(e)).await,
-    };
     let conns = match register(ep, session, key, options.protect) {
         Ok(c) => c,
         Err(e) => return writer.send_response(&Response::Error(e)).await,
@@ -467,7 +489,10 @@ async fn sink(
     let _guard = SessionGuard { ep, id: session };
     writer
         .send_response(&Response::SinkReady {
-            dest_is_dir: dest.into_dir,
+            dest_is_dir: match &naming {
+                Naming::Tree(d) => d.into_dir,
+                Naming::Spool { .. } => true,
+            },
         })
         .await?;
     let counters = Arc::new(Counters::default());
@@ -475,7 +500,7 @@ async fn sink(
     let cancel = CancellationToken::new();
     let spec = SinkSpec {
         root: ep.root.clone(),
-        dest,
+        naming,
         options,
         checkpoint_interval: ep.cfg.checkpoint_interval,
     };
@@ -523,16 +548,11 @@ async fn source(
     writer: &mut ControlWriter,
     session: SessionId,
     key: DataKey,
-    path: String,
-    recursive: bool,
+    entries: Vec<SourceEntry>,
     range: Option<(u64, u64)>,
     options: SessionOptions,
     push: Option<PushTarget>,
 ) -> Result<(), TransferError> {
-    let entries = match enumerate_remote(ep, &path, recursive).await {
-        Ok(e) => e,
-        Err(e) => return writer.send_response(&Response::Error(e)).await,
-    };
     if range.is_some() && (entries.len() != 1 || entries[0].kind != wire::data::EntryKind::File) {
         let e = ErrorInfo::new(
             ErrorKind::Invalid,
@@ -696,4 +716,100 @@ async fn enumerate_remote(
     })
     .await
     .map_err(|e| ErrorInfo::new(ErrorKind::Io, format!("enumeration failed: {e}")))?
+}
+
+/// How a sink session names what it receives: below a destination path (cp semantics), or,
+/// on a storage node, by the file ids a write capability covers.
+fn sink_naming(
+    ep: &Endpoint,
+    dest: &str,
+    grant: Option<&SignedGrant>,
+) -> Result<Naming, ErrorInfo> {
+    if let Some(sp) = &ep.cfg.spool {
+        let g = spool::check(sp.as_ref(), grant, Operation::Write)?;
+        return Ok(Naming::Spool {
+            allowed: Arc::new(g.ids.into_iter().collect()),
+            spool: sp.clone(),
+        });
+    }
+    if ep.cfg.read_only {
+        return Err(ErrorInfo::new(
+            ErrorKind::PermissionDenied,
+            "this endpoint is read-only",
+        ));
+    }
+    let rel = store::remote_rel_path(dest)?;
+    Destination::resolve(&ep.root, &rel, dest.ends_with('/')).map(Naming::Tree)
+}
+
+/// What a source session sends: the tree at `path`, or, on a storage node, exactly the listed
+/// files a read capability covers (each checked for presence and size here, and against its
+/// catalog checksum as it is read).
+async fn source_entries(
+    ep: &Arc<Endpoint>,
+    path: &str,
+    recursive: bool,
+    files: Vec<ListedFile>,
+    grant: Option<&SignedGrant>,
+) -> Result<Vec<SourceEntry>, ErrorInfo> {
+    let Some(sp) = &ep.cfg.spool else {
+        if !files.is_empty() {
+            return Err(ErrorInfo::new(
+                ErrorKind::Unsupported,
+                "file lists are only served by storage nodes",
+            ));
+        }
+        return enumerate_remote(ep, path, recursive).await;
+    };
+    let g = spool::check(sp.as_ref(), grant, Operation::Read)?;
+    if files.is_empty() {
+        return Err(ErrorInfo::new(
+            ErrorKind::Invalid,
+            "storage nodes send listed files only",
+        ));
+    }
+    let mut entries = Vec::with_capacity(files.len());
+    for f in files {
+        let id = spool::parse_id(&f.locator)?;
+        g.covers([id])
+            .map_err(|e| ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()))?;
+        let locator = sp.path_of(id);
+        let meta = ep.root.metadata(&locator).map_err(|e| {
+            let kind = if e.kind() == std::io::ErrorKind::NotFound {
+                ErrorKind::NotFound
+            } else {
+                ErrorKind::Io
+            };
+            ErrorInfo::new(
+                kind,
+                format!(
+                    "{}: replica {id} missing on node {} ({e})",
+                    f.name,
+                    sp.node()
+                ),
+            )
+        })?;
+        if meta.len != f.size {
+            return Err(ErrorInfo::new(
+                ErrorKind::Integrity,
+                format!(
+                    "{}: replica {id} on node {} is damaged (size {} instead of {})",
+                    f.name,
+                    sp.node(),
+                    meta.len,
+                    f.size
+                ),
+            ));
+        }
+        entries.push(SourceEntry {
+            rel: f.name,
+            kind: wire::data::EntryKind::File,
+            size: f.size,
+            mode: f.mode,
+            mtime: f.mtime,
+            locator,
+            expect: f.expect,
+        });
+    }
+    Ok(entries)
 }

@@ -16,6 +16,7 @@ pub mod pool;
 pub mod progress;
 pub mod sink_session;
 pub mod source_session;
+pub mod spool;
 pub mod store;
 pub mod sys;
 pub mod tls;

@@ -12,7 +12,8 @@ use crate::error::{TransferError, io_info};
 use crate::faults;
 use crate::pool::{BufPool, PooledBuf, SharedSlice};
 use crate::progress::{Counters, Event, EventSender};
-use crate::store::{self, Destination, Opened, Root};
+use crate::spool::Naming;
+use crate::store::{self, Opened, Root};
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -32,7 +33,7 @@ use wire::sink::{BlockVerdict, Sink, SinkAction, SinkConfig, SinkEvent, SinkStat
 /// Where to receive.
 pub struct SinkSpec {
     pub root: Arc<Root>,
-    pub dest: Destination,
+    pub naming: Naming,
     pub options: SessionOptions,
     /// How often unfinished files are synced and their restart ledgers written.
     pub checkpoint_interval: Duration,
@@ -74,7 +75,7 @@ struct Shared {
     /// one file never contend for its inode lock and land roughly in order.
     writes: Vec<flume::Sender<WriteJob>>,
     root: Arc<Root>,
-    dest: Destination,
+    naming: Naming,
     algos: Vec<Algorithm>,
     fsync: bool,
     digest_budget: u64,
@@ -269,7 +270,15 @@ impl Shared {
                 attempt,
                 begin,
             } => {
-                let final_path = self.dest.map(&begin.path);
+                let final_path = match self.naming.map(&begin.path) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let mut st = self.lock();
+                        st.on_opened(file, attempt, Err(e), now);
+                        self.dispatch(&mut st);
+                        return;
+                    }
+                };
                 let opened = store::open_destination(
                     &self.root,
                     &final_path,
@@ -320,7 +329,16 @@ impl Shared {
                 attempt,
                 begin,
             } => {
-                let r = store::make_dir(&self.root, &self.dest.map(&begin.path), begin.mode);
+                let r = if self.naming.is_spool() {
+                    Err(ErrorInfo::new(
+                        ErrorKind::Invalid,
+                        "storage nodes hold files, not directories",
+                    ))
+                } else {
+                    self.naming
+                        .map(&begin.path)
+                        .and_then(|p| store::make_dir(&self.root, &p, begin.mode))
+                };
                 let mut st = self.lock();
                 st.on_committed(file, attempt, r);
                 self.dispatch(&mut st);
@@ -355,6 +373,7 @@ impl Shared {
                 file,
                 attempt,
                 begin,
+                digests,
             } => {
                 let of = self
                     .files
@@ -375,6 +394,17 @@ impl Shared {
                         format!("{}: file handle lost", begin.path),
                     )),
                 };
+                // A storage node reports the file before its sender hears it is done; if the
+                // metadata server refuses it, the local copy goes.
+                let r = r.and_then(|()| {
+                    self.naming
+                        .committed(&begin.path, begin.size, &digests, begin.mtime)
+                        .inspect_err(|_| {
+                            if let Ok(p) = self.naming.map(&begin.path) {
+                                let _ = self.root.remove_file(&p);
+                            }
+                        })
+                });
                 let mut st = self.lock();
                 st.on_committed(file, attempt, r);
                 self.dispatch(&mut st);
@@ -579,7 +609,7 @@ fn next_job<T>(rx: &flume::Receiver<T>, cancel: &CancellationToken) -> Option<T>
     }
 }
 
-/// Runs a sink session: receives into `spec.dest` from the data streams that arrive on
+/// Runs a sink session: receives as `spec.naming` says from the data streams that arrive on
 /// `conns`. Returns when the source has finished (or on failure, after saving restart
 /// ledgers of unfinished files).
 pub async fn run_sink(
@@ -604,7 +634,7 @@ pub async fn run_sink(
         ops: ops_tx,
         writes: w_tx,
         root: spec.root.clone(),
-        dest: spec.dest.clone(),
+        naming: spec.naming.clone(),
         algos: opts.checksums.clone(),
         fsync: opts.fsync,
         digest_budget: if needs_bytes {

@@ -78,6 +78,8 @@ struct Shared {
     work: Notify,
     changed: Notify,
     locators: Vec<PathBuf>,
+    /// Per file: checksums it must have (from a catalog), checked when it has been read.
+    expects: Vec<Vec<Digest>>,
     root: Arc<Root>,
     /// Send blocks with `sendfile` (clear streams).
     zero_copy: bool,
@@ -316,6 +318,17 @@ impl Shared {
             }
             digests.extend(hasher.finish());
             digests.sort_by_key(|d| d.algorithm);
+            // A replica that does not match its catalog checksum is damaged: the destination
+            // must not commit it (the reader fails over to another replica).
+            let expect = &self.expects[job.file as usize];
+            if !expect.is_empty() && !self.is_range {
+                if let Err(why) = wire::checksum::digests_match(&digests, expect) {
+                    return Err(ErrorInfo::new(
+                        ErrorKind::Integrity,
+                        format!("{path}: replica damaged ({why})"),
+                    ));
+                }
+            }
             Ok(digests)
         })();
         let mut st = self.lock();
@@ -653,6 +666,7 @@ pub async fn run_source(
     };
     let mut source = Source::new(cfg);
     let mut locators = Vec::with_capacity(spec.entries.len());
+    let mut expects = Vec::with_capacity(spec.entries.len());
     let (range_base, range_len) = match spec.range {
         Some((o, l)) => (o, Some(l)),
         None => (0, None),
@@ -680,6 +694,7 @@ pub async fn run_source(
             mtime: e.mtime,
         });
         locators.push(e.locator.clone());
+        expects.push(e.expect.clone());
     }
     source.finish_adding();
     Counters::set(&counters.total_bytes, total);
@@ -693,6 +708,7 @@ pub async fn run_source(
         work: Notify::new(),
         changed: Notify::new(),
         locators,
+        expects,
         root: spec.root.clone(),
         zero_copy: opts.protect == wire::control::Protect::Clear
             && !faults::corrupt_enabled()

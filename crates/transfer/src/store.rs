@@ -330,6 +330,8 @@ pub struct SourceEntry {
     pub mtime: Timestamp,
     /// Where to open it in the root.
     pub locator: PathBuf,
+    /// Checksums the file must have (a replica named by a catalog); empty: none known.
+    pub expect: Vec<wire::checksum::Digest>,
 }
 
 /// Enumerates `path` (a file, or with `recursive` a tree) depth-first in name order, calling
@@ -397,6 +399,7 @@ fn walk(
         mode: meta.mode,
         mtime: meta.mtime,
         locator: path.to_path_buf(),
+        expect: Vec::new(),
     };
     if validate_relative_path(&entry.rel).is_err() {
         tracing::warn!(path = %entry.rel, "skipping a name that cannot be sent");

@@ -94,6 +94,37 @@ impl Digest {
     }
 }
 
+/// Digests as stored in a catalog: `algorithm:hex` separated by spaces, sorted by algorithm.
+pub fn format_digests(digests: &[Digest]) -> String {
+    let mut d: Vec<&Digest> = digests.iter().collect();
+    d.sort_by_key(|d| d.algorithm);
+    d.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Parses what [`format_digests`] wrote.
+pub fn parse_digests(s: &str) -> Result<Vec<Digest>, String> {
+    s.split_whitespace()
+        .map(|part| {
+            let (a, hex) = part
+                .split_once(':')
+                .ok_or_else(|| format!("{part:?} is not algorithm:hex"))?;
+            let algorithm: Algorithm = a.parse()?;
+            if hex.len() % 2 != 0 || hex.len() > 128 {
+                return Err(format!("{part:?}: bad hex length"));
+            }
+            let value = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+                .collect::<Result<Vec<u8>, _>>()
+                .map_err(|_| format!("{part:?}: not hex"))?;
+            Ok(Digest { algorithm, value })
+        })
+        .collect()
+}
+
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.algorithm, self.hex())
@@ -563,6 +594,15 @@ mod tests {
         assert!(err.contains("crc32c mismatch"), "{err}");
         assert!(digests_match(&a, &a).is_ok());
         assert!(digests_match(&a[1..], &a[1..]).is_err());
+        let text = format_digests(&a);
+        assert_eq!(parse_digests(&text).unwrap(), {
+            let mut s = a.clone();
+            s.sort_by_key(|d| d.algorithm);
+            s
+        });
+        assert!(parse_digests("crc32c:zz").is_err());
+        assert!(parse_digests("nope:00").is_err());
+        assert!(parse_digests("crc32c").is_err());
     }
 
     proptest! {

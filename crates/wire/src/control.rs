@@ -16,6 +16,7 @@
 use crate::checksum::{Algorithm, Digest};
 use crate::codec::{self, DecodeError, FrameHeader, MAX_MESSAGE_LEN};
 use crate::error::ErrorInfo;
+use crate::grant::SignedGrant;
 use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 
@@ -135,12 +136,14 @@ pub enum Request {
         agent: String,
         limits: HostLimits,
     },
-    /// Receive files under `dest` (cp semantics: into `dest` if it is a directory).
+    /// Receive files under `dest` (cp semantics: into `dest` if it is a directory). A storage
+    /// node needs a `grant` for writing the files (named by their ids).
     OpenSink {
         session: SessionId,
         key: DataKey,
         dest: String,
         options: SessionOptions,
+        grant: Option<SignedGrant>,
     },
     /// Send `path` (a file, or a tree with `recursive`), optionally only `range` (offset,
     /// length) of a file; push to `push` or wait for the client's data connections.
@@ -152,11 +155,30 @@ pub enum Request {
         range: Option<(u64, u64)>,
         options: SessionOptions,
         push: Option<PushTarget>,
+        /// Send exactly these files instead of enumerating `path` (storage nodes: locators are
+        /// file ids, covered by `grant`).
+        files: Vec<ListedFile>,
+        grant: Option<SignedGrant>,
     },
     Stat {
         path: String,
     },
     Cancel,
+}
+
+/// A file named explicitly in a source request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedFile {
+    /// Where the file is at the endpoint (a storage node: the file id).
+    pub locator: String,
+    /// The name to announce to the destination.
+    pub name: String,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: crate::data::Timestamp,
+    /// Checksums the file must have (from the catalog): a storage node refuses to finish
+    /// sending a replica that does not match them.
+    pub expect: Vec<Digest>,
 }
 
 /// Entry information returned by `Stat`.
@@ -349,6 +371,10 @@ mod tests {
                 key: [2; 32],
                 dest: "data/run1".into(),
                 options: SessionOptions::default(),
+                grant: Some(SignedGrant {
+                    token: vec![1, 2],
+                    mac: vec![3],
+                }),
             },
             Request::OpenSource {
                 session: [1; 16],
@@ -370,6 +396,15 @@ mod tests {
                         ..Default::default()
                     },
                 }),
+                files: vec![ListedFile {
+                    locator: "42".into(),
+                    name: "run1.nc".into(),
+                    size: 9,
+                    mode: 0o644,
+                    mtime: crate::data::Timestamp { secs: 1, nanos: 2 },
+                    expect: vec![],
+                }],
+                grant: None,
             },
             Request::Stat { path: "x".into() },
             Request::Cancel,

@@ -11,6 +11,7 @@ pub mod codec;
 pub mod control;
 pub mod data;
 pub mod error;
+pub mod grant;
 pub mod pacing;
 pub mod plan;
 pub mod ranges;

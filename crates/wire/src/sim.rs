@@ -450,6 +450,7 @@ fn sink_actions(
                 file,
                 attempt,
                 begin,
+                ..
             } => {
                 let f = files.remove(&(file, attempt)).expect("open");
                 committed.insert(begin.path.clone(), f.data);

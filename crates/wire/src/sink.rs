@@ -88,6 +88,7 @@ pub enum SinkAction {
         file: FileId,
         attempt: u32,
         begin: FileBegin,
+        digests: Vec<Digest>,
     },
     /// Drop the temporary file (unless `keep_partial`, which keeps it and its ledger for a
     /// later resume) and forget the file's resources.
@@ -668,11 +669,12 @@ impl<P> Sink<P> {
         match digests_match(ours, theirs) {
             Ok(()) => {
                 f.state = State::Committing;
-                let (attempt, begin) = (f.begin.attempt, f.begin.clone());
+                let (attempt, begin, digests) = (f.begin.attempt, f.begin.clone(), ours.clone());
                 self.actions.push_back(SinkAction::Commit {
                     file,
                     attempt,
                     begin,
+                    digests,
                 });
             }
             Err(msg) => {

@@ -1,0 +1,163 @@
+//! Storage-node mode of an endpoint: files are named by their ids in the grid's catalog (not by
+//! path, so renames in the namespace never touch nodes), every data operation must carry a
+//! capability signed by the metadata server for this node, and a received file is reported to
+//! the metadata server (which makes it visible) before its sender is told it is done.
+
+use crate::store::Destination;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use wire::checksum::Digest;
+use wire::data::Timestamp;
+use wire::error::{ErrorInfo, ErrorKind};
+use wire::grant::{Grant, Operation, SignedGrant};
+
+/// What a storage node provides to its data service.
+pub trait Spool: Send + Sync {
+    /// This node's name, as grants name it.
+    fn node(&self) -> String;
+    /// The key grants for this node are signed with (none before registration).
+    fn key(&self) -> Option<Vec<u8>>;
+    /// Where file `id` lives, relative to the node's root.
+    fn path_of(&self, id: i64) -> PathBuf;
+    /// A received file was verified and committed locally: tell the metadata server. Blocking;
+    /// an error fails the file (its local copy is removed).
+    fn committed(
+        &self,
+        id: i64,
+        size: u64,
+        digests: &[Digest],
+        mtime: Timestamp,
+    ) -> Result<(), ErrorInfo>;
+}
+
+/// Checks a request's capability for `op`.
+pub fn check(
+    spool: &dyn Spool,
+    grant: Option<&SignedGrant>,
+    op: Operation,
+) -> Result<Grant, ErrorInfo> {
+    let Some(grant) = grant else {
+        return Err(ErrorInfo::new(
+            ErrorKind::PermissionDenied,
+            "storage nodes serve only requests with a capability from the metadata server (use haul://META/path)",
+        ));
+    };
+    let key = spool.key().ok_or_else(|| {
+        ErrorInfo::new(
+            ErrorKind::Connect,
+            "this node is not registered with a metadata server yet",
+        )
+    })?;
+    grant
+        .verify(&key, &spool.node(), op, now_ms())
+        .map_err(|e| ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()))
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Parses a file id as sent in a request or a `FileBegin`.
+pub fn parse_id(s: &str) -> Result<i64, ErrorInfo> {
+    s.parse::<i64>()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or_else(|| ErrorInfo::new(ErrorKind::Invalid, format!("{s:?} is not a file id")))
+}
+
+/// How a sink names what it receives.
+#[derive(Clone)]
+pub enum Naming {
+    /// `cp` semantics below a destination.
+    Tree(Destination),
+    /// A storage node's spool: entries are file ids allowed by a grant.
+    Spool {
+        allowed: Arc<HashSet<i64>>,
+        spool: Arc<dyn Spool>,
+    },
+}
+
+impl Naming {
+    /// The path in the root where an announced entry goes.
+    pub fn map(&self, announced: &str) -> Result<PathBuf, ErrorInfo> {
+        match self {
+            Naming::Tree(d) => Ok(d.map(announced)),
+            Naming::Spool { allowed, spool } => {
+                let id = parse_id(announced)?;
+                if !allowed.contains(&id) {
+                    return Err(ErrorInfo::new(
+                        ErrorKind::PermissionDenied,
+                        format!("file {id} is not covered by the capability"),
+                    ));
+                }
+                Ok(spool.path_of(id))
+            }
+        }
+    }
+
+    /// After a local commit (spool only: tell the metadata server).
+    pub fn committed(
+        &self,
+        announced: &str,
+        size: u64,
+        digests: &[Digest],
+        mtime: Timestamp,
+    ) -> Result<(), ErrorInfo> {
+        match self {
+            Naming::Tree(_) => Ok(()),
+            Naming::Spool { spool, .. } => {
+                spool.committed(parse_id(announced)?, size, digests, mtime)
+            }
+        }
+    }
+
+    pub fn is_spool(&self) -> bool {
+        matches!(self, Naming::Spool { .. })
+    }
+}
+
+/// Spool layout: `data/<2 hex>/<2 hex>/<16 hex>` by file id, so directories stay small.
+pub fn spool_path(id: i64) -> PathBuf {
+    let h = format!("{:016x}", id as u64);
+    PathBuf::from("data")
+        .join(&h[12..14])
+        .join(&h[14..16])
+        .join(h)
+}
+
+/// The file id of a spool path, if it is one.
+pub fn spool_id(path: &std::path::Path) -> Option<i64> {
+    let name = path.file_name()?.to_str()?;
+    if name.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(name, 16)
+        .ok()
+        .map(|v| v as i64)
+        .filter(|id| *id > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spool_paths_round_trip() {
+        let p = spool_path(0x1234_5678);
+        assert_eq!(p, PathBuf::from("data/56/78/0000000012345678"));
+        assert_eq!(spool_id(&p), Some(0x1234_5678));
+        assert_eq!(
+            spool_id(std::path::Path::new(
+                "data/56/78/.0000000012345678.haul-part"
+            )),
+            None
+        );
+        assert!(parse_id("12").is_ok());
+        assert!(parse_id("-3").is_err());
+        assert!(parse_id("../x").is_err());
+    }
+}
