@@ -1,7 +1,7 @@
 //! The behaviour every catalog backend must have. The tests run it against SQLite (in memory
 //! and on disk) and PostgreSQL; a backend passes when `run` returns.
 
-use crate::{Catalog, CatalogError, Kind, NewEntry, ReplicaState};
+use crate::{Catalog, CatalogError, CreateItem, CreateKind, Kind, NewEntry, ReplicaState};
 
 fn entry(owner: &str) -> NewEntry {
     NewEntry {
@@ -21,6 +21,197 @@ pub async fn run(c: &Catalog) {
     attributes_and_xattrs(c).await;
     nodes_and_replicas(c).await;
     listing_pages(c).await;
+    batch_creates(c).await;
+    trees_and_reconciliation(c).await;
+    renames_are_seen_at_once(c).await;
+}
+
+async fn batch_creates(c: &Catalog) {
+    let e = entry("erin");
+    c.mkdir("/batch", &e, false).await.unwrap();
+    let item = |p: &str, kind| CreateItem {
+        path: p.into(),
+        entry: e.clone(),
+        kind,
+    };
+    let r = c
+        .create_files(
+            &[
+                item("/batch/empty", CreateKind::Empty),
+                item("/batch/data", CreateKind::Pending),
+                item("/batch/data", CreateKind::Pending),
+                item("/nowhere/x", CreateKind::Empty),
+                item("/batch", CreateKind::Pending),
+            ],
+            false,
+        )
+        .await
+        .unwrap();
+    let empty = r[0].as_ref().unwrap();
+    assert!(!empty.pending);
+    assert_eq!(empty.checksum, crate::EMPTY_CHECKSUM);
+    assert!(r[1].as_ref().unwrap().pending);
+    assert!(matches!(r[2], Err(CatalogError::Invalid(_))), "{:?}", r[2]);
+    assert_eq!(r[3], Err(CatalogError::NotFound("/nowhere".into())));
+    assert_eq!(r[4], Err(CatalogError::IsADirectory("/batch".into())));
+    assert_eq!(c.stat("/batch/empty").await.unwrap().id, empty.id);
+    assert!(c.lookup("/batch/data").await.unwrap().is_none());
+    // Existing files: an error without overwrite; replaced with it.
+    let again = c
+        .create_files(&[item("/batch/empty", CreateKind::Empty)], false)
+        .await
+        .unwrap();
+    assert_eq!(again[0], Err(CatalogError::Exists("/batch/empty".into())));
+    let again = c
+        .create_files(&[item("/batch/empty", CreateKind::Pending)], false)
+        .await
+        .unwrap();
+    assert_eq!(again[0], Err(CatalogError::Exists("/batch/empty".into())));
+    let replaced = c
+        .create_files(&[item("/batch/empty", CreateKind::Empty)], true)
+        .await
+        .unwrap();
+    let replaced = replaced[0].as_ref().unwrap();
+    assert_ne!(replaced.id, empty.id);
+    assert_eq!(c.stat("/batch/empty").await.unwrap().id, replaced.id);
+    // A second writer of a pending path is busy.
+    let busy = c
+        .create_files(&[item("/batch/data", CreateKind::Pending)], true)
+        .await
+        .unwrap();
+    assert_eq!(busy[0], Err(CatalogError::Busy("/batch/data".into())));
+    // Many at once.
+    let many: Vec<CreateItem> = (0..300)
+        .map(|i| item(&format!("/batch/m{i:04}"), CreateKind::Empty))
+        .collect();
+    let r = c.create_files(&many, false).await.unwrap();
+    assert!(r.iter().all(|r| r.is_ok()));
+    assert_eq!(c.list("/batch", None, 1000).await.unwrap().len(), 301);
+    // Stale pending files are found by age.
+    assert!(c.stale_pending(0, 10).await.unwrap().is_empty());
+    let stale = c.stale_pending(crate::now_ms() + 1, 10).await.unwrap();
+    assert_eq!(stale, vec![r_id(&c, "/batch/data").await]);
+}
+
+async fn r_id(c: &Catalog, path: &str) -> i64 {
+    // The pending file's id, found through its would-be parent.
+    let dir = c
+        .stat(&crate::parent_and_name(path).unwrap().0)
+        .await
+        .unwrap();
+    let ids = c.stale_pending(crate::now_ms() + 1, 100).await.unwrap();
+    for id in ids {
+        let i = c.inode(id).await.unwrap();
+        if i.parent == dir.id && c.path_of(id).await.unwrap() == path {
+            return id;
+        }
+    }
+    panic!("no pending {path}");
+}
+
+async fn trees_and_reconciliation(c: &Catalog) {
+    let e = entry("frank");
+    c.mkdir("/t/a/b", &e, true).await.unwrap();
+    let mut ids = Vec::new();
+    for p in ["/t/top", "/t/a/one", "/t/a/b/two"] {
+        let f = c.create_pending(p, &e).await.unwrap();
+        ids.push(
+            c.commit_file(f.id, 5, "crc32c:00000001", 0)
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let files: Vec<String> = c
+        .files_below("/t")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(files, vec!["/t/a/b/two", "/t/a/one", "/t/top"]);
+    assert_eq!(c.files_below("/t/top").await.unwrap().len(), 1);
+    let dirs: Vec<String> = c
+        .dirs_below("/t")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(dirs, vec!["/t", "/t/a", "/t/a/b"]);
+    // Node keys: given at first registration, kept afterwards.
+    let (_, k1) = c
+        .register_node_with_key("n3", "siteC", "h:1", 10, 10, &[7; 32])
+        .await
+        .unwrap();
+    let (_, k2) = c
+        .register_node_with_key("n3", "siteC", "h:2", 10, 10, &[8; 32])
+        .await
+        .unwrap();
+    assert_eq!((k1.clone(), k2), (vec![7; 32], vec![7; 32]));
+    assert_eq!(c.node_keys().await.unwrap()["n3"], k1);
+    for id in &ids {
+        c.set_replica(*id, "n3", ReplicaState::Complete, "crc32c:00000001")
+            .await
+            .unwrap();
+    }
+    // The node holds: the first file, the second with a wrong size, and an unknown file.
+    let held: std::collections::HashMap<i64, u64> = [(ids[0], 5), (ids[1], 4), (999_999, 1)]
+        .into_iter()
+        .collect();
+    let r = c.reconcile("n3", &held, 60_000).await.unwrap();
+    assert_eq!(r.known, 1);
+    assert_eq!(r.damaged, vec![ids[1]]);
+    assert_eq!(r.missing, vec![ids[2]]);
+    assert_eq!(r.orphans, vec![999_999]);
+    let states: Vec<ReplicaState> = c
+        .replicas(ids[2])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.state)
+        .collect();
+    assert_eq!(states, vec![ReplicaState::Missing]);
+    // Orphans wait for the grace period before they are to be deleted.
+    assert!(!c.dead_replicas("n3").await.unwrap().contains(&999_999));
+    // The missing file comes back: complete again.
+    let held: std::collections::HashMap<i64, u64> =
+        [(ids[0], 5), (ids[2], 5)].into_iter().collect();
+    let r = c.reconcile("n3", &held, 0).await.unwrap();
+    assert_eq!(r.known, 2);
+    assert_eq!(
+        c.replicas(ids[2]).await.unwrap()[0].state,
+        ReplicaState::Complete
+    );
+    let counts = c.replica_counts().await.unwrap();
+    assert!(
+        counts
+            .iter()
+            .any(|(n, s, k)| n == "n3" && *s == ReplicaState::Complete && *k == 2)
+    );
+    assert!(
+        c.remove_node("n3").await.is_err(),
+        "a node with replicas stays"
+    );
+}
+
+async fn renames_are_seen_at_once(c: &Catalog) {
+    let e = entry("gina");
+    c.mkdir("/cache/d", &e, true).await.unwrap();
+    let f = c.create_pending("/cache/d/f", &e).await.unwrap();
+    c.commit_file(f.id, 1, "crc32c:00000001", 0).await.unwrap();
+    // Warm the cache, then change everything it holds.
+    assert_eq!(c.stat("/cache/d/f").await.unwrap().id, f.id);
+    c.rename("/cache/d", "/cache/e").await.unwrap();
+    assert!(c.lookup("/cache/d/f").await.unwrap().is_none());
+    assert_eq!(c.stat("/cache/e/f").await.unwrap().id, f.id);
+    c.set_mode("/cache/e/f", 0o600).await.unwrap();
+    assert_eq!(c.stat("/cache/e/f").await.unwrap().mode, 0o600);
+    c.remove("/cache/e", true).await.unwrap();
+    assert!(c.lookup("/cache/e/f").await.unwrap().is_none());
+    assert!(c.lookup("/cache/e").await.unwrap().is_none());
+    c.mkdir("/cache/e", &e, false).await.unwrap();
+    assert!(c.lookup("/cache/e/f").await.unwrap().is_none());
 }
 
 async fn directories(c: &Catalog) {

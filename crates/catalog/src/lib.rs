@@ -9,15 +9,19 @@
 //! stored negated) and become visible only at [`Catalog::commit_file`], which the metadata
 //! server calls once a replica's checksum has been verified on its node.
 
+mod cache;
 pub mod conformance;
 mod paths;
 
+pub use cache::DentryCache;
 pub use paths::{join, normalize, parent_and_name};
 
 use serde::{Deserialize, Serialize};
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Row};
+use sqlx::{AnyConnection, AnyPool, Row};
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -162,12 +166,21 @@ pub enum Backend {
 pub struct Catalog {
     pool: AnyPool,
     backend: Backend,
+    /// Directory entries in memory, when this process owns the database (SQLite).
+    cache: Option<Arc<DentryCache>>,
+    /// SQLite has one writer at a time; taking turns here avoids its busy errors (a deferred
+    /// transaction that reads, then writes after another writer committed, cannot proceed).
+    /// PostgreSQL orders writers itself.
+    write_lock: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
 static MIGRATE_SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 static MIGRATE_POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
 const INODE_COLS: &str = "id, parent, name, kind, owner, grp, mode, size, mtime_ns, checksum";
+
+/// The checksum of an empty file.
+pub const EMPTY_CHECKSUM: &str = "crc32c:00000000";
 
 fn inode_from(row: &AnyRow) -> Result<Inode> {
     let parent: i64 = row.try_get("parent")?;
@@ -190,7 +203,7 @@ fn inode_from(row: &AnyRow) -> Result<Inode> {
     })
 }
 
-fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -198,10 +211,68 @@ fn now_ms() -> i64 {
 }
 
 type Tx<'a> = sqlx::Transaction<'a, sqlx::Any>;
+type Key = (i64, String);
+
+/// A write transaction: holds the write turn (SQLite), remembers which directory entries it
+/// changed so that the cache forgets them once it has committed.
+struct WTx {
+    tx: Tx<'static>,
+    touched: HashSet<Key>,
+    _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl WTx {
+    fn touch(&mut self, parent: i64, name: &str) {
+        if parent > 0 {
+            self.touched.insert((parent, name.to_string()));
+        }
+    }
+}
+
+/// What a lookup may do with the cache.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    /// A read that started at this cache generation.
+    Read(u64),
+    /// Inside a write transaction: entries it changed must not be cached from it.
+    Write(&'a HashSet<Key>),
+}
+
+/// How a file is created by [`Catalog::create_files`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateKind {
+    /// Data follows: the file is pending until its first replica is verified.
+    Pending,
+    /// An empty file, visible at once (it needs no replica).
+    Empty,
+}
+
+/// One file to create.
+#[derive(Clone, Debug)]
+pub struct CreateItem {
+    pub path: String,
+    pub entry: NewEntry,
+    pub kind: CreateKind,
+}
+
+/// What an inventory reconciliation found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Files on the node that the catalog does not know: removed after the grace period.
+    pub orphans: Vec<i64>,
+    /// Replicas the catalog lists that the node lacks: now marked missing.
+    pub missing: Vec<i64>,
+    /// Replicas whose size on the node differs from the file's: now marked damaged.
+    pub damaged: Vec<i64>,
+    /// Replicas the node holds as the catalog says.
+    pub known: u64,
+}
 
 impl Catalog {
     /// Opens (creating if needed) a catalog: `sqlite:PATH`, `sqlite::memory:` or
-    /// `postgres://user@host/db`, and brings its schema up to date.
+    /// `postgres://user@host/db`, and brings its schema up to date. A SQLite catalog belongs
+    /// to this process (the caller makes sure of that) and caches directory entries; a
+    /// PostgreSQL catalog may be shared by several processes.
     pub async fn open(url: &str) -> Result<Self> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
@@ -236,6 +307,7 @@ impl Catalog {
                             conn.execute("PRAGMA synchronous = NORMAL").await?;
                             conn.execute("PRAGMA foreign_keys = ON").await?;
                             conn.execute("PRAGMA busy_timeout = 10000").await?;
+                            conn.execute("PRAGMA cache_size = -65536").await?;
                             Ok(())
                         })
                     })
@@ -257,47 +329,143 @@ impl Catalog {
             Backend::Sqlite => MIGRATE_SQLITE.run(&pool).await?,
             Backend::Postgres => MIGRATE_POSTGRES.run(&pool).await?,
         }
-        Ok(Self { pool, backend })
+        let sqlite = backend == Backend::Sqlite;
+        Ok(Self {
+            pool,
+            backend,
+            cache: sqlite.then(|| Arc::new(DentryCache::default())),
+            write_lock: sqlite.then(|| Arc::new(tokio::sync::Mutex::new(()))),
+        })
     }
 
     pub fn backend(&self) -> Backend {
         self.backend
     }
 
-    async fn tx(&self) -> Result<Tx<'static>> {
-        Ok(self.pool.begin().await?)
+    /// The directory-entry cache, if this catalog has one.
+    pub fn cache(&self) -> Option<&DentryCache> {
+        self.cache.as_deref()
+    }
+
+    async fn wtx(&self) -> Result<WTx> {
+        let turn = match &self.write_lock {
+            Some(l) => Some(l.clone().lock_owned().await),
+            None => None,
+        };
+        Ok(WTx {
+            tx: self.pool.begin().await?,
+            touched: HashSet::new(),
+            _turn: turn,
+        })
+    }
+
+    /// Commits (or, on error, rolls back) a write transaction; then the cache forgets what it
+    /// changed, before the next writer's turn.
+    async fn done<T>(&self, w: WTx, r: Result<T>) -> Result<T> {
+        let WTx {
+            tx, touched, _turn, ..
+        } = w;
+        match r {
+            Ok(v) => {
+                let committed = tx.commit().await;
+                if let Some(c) = &self.cache {
+                    c.invalidate(touched.iter());
+                }
+                committed?;
+                Ok(v)
+            }
+            Err(e) => {
+                tx.rollback().await?;
+                Err(e)
+            }
+        }
+    }
+
+    fn read_scope(&self) -> u64 {
+        self.cache.as_ref().map(|c| c.generation()).unwrap_or(0)
     }
 
     // ---- namespace -------------------------------------------------------------------
 
-    async fn child(tx: &mut Tx<'_>, parent: i64, name: &str) -> Result<Option<Inode>> {
+    async fn child_db(c: &mut AnyConnection, parent: i64, name: &str) -> Result<Option<Inode>> {
         let q = format!("SELECT {INODE_COLS} FROM inodes WHERE parent = $1 AND name = $2");
         let row = sqlx::query(&q)
             .bind(parent)
             .bind(name)
-            .fetch_optional(&mut **tx)
+            .fetch_optional(&mut *c)
             .await?;
         row.map(|r| inode_from(&r)).transpose()
     }
 
-    async fn by_id(tx: &mut Tx<'_>, id: i64) -> Result<Option<Inode>> {
+    /// The committed entry `name` in directory `parent` (or, with a negated parent, the
+    /// pending one), from the cache when it has it.
+    async fn child(
+        &self,
+        c: &mut AnyConnection,
+        parent: i64,
+        name: &str,
+        scope: Scope<'_>,
+    ) -> Result<Option<Inode>> {
+        let cache = match &self.cache {
+            Some(cache) if parent > 0 => cache,
+            _ => return Self::child_db(c, parent, name).await,
+        };
+        if let Some(hit) = cache.get(parent, name) {
+            return Ok(Some(hit));
+        }
+        let generation = match scope {
+            Scope::Read(g) => g,
+            Scope::Write(touched) => {
+                if touched.contains(&(parent, name.to_string())) {
+                    return Self::child_db(c, parent, name).await;
+                }
+                cache.generation()
+            }
+        };
+        let found = Self::child_db(c, parent, name).await?;
+        if let Some(i) = &found {
+            cache.insert(generation, i);
+        }
+        Ok(found)
+    }
+
+    async fn by_id(c: &mut AnyConnection, id: i64) -> Result<Option<Inode>> {
         let q = format!("SELECT {INODE_COLS} FROM inodes WHERE id = $1");
-        let row = sqlx::query(&q).bind(id).fetch_optional(&mut **tx).await?;
+        let row = sqlx::query(&q).bind(id).fetch_optional(&mut *c).await?;
         row.map(|r| inode_from(&r)).transpose()
     }
 
-    /// Resolves a path (no pending files); `Ok(None)` when a component does not exist.
-    async fn resolve(tx: &mut Tx<'_>, path: &str) -> Result<Option<Inode>> {
-        let norm = normalize(path)?;
-        let mut cur = Self::by_id(tx, ROOT)
+    async fn root(c: &mut AnyConnection) -> Result<Inode> {
+        Self::by_id(c, ROOT)
             .await?
-            .ok_or_else(|| CatalogError::Database("root missing".into()))?;
+            .ok_or_else(|| CatalogError::Database("root directory missing".into()))
+    }
+
+    /// Resolves a path (no pending files); `Ok(None)` when a component does not exist.
+    async fn resolve(
+        &self,
+        c: &mut AnyConnection,
+        path: &str,
+        scope: Scope<'_>,
+    ) -> Result<Option<Inode>> {
+        let norm = normalize(path)?;
+        let mut cur = match &self.cache {
+            Some(cache) => match cache.get(0, "") {
+                Some(r) => r,
+                None => {
+                    let r = Self::root(c).await?;
+                    cache.insert(cache.generation(), &r);
+                    r
+                }
+            },
+            None => Self::root(c).await?,
+        };
         for part in norm.split('/').filter(|p| !p.is_empty()) {
             if cur.kind != Kind::Dir {
                 return Err(CatalogError::NotADirectory(path.to_string()));
             }
-            match Self::child(tx, cur.id, part).await? {
-                Some(c) => cur = c,
+            match self.child(c, cur.id, part, scope).await? {
+                Some(next) => cur = next,
                 None => return Ok(None),
             }
         }
@@ -305,9 +473,15 @@ impl Catalog {
     }
 
     /// The parent directory of `path` and the final name; errors if the parent is missing.
-    async fn parent_dir(tx: &mut Tx<'_>, path: &str) -> Result<(Inode, String)> {
+    async fn parent_dir(
+        &self,
+        c: &mut AnyConnection,
+        path: &str,
+        scope: Scope<'_>,
+    ) -> Result<(Inode, String)> {
         let (parent, name) = parent_and_name(path)?;
-        let dir = Self::resolve(tx, &parent)
+        let dir = self
+            .resolve(c, &parent, scope)
             .await?
             .ok_or_else(|| CatalogError::NotFound(parent.clone()))?;
         if dir.kind != Kind::Dir {
@@ -318,10 +492,9 @@ impl Catalog {
 
     /// The entry at `path`, if any.
     pub async fn lookup(&self, path: &str) -> Result<Option<Inode>> {
-        let mut tx = self.tx().await?;
-        let r = Self::resolve(&mut tx, path).await;
-        tx.commit().await?;
-        r
+        let scope = Scope::Read(self.read_scope());
+        let mut c = self.pool.acquire().await?;
+        self.resolve(&mut c, path, scope).await
     }
 
     /// The entry at `path`.
@@ -331,21 +504,32 @@ impl Catalog {
             .ok_or_else(|| CatalogError::NotFound(path.to_string()))
     }
 
+    /// Several lookups on one connection.
+    pub async fn lookup_many(&self, paths: &[String]) -> Result<Vec<Result<Option<Inode>>>> {
+        let scope = Scope::Read(self.read_scope());
+        let mut c = self.pool.acquire().await?;
+        let mut out = Vec::with_capacity(paths.len());
+        for p in paths {
+            out.push(self.resolve(&mut c, p, scope).await);
+        }
+        Ok(out)
+    }
+
     /// An entry by id (pending files included).
     pub async fn inode(&self, id: i64) -> Result<Inode> {
-        let mut tx = self.tx().await?;
-        let r = Self::by_id(&mut tx, id).await?;
-        tx.commit().await?;
-        r.ok_or_else(|| CatalogError::NotFound(format!("inode {id}")))
+        let mut c = self.pool.acquire().await?;
+        Self::by_id(&mut c, id)
+            .await?
+            .ok_or_else(|| CatalogError::NotFound(format!("inode {id}")))
     }
 
     /// The path of an entry (for pending files, the path it will have).
     pub async fn path_of(&self, id: i64) -> Result<String> {
-        let mut tx = self.tx().await?;
+        let mut c = self.pool.acquire().await?;
         let mut parts = Vec::new();
         let mut cur = id;
         while cur != ROOT {
-            let i = Self::by_id(&mut tx, cur)
+            let i = Self::by_id(&mut c, cur)
                 .await?
                 .ok_or_else(|| CatalogError::NotFound(format!("inode {id}")))?;
             parts.push(i.name);
@@ -354,19 +538,19 @@ impl Catalog {
                 return Err(CatalogError::Database("parent loop".into()));
             }
         }
-        tx.commit().await?;
         parts.reverse();
         Ok(format!("/{}", parts.join("/")))
     }
 
     /// Entries of a directory in name order, starting after `after`, at most `limit`.
     pub async fn list(&self, path: &str, after: Option<&str>, limit: u32) -> Result<Vec<Inode>> {
-        let mut tx = self.tx().await?;
-        let dir = Self::resolve(&mut tx, path)
+        let scope = Scope::Read(self.read_scope());
+        let mut c = self.pool.acquire().await?;
+        let dir = self
+            .resolve(&mut c, path, scope)
             .await?
             .ok_or_else(|| CatalogError::NotFound(path.to_string()))?;
         if dir.kind != Kind::Dir {
-            tx.commit().await?;
             return Ok(vec![dir]);
         }
         let q = format!(
@@ -377,22 +561,103 @@ impl Catalog {
             .bind(after.unwrap_or(""))
             .bind(ROOT)
             .bind(limit as i64)
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut *c)
             .await?;
-        tx.commit().await?;
         rows.iter().map(inode_from).collect()
     }
 
+    /// Every committed file below `path` (or `path` itself if it is a file), with its path,
+    /// in path order. Directories are not listed.
+    pub async fn files_below(&self, path: &str) -> Result<Vec<(String, Inode)>> {
+        let top = self.stat(path).await?;
+        let base = normalize(path)?;
+        if top.kind == Kind::File {
+            return Ok(vec![(base, top)]);
+        }
+        let mut c = self.pool.acquire().await?;
+        let q = format!(
+            "WITH RECURSIVE t(id) AS (SELECT $1 UNION ALL SELECT i.id FROM inodes i JOIN t ON i.parent = t.id WHERE i.kind = 0 AND i.id <> $2) \
+             SELECT {INODE_COLS} FROM inodes WHERE parent IN (SELECT id FROM t) AND id <> $2"
+        );
+        let rows = sqlx::query(&q)
+            .bind(top.id)
+            .bind(ROOT)
+            .fetch_all(&mut *c)
+            .await?;
+        let all: Vec<Inode> = rows.iter().map(inode_from).collect::<Result<_>>()?;
+        let mut dirs: HashMap<i64, (i64, String)> = HashMap::new();
+        for i in &all {
+            if i.kind == Kind::Dir {
+                dirs.insert(i.id, (i.parent, i.name.clone()));
+            }
+        }
+        let mut path_cache: HashMap<i64, String> = HashMap::new();
+        path_cache.insert(top.id, base.clone());
+        fn dir_path(
+            id: i64,
+            dirs: &HashMap<i64, (i64, String)>,
+            cache: &mut HashMap<i64, String>,
+        ) -> String {
+            if let Some(p) = cache.get(&id) {
+                return p.clone();
+            }
+            let (parent, name) = dirs.get(&id).cloned().unwrap_or((0, String::new()));
+            let p = join(&dir_path(parent, dirs, cache), &name);
+            cache.insert(id, p.clone());
+            p
+        }
+        let mut out: Vec<(String, Inode)> = all
+            .into_iter()
+            .filter(|i| i.kind == Kind::File)
+            .map(|i| {
+                let p = join(&dir_path(i.parent, &dirs, &mut path_cache), &i.name);
+                (p, i)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Every directory below `path`, parents before children (for recreating a tree).
+    pub async fn dirs_below(&self, path: &str) -> Result<Vec<(String, Inode)>> {
+        let top = self.stat(path).await?;
+        let base = normalize(path)?;
+        if top.kind != Kind::Dir {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![(base, top)];
+        let mut i = 0;
+        while i < out.len() {
+            let (p, d) = out[i].clone();
+            let mut after: Option<String> = None;
+            loop {
+                let page = self.list(&p, after.as_deref(), 10_000).await?;
+                let n = page.len();
+                for e in page {
+                    after = Some(e.name.clone());
+                    if e.kind == Kind::Dir && e.id != d.id {
+                        out.push((join(&p, &e.name), e));
+                    }
+                }
+                if n < 10_000 {
+                    break;
+                }
+            }
+            i += 1;
+        }
+        Ok(out)
+    }
+
     async fn insert(
-        tx: &mut Tx<'_>,
+        w: &mut WTx,
         parent: i64,
         name: &str,
         kind: Kind,
         e: &NewEntry,
     ) -> Result<Inode> {
         let q = format!(
-            "INSERT INTO inodes (parent, name, kind, owner, grp, mode, size, mtime_ns, checksum) \
-             VALUES ($1, $2, $3, $4, $5, $6, 0, $7, '') RETURNING {INODE_COLS}"
+            "INSERT INTO inodes (parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, ctime_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, 0, $7, '', $8) RETURNING {INODE_COLS}"
         );
         let row = sqlx::query(&q)
             .bind(parent)
@@ -402,43 +667,45 @@ impl Catalog {
             .bind(&e.group)
             .bind(e.mode as i64)
             .bind(e.mtime_ns)
-            .fetch_one(&mut **tx)
+            .bind(now_ms())
+            .fetch_one(&mut *w.tx)
             .await?;
+        w.touch(parent, name);
         inode_from(&row)
     }
 
     /// Creates a directory (and, with `parents`, missing ancestors; an existing directory is
     /// then not an error).
     pub async fn mkdir(&self, path: &str, e: &NewEntry, parents: bool) -> Result<Inode> {
-        let mut tx = self.tx().await?;
-        let r = Self::mkdir_in(&mut tx, path, e, parents).await;
-        match r {
-            Ok(i) => {
-                tx.commit().await?;
-                Ok(i)
-            }
-            Err(err) => {
-                tx.rollback().await?;
-                Err(err)
-            }
-        }
+        let mut w = self.wtx().await?;
+        let r = self.mkdir_in(&mut w, path, e, parents).await;
+        self.done(w, r).await
     }
 
-    async fn mkdir_in(tx: &mut Tx<'_>, path: &str, e: &NewEntry, parents: bool) -> Result<Inode> {
+    async fn mkdir_in(
+        &self,
+        w: &mut WTx,
+        path: &str,
+        e: &NewEntry,
+        parents: bool,
+    ) -> Result<Inode> {
         let norm = normalize(path)?;
+        let mut cur = Self::root(&mut w.tx).await?;
         if norm == "/" {
             return if parents {
-                Ok(Self::by_id(tx, ROOT).await?.expect("root"))
+                Ok(cur)
             } else {
                 Err(CatalogError::Exists(norm))
             };
         }
-        let mut cur = Self::by_id(tx, ROOT).await?.expect("root");
         let parts: Vec<&str> = norm.split('/').filter(|p| !p.is_empty()).collect();
         for (i, part) in parts.iter().enumerate() {
             let last = i + 1 == parts.len();
             let so_far = format!("/{}", parts[..=i].join("/"));
-            match Self::child(tx, cur.id, part).await? {
+            match self
+                .child(&mut w.tx, cur.id, part, Scope::Write(&w.touched))
+                .await?
+            {
                 Some(c) if c.kind == Kind::Dir => {
                     if last && !parents {
                         return Err(CatalogError::Exists(so_far));
@@ -448,7 +715,7 @@ impl Catalog {
                 Some(_) if last => return Err(CatalogError::Exists(so_far)),
                 Some(_) => return Err(CatalogError::NotADirectory(so_far)),
                 None if !last && !parents => return Err(CatalogError::NotFound(so_far)),
-                None => cur = Self::insert(tx, cur.id, part, Kind::Dir, e).await?,
+                None => cur = Self::insert(w, cur.id, part, Kind::Dir, e).await?,
             }
         }
         Ok(cur)
@@ -457,24 +724,171 @@ impl Catalog {
     /// Starts a file at `path`: a pending entry, invisible until committed. An existing file at
     /// the path stays visible until the commit replaces it.
     pub async fn create_pending(&self, path: &str, e: &NewEntry) -> Result<Inode> {
-        let mut tx = self.tx().await?;
-        let r = Self::create_pending_in(&mut tx, path, e).await;
-        finish(tx, r).await
+        let item = CreateItem {
+            path: path.to_string(),
+            entry: e.clone(),
+            kind: CreateKind::Pending,
+        };
+        self.create_files(std::slice::from_ref(&item), true)
+            .await?
+            .pop()
+            .expect("one result per item")
     }
 
-    async fn create_pending_in(tx: &mut Tx<'_>, path: &str, e: &NewEntry) -> Result<Inode> {
-        let (dir, name) = Self::parent_dir(tx, path).await?;
-        if let Some(existing) = Self::child(tx, dir.id, &name).await? {
-            if existing.kind == Kind::Dir {
-                return Err(CatalogError::IsADirectory(normalize(path)?));
+    /// Creates many files in one transaction (one result per item, in order): pending files
+    /// for data to follow, or empty files visible at once. Without `overwrite` an existing
+    /// file is an error; a pending file of the same path always is (another writer).
+    pub async fn create_files(
+        &self,
+        items: &[CreateItem],
+        overwrite: bool,
+    ) -> Result<Vec<Result<Inode>>> {
+        let mut seen = HashSet::new();
+        let mut w = self.wtx().await?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut failed_db = None;
+        for it in items {
+            let r = match normalize(&it.path) {
+                Ok(n) if !seen.insert(n.clone()) => {
+                    Err(CatalogError::Invalid(format!("{n}: named twice")))
+                }
+                Ok(_) => self.create_one(&mut w, it, overwrite).await,
+                Err(e) => Err(e),
+            };
+            if let Err(CatalogError::Database(d)) = &r {
+                failed_db = Some(d.clone());
+                break;
             }
+            out.push(r);
         }
-        if Self::child(tx, -dir.id, &name).await?.is_some() {
-            return Err(CatalogError::Busy(normalize(path)?));
+        if let Some(d) = failed_db {
+            // A database error aborts the whole transaction (PostgreSQL refuses further
+            // statements): undo it and do the items one by one, so only the bad one fails.
+            self.done::<()>(w, Err(CatalogError::Database(d)))
+                .await
+                .ok();
+            if items.len() == 1 {
+                return Ok(vec![Err(CatalogError::Database(
+                    "create failed; see the metadata server's log".into(),
+                ))]);
+            }
+            let mut out = Vec::with_capacity(items.len());
+            for it in items {
+                let mut w = self.wtx().await?;
+                let r = self.create_one(&mut w, it, overwrite).await;
+                let ok = r.is_ok();
+                let r2 = self
+                    .done(
+                        w,
+                        if ok {
+                            Ok(())
+                        } else {
+                            Err(CatalogError::Invalid(String::new()))
+                        },
+                    )
+                    .await;
+                out.push(match (r, r2) {
+                    (Ok(i), Ok(())) => Ok(i),
+                    (Err(e), _) => Err(e),
+                    (Ok(_), Err(e)) => Err(e),
+                });
+            }
+            return Ok(out);
         }
-        let mut inode = Self::insert(tx, -dir.id, &name, Kind::File, e).await?;
-        inode.parent = dir.id;
-        Ok(inode)
+        self.done(w, Ok(())).await?;
+        Ok(out)
+    }
+
+    async fn create_one(&self, w: &mut WTx, it: &CreateItem, overwrite: bool) -> Result<Inode> {
+        let (dir, name) = self
+            .parent_dir(&mut w.tx, &it.path, Scope::Write(&w.touched))
+            .await?;
+        let e = &it.entry;
+        let now = now_ms();
+        // One statement in the common case: insert unless the name is taken; only when it is
+        // taken find out how.
+        let inserted = match it.kind {
+            CreateKind::Pending => {
+                let q = format!(
+                    "INSERT INTO inodes (parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, ctime_ms) \
+                     SELECT $1, $2, 1, $3, $4, $5, 0, $6, '', $7 WHERE NOT EXISTS \
+                     (SELECT 1 FROM inodes WHERE parent = $8 AND name = $2 AND (kind = 0 OR $9 = 0)) \
+                     ON CONFLICT (parent, name) DO NOTHING RETURNING {INODE_COLS}"
+                );
+                sqlx::query(&q)
+                    .bind(-dir.id)
+                    .bind(&name)
+                    .bind(&e.owner)
+                    .bind(&e.group)
+                    .bind(e.mode as i64)
+                    .bind(e.mtime_ns)
+                    .bind(now)
+                    .bind(dir.id)
+                    .bind(overwrite as i64)
+                    .fetch_optional(&mut *w.tx)
+                    .await?
+            }
+            CreateKind::Empty => {
+                let q = format!(
+                    "INSERT INTO inodes (parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, ctime_ms) \
+                     VALUES ($1, $2, 1, $3, $4, $5, 0, $6, $7, $8) \
+                     ON CONFLICT (parent, name) DO NOTHING RETURNING {INODE_COLS}"
+                );
+                sqlx::query(&q)
+                    .bind(dir.id)
+                    .bind(&name)
+                    .bind(&e.owner)
+                    .bind(&e.group)
+                    .bind(e.mode as i64)
+                    .bind(e.mtime_ns)
+                    .bind(EMPTY_CHECKSUM)
+                    .bind(now)
+                    .fetch_optional(&mut *w.tx)
+                    .await?
+            }
+        };
+        if let Some(row) = inserted {
+            let mut inode = inode_from(&row)?;
+            inode.parent = dir.id;
+            w.touch(dir.id, &name);
+            return Ok(inode);
+        }
+        let shown = normalize(&it.path)?;
+        match self
+            .child(&mut w.tx, dir.id, &name, Scope::Write(&w.touched))
+            .await?
+        {
+            Some(x) if x.kind == Kind::Dir => return Err(CatalogError::IsADirectory(shown)),
+            Some(_) if !overwrite => return Err(CatalogError::Exists(shown)),
+            Some(old) if it.kind == CreateKind::Empty => {
+                // Replace the old file by an empty one.
+                Self::bury(&mut w.tx, &[old.id]).await?;
+                Self::delete_inode(w, &old).await?;
+                let mut i = Self::insert(w, dir.id, &name, Kind::File, e).await?;
+                let q =
+                    format!("UPDATE inodes SET checksum = $1 WHERE id = $2 RETURNING {INODE_COLS}");
+                let row = sqlx::query(&q)
+                    .bind(EMPTY_CHECKSUM)
+                    .bind(i.id)
+                    .fetch_one(&mut *w.tx)
+                    .await?;
+                i = inode_from(&row)?;
+                return Ok(i);
+            }
+            _ => {}
+        }
+        Err(CatalogError::Busy(shown))
+    }
+
+    async fn delete_inode(w: &mut WTx, i: &Inode) -> Result<()> {
+        sqlx::query("DELETE FROM inodes WHERE id = $1")
+            .bind(i.id)
+            .execute(&mut *w.tx)
+            .await?;
+        if !i.pending {
+            w.touch(i.parent, &i.name);
+        }
+        Ok(())
     }
 
     /// Makes a pending file visible with its size, checksum and mtime, replacing a file of
@@ -486,13 +900,14 @@ impl Catalog {
         checksum: &str,
         mtime_ns: i64,
     ) -> Result<Inode> {
-        let mut tx = self.tx().await?;
-        let r = Self::commit_in(&mut tx, id, size, checksum, mtime_ns).await;
-        finish(tx, r).await
+        let mut w = self.wtx().await?;
+        let r = self.commit_in(&mut w, id, size, checksum, mtime_ns).await;
+        self.done(w, r).await
     }
 
     async fn commit_in(
-        tx: &mut Tx<'_>,
+        &self,
+        w: &mut WTx,
         id: i64,
         size: u64,
         checksum: &str,
@@ -500,7 +915,7 @@ impl Catalog {
     ) -> Result<Inode> {
         let row = sqlx::query("SELECT parent, name FROM inodes WHERE id = $1")
             .bind(id)
-            .fetch_optional(&mut **tx)
+            .fetch_optional(&mut *w.tx)
             .await?;
         let Some(row) = row else {
             return Err(CatalogError::NotFound(format!("inode {id}")));
@@ -512,15 +927,15 @@ impl Catalog {
                 "inode {id} is already committed"
             )));
         }
-        if let Some(old) = Self::child(tx, -parent, &name).await? {
+        if let Some(old) = self
+            .child(&mut w.tx, -parent, &name, Scope::Write(&w.touched))
+            .await?
+        {
             if old.kind == Kind::Dir {
                 return Err(CatalogError::IsADirectory(name));
             }
-            Self::bury(tx, &[old.id]).await?;
-            sqlx::query("DELETE FROM inodes WHERE id = $1")
-                .bind(old.id)
-                .execute(&mut **tx)
-                .await?;
+            Self::bury(&mut w.tx, &[old.id]).await?;
+            Self::delete_inode(w, &old).await?;
         }
         let q = format!(
             "UPDATE inodes SET parent = $1, size = $2, checksum = $3, mtime_ns = $4 WHERE id = $5 RETURNING {INODE_COLS}"
@@ -531,34 +946,43 @@ impl Catalog {
             .bind(checksum)
             .bind(mtime_ns)
             .bind(id)
-            .fetch_one(&mut **tx)
+            .fetch_one(&mut *w.tx)
             .await?;
+        w.touch(-parent, &name);
         inode_from(&row)
     }
 
     /// Drops a pending file (its replicas become dead).
     pub async fn abort_pending(&self, id: i64) -> Result<()> {
-        let mut tx = self.tx().await?;
+        let mut w = self.wtx().await?;
         let r = async {
-            let i = Self::by_id(&mut tx, id)
+            let i = Self::by_id(&mut w.tx, id)
                 .await?
                 .ok_or_else(|| CatalogError::NotFound(format!("inode {id}")))?;
             if !i.pending {
                 return Err(CatalogError::Invalid(format!("inode {id} is not pending")));
             }
-            Self::bury(&mut tx, &[id]).await?;
-            sqlx::query("DELETE FROM inodes WHERE id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            Ok(())
+            Self::bury(&mut w.tx, &[id]).await?;
+            Self::delete_inode(&mut w, &i).await
         }
         .await;
-        finish(tx, r).await
+        self.done(w, r).await
+    }
+
+    /// Pending files started before `before_ms` (abandoned uploads).
+    pub async fn stale_pending(&self, before_ms: i64, limit: u32) -> Result<Vec<i64>> {
+        let rows = sqlx::query(
+            "SELECT id FROM inodes WHERE parent < 0 AND ctime_ms < $1 ORDER BY ctime_ms LIMIT $2",
+        )
+        .bind(before_ms)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok(r.try_get::<i64, _>(0)?)).collect()
     }
 
     /// Moves the replicas of these inodes to the dead list.
-    async fn bury(tx: &mut Tx<'_>, ids: &[i64]) -> Result<()> {
+    async fn bury(c: &mut AnyConnection, ids: &[i64]) -> Result<()> {
         let now = now_ms();
         for id in ids {
             sqlx::query(
@@ -567,11 +991,11 @@ impl Catalog {
             )
             .bind(id)
             .bind(now)
-            .execute(&mut **tx)
+            .execute(&mut *c)
             .await?;
             sqlx::query("DELETE FROM replicas WHERE inode = $1")
                 .bind(id)
-                .execute(&mut **tx)
+                .execute(&mut *c)
                 .await?;
         }
         Ok(())
@@ -579,15 +1003,18 @@ impl Catalog {
 
     /// Renames or moves an entry. A file may replace a file; nothing replaces a directory.
     pub async fn rename(&self, from: &str, to: &str) -> Result<Inode> {
-        let mut tx = self.tx().await?;
+        let mut w = self.wtx().await?;
         let r = async {
-            let src = Self::resolve(&mut tx, from)
+            let src = self
+                .resolve(&mut w.tx, from, Scope::Write(&w.touched))
                 .await?
                 .ok_or_else(|| CatalogError::NotFound(from.to_string()))?;
             if src.id == ROOT {
                 return Err(CatalogError::Invalid("cannot move the root".into()));
             }
-            let (dir, name) = Self::parent_dir(&mut tx, to).await?;
+            let (dir, name) = self
+                .parent_dir(&mut w.tx, to, Scope::Write(&w.touched))
+                .await?;
             // A directory cannot move into itself or below itself.
             let mut up = dir.id;
             while up != 0 {
@@ -596,24 +1023,24 @@ impl Catalog {
                         "cannot move {from} into itself"
                     )));
                 }
-                up = Self::by_id(&mut tx, up)
+                up = Self::by_id(&mut w.tx, up)
                     .await?
                     .map(|i| i.parent)
-                    .filter(|p| *p != 0)
+                    .filter(|p| *p != 0 && up != ROOT)
                     .unwrap_or(0);
             }
-            if let Some(existing) = Self::child(&mut tx, dir.id, &name).await? {
+            if let Some(existing) = self
+                .child(&mut w.tx, dir.id, &name, Scope::Write(&w.touched))
+                .await?
+            {
                 if existing.id == src.id {
                     return Ok(src);
                 }
                 if existing.kind == Kind::Dir || src.kind == Kind::Dir {
                     return Err(CatalogError::Exists(normalize(to)?));
                 }
-                Self::bury(&mut tx, &[existing.id]).await?;
-                sqlx::query("DELETE FROM inodes WHERE id = $1")
-                    .bind(existing.id)
-                    .execute(&mut *tx)
-                    .await?;
+                Self::bury(&mut w.tx, &[existing.id]).await?;
+                Self::delete_inode(&mut w, &existing).await?;
             }
             let q = format!(
                 "UPDATE inodes SET parent = $1, name = $2 WHERE id = $3 RETURNING {INODE_COLS}"
@@ -622,20 +1049,25 @@ impl Catalog {
                 .bind(dir.id)
                 .bind(&name)
                 .bind(src.id)
-                .fetch_one(&mut *tx)
+                .fetch_one(&mut *w.tx)
                 .await?;
+            w.touch(src.parent, &src.name);
+            w.touch(dir.id, &name);
             inode_from(&row)
         }
         .await;
-        finish(tx, r).await
+        self.done(w, r).await
     }
 
     /// Removes a file or an empty directory; with `recursive` a whole tree. Returns the number
     /// of entries removed. Their replicas become dead.
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<u64> {
-        let mut tx = self.tx().await?;
+        let mut w = self.wtx().await?;
         let r = async {
-            let target = Self::resolve(&mut tx, path).await?.ok_or_else(|| CatalogError::NotFound(path.to_string()))?;
+            let target = self
+                .resolve(&mut w.tx, path, Scope::Write(&w.touched))
+                .await?
+                .ok_or_else(|| CatalogError::NotFound(path.to_string()))?;
             if target.id == ROOT {
                 return Err(CatalogError::Invalid("cannot remove the root".into()));
             }
@@ -644,9 +1076,12 @@ impl Catalog {
                     "WITH RECURSIVE t(id) AS (SELECT $1 UNION ALL SELECT i.id FROM inodes i JOIN t ON i.parent = t.id OR i.parent = -t.id) SELECT id FROM t",
                 )
                 .bind(target.id)
-                .fetch_all(&mut *tx)
+                .fetch_all(&mut *w.tx)
                 .await?;
-                let ids: Vec<i64> = rows.iter().map(|r| r.try_get::<i64, _>(0)).collect::<std::result::Result<_, _>>()?;
+                let ids: Vec<i64> = rows
+                    .iter()
+                    .map(|r| r.try_get::<i64, _>(0))
+                    .collect::<std::result::Result<_, _>>()?;
                 if ids.len() > 1 && !recursive {
                     return Err(CatalogError::NotEmpty(normalize(path)?));
                 }
@@ -654,21 +1089,27 @@ impl Catalog {
             } else {
                 vec![target.id]
             };
-            Self::bury(&mut tx, &ids).await?;
+            Self::bury(&mut w.tx, &ids).await?;
             // Children first (the unique key does not care, but foreign keys of xattrs do).
             for id in ids.iter().rev() {
-                sqlx::query("DELETE FROM inodes WHERE id = $1").bind(id).execute(&mut *tx).await?;
+                sqlx::query("DELETE FROM inodes WHERE id = $1")
+                    .bind(id)
+                    .execute(&mut *w.tx)
+                    .await?;
             }
+            // Entries below the target are keyed by ids that no longer resolve.
+            w.touch(target.parent, &target.name);
             Ok(ids.len() as u64)
         }
         .await;
-        finish(tx, r).await
+        self.done(w, r).await
     }
 
     async fn update_attr(&self, path: &str, sql: &str, value: AttrValue<'_>) -> Result<Inode> {
-        let mut tx = self.tx().await?;
+        let mut w = self.wtx().await?;
         let r = async {
-            let i = Self::resolve(&mut tx, path)
+            let i = self
+                .resolve(&mut w.tx, path, Scope::Write(&w.touched))
                 .await?
                 .ok_or_else(|| CatalogError::NotFound(path.to_string()))?;
             let q = format!("{sql} WHERE id = $2 RETURNING {INODE_COLS}");
@@ -676,11 +1117,12 @@ impl Catalog {
                 AttrValue::Int(v) => sqlx::query(&q).bind(v),
                 AttrValue::Text(v) => sqlx::query(&q).bind(v.to_string()),
             };
-            let row = query.bind(i.id).fetch_one(&mut *tx).await?;
+            let row = query.bind(i.id).fetch_one(&mut *w.tx).await?;
+            w.touch(i.parent, &i.name);
             inode_from(&row)
         }
         .await;
-        finish(tx, r).await
+        self.done(w, r).await
     }
 
     pub async fn set_mode(&self, path: &str, mode: u32) -> Result<Inode> {
@@ -713,79 +1155,104 @@ impl Catalog {
 
     // ---- extended attributes ----------------------------------------------------------
 
+    async fn resolve_existing(&self, c: &mut AnyConnection, path: &str) -> Result<Inode> {
+        let scope = Scope::Read(self.read_scope());
+        self.resolve(c, path, scope)
+            .await?
+            .ok_or_else(|| CatalogError::NotFound(path.to_string()))
+    }
+
     pub async fn xattr_set(&self, path: &str, name: &str, value: &[u8]) -> Result<()> {
         if name.is_empty() || name.len() > 255 || value.len() > 64 * 1024 {
             return Err(CatalogError::Invalid(
                 "xattr names are 1-255 bytes, values at most 64 KiB".into(),
             ));
         }
-        let mut tx = self.tx().await?;
+        let mut w = self.wtx().await?;
         let r = async {
-            let i = Self::resolve(&mut tx, path).await?.ok_or_else(|| CatalogError::NotFound(path.to_string()))?;
+            let i = self
+                .resolve(&mut w.tx, path, Scope::Write(&w.touched))
+                .await?
+                .ok_or_else(|| CatalogError::NotFound(path.to_string()))?;
             sqlx::query(
                 "INSERT INTO xattrs (inode, name, value) VALUES ($1, $2, $3) ON CONFLICT (inode, name) DO UPDATE SET value = excluded.value",
             )
             .bind(i.id)
             .bind(name)
             .bind(value.to_vec())
-            .execute(&mut *tx)
+            .execute(&mut *w.tx)
             .await?;
             Ok(())
         }
         .await;
-        finish(tx, r).await
+        self.done(w, r).await
     }
 
     pub async fn xattr_get(&self, path: &str, name: &str) -> Result<Option<Vec<u8>>> {
-        let mut tx = self.tx().await?;
-        let r = async {
-            let i = Self::resolve(&mut tx, path)
-                .await?
-                .ok_or_else(|| CatalogError::NotFound(path.to_string()))?;
-            let row = sqlx::query("SELECT value FROM xattrs WHERE inode = $1 AND name = $2")
-                .bind(i.id)
-                .bind(name)
-                .fetch_optional(&mut *tx)
-                .await?;
-            Ok(row.map(|r| r.try_get::<Vec<u8>, _>(0)).transpose()?)
-        }
-        .await;
-        finish(tx, r).await
+        let mut c = self.pool.acquire().await?;
+        let i = self.resolve_existing(&mut c, path).await?;
+        self.xattr_of(&mut c, i.id, name).await
+    }
+
+    async fn xattr_of(
+        &self,
+        c: &mut AnyConnection,
+        inode: i64,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let row = sqlx::query("SELECT value FROM xattrs WHERE inode = $1 AND name = $2")
+            .bind(inode)
+            .bind(name)
+            .fetch_optional(&mut *c)
+            .await?;
+        Ok(row.map(|r| r.try_get::<Vec<u8>, _>(0)).transpose()?)
+    }
+
+    /// An attribute of an entry by id.
+    pub async fn xattr_by_id(&self, inode: i64, name: &str) -> Result<Option<Vec<u8>>> {
+        let mut c = self.pool.acquire().await?;
+        self.xattr_of(&mut c, inode, name).await
+    }
+
+    /// Every entry (id) that carries attribute `name`, with its value.
+    pub async fn with_xattr(&self, name: &str) -> Result<Vec<(i64, Vec<u8>)>> {
+        let rows = sqlx::query("SELECT inode, value FROM xattrs WHERE name = $1 ORDER BY inode")
+            .bind(name)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<Vec<u8>, _>(1)?)))
+            .collect()
     }
 
     pub async fn xattr_list(&self, path: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        let mut tx = self.tx().await?;
-        let r = async {
-            let i = Self::resolve(&mut tx, path)
-                .await?
-                .ok_or_else(|| CatalogError::NotFound(path.to_string()))?;
-            let rows = sqlx::query("SELECT name, value FROM xattrs WHERE inode = $1 ORDER BY name")
-                .bind(i.id)
-                .fetch_all(&mut *tx)
-                .await?;
-            rows.iter()
-                .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<Vec<u8>, _>(1)?)))
-                .collect()
-        }
-        .await;
-        finish(tx, r).await
+        let mut c = self.pool.acquire().await?;
+        let i = self.resolve_existing(&mut c, path).await?;
+        let rows = sqlx::query("SELECT name, value FROM xattrs WHERE inode = $1 ORDER BY name")
+            .bind(i.id)
+            .fetch_all(&mut *c)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<Vec<u8>, _>(1)?)))
+            .collect()
     }
 
     pub async fn xattr_remove(&self, path: &str, name: &str) -> Result<bool> {
-        let mut tx = self.tx().await?;
+        let mut w = self.wtx().await?;
         let r = async {
-            let i = Self::resolve(&mut tx, path)
+            let i = self
+                .resolve(&mut w.tx, path, Scope::Write(&w.touched))
                 .await?
                 .ok_or_else(|| CatalogError::NotFound(path.to_string()))?;
             let done = sqlx::query("DELETE FROM xattrs WHERE inode = $1 AND name = $2")
                 .bind(i.id)
                 .bind(name)
-                .execute(&mut *tx)
+                .execute(&mut *w.tx)
                 .await?;
             Ok(done.rows_affected() > 0)
         }
         .await;
-        finish(tx, r).await
+        self.done(w, r).await
     }
 
     // ---- replicas --------------------------------------------------------------------
@@ -793,6 +1260,18 @@ impl Catalog {
     /// Records (or updates) the replica of `inode` on `node`.
     pub async fn set_replica(
         &self,
+        inode: i64,
+        node: &str,
+        state: ReplicaState,
+        checksum: &str,
+    ) -> Result<()> {
+        let mut w = self.wtx().await?;
+        let r = Self::upsert_replica(&mut w.tx, inode, node, state, checksum).await;
+        self.done(w, r).await
+    }
+
+    async fn upsert_replica(
+        c: &mut AnyConnection,
         inode: i64,
         node: &str,
         state: ReplicaState,
@@ -807,7 +1286,7 @@ impl Catalog {
         .bind(state.to_i64())
         .bind(checksum)
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&mut *c)
         .await
         .map_err(|e| match e {
             sqlx::Error::Database(d) if d.message().to_ascii_lowercase().contains("foreign key") => {
@@ -818,8 +1297,41 @@ impl Catalog {
         Ok(())
     }
 
+    /// Records replicas being written (one transaction for all).
+    pub async fn start_replicas(&self, replicas: &[(i64, String)]) -> Result<()> {
+        let mut w = self.wtx().await?;
+        let r = async {
+            for (inode, node) in replicas {
+                Self::upsert_replica(&mut w.tx, *inode, node, ReplicaState::Writing, "").await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.done(w, r).await
+    }
+
+    /// Sets the state of existing replicas (`(inode, node)` pairs) in one transaction.
+    pub async fn mark_replicas(&self, which: &[(i64, String)], state: ReplicaState) -> Result<()> {
+        let mut w = self.wtx().await?;
+        let r = async {
+            for (inode, node) in which {
+                sqlx::query("UPDATE replicas SET state = $1, updated_ms = $2 WHERE inode = $3 AND node = $4")
+                    .bind(state.to_i64())
+                    .bind(now_ms())
+                    .bind(inode)
+                    .bind(node)
+                    .execute(&mut *w.tx)
+                    .await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.done(w, r).await
+    }
+
     /// Marks a replica complete and, if its file is still pending, commits the file: one
     /// transaction, so a file becomes visible exactly when its first verified copy exists.
+    /// A replica of a committed file must have its size and checksum.
     pub async fn complete_replica(
         &self,
         inode: i64,
@@ -828,28 +1340,26 @@ impl Catalog {
         checksum: &str,
         mtime_ns: i64,
     ) -> Result<Inode> {
-        let mut tx = self.tx().await?;
+        let mut w = self.wtx().await?;
         let r = async {
-            let i = Self::by_id(&mut tx, inode).await?.ok_or_else(|| CatalogError::NotFound(format!("inode {inode}")))?;
-            if !i.pending && (i.size != size || i.checksum != checksum) {
+            let i = Self::by_id(&mut w.tx, inode)
+                .await?
+                .ok_or_else(|| CatalogError::NotFound(format!("inode {inode}")))?;
+            if !i.pending && (i.size != size || !checksums_agree(&i.checksum, checksum)) {
                 return Err(CatalogError::Invalid(format!(
-                    "replica of inode {inode} on {node} does not match the file (size {size}, checksum {checksum})"
+                    "replica of inode {inode} on {node} does not match the file (size {size}, checksum {checksum}; the file has size {}, checksum {})",
+                    i.size, i.checksum
                 )));
             }
-            sqlx::query(
-                "INSERT INTO replicas (inode, node, state, checksum, updated_ms) VALUES ($1, $2, 1, $3, $4) \
-                 ON CONFLICT (inode, node) DO UPDATE SET state = 1, checksum = excluded.checksum, updated_ms = excluded.updated_ms",
-            )
-            .bind(inode)
-            .bind(node)
-            .bind(checksum)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?;
-            if i.pending { Self::commit_in(&mut tx, inode, size, checksum, mtime_ns).await } else { Ok(i) }
+            Self::upsert_replica(&mut w.tx, inode, node, ReplicaState::Complete, checksum).await?;
+            if i.pending {
+                self.commit_in(&mut w, inode, size, checksum, mtime_ns).await
+            } else {
+                Ok(i)
+            }
         }
         .await;
-        finish(tx, r).await
+        self.done(w, r).await
     }
 
     pub async fn replicas(&self, inode: i64) -> Result<Vec<Replica>> {
@@ -858,6 +1368,28 @@ impl Catalog {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(replica_from).collect()
+    }
+
+    /// Replicas of many files (missing ids map to no replicas).
+    pub async fn replicas_of(&self, inodes: &[i64]) -> Result<HashMap<i64, Vec<Replica>>> {
+        let mut out: HashMap<i64, Vec<Replica>> = HashMap::new();
+        for chunk in inodes.chunks(500) {
+            let list = chunk
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            // Ids are integers: formatting them into the statement is safe and lets one query
+            // serve a whole batch on both backends.
+            let q = format!(
+                "SELECT inode, node, state, checksum, updated_ms FROM replicas WHERE inode IN ({list}) ORDER BY inode, node"
+            );
+            for r in sqlx::query(&q).fetch_all(&self.pool).await? {
+                let r = replica_from(&r)?;
+                out.entry(r.inode).or_default().push(r);
+            }
+        }
+        Ok(out)
     }
 
     /// Every replica a node is supposed to hold.
@@ -869,47 +1401,74 @@ impl Catalog {
         rows.iter().map(replica_from).collect()
     }
 
-    /// Drops a replica record (its file stays on the node's dead list for removal).
-    pub async fn remove_replica(&self, inode: i64, node: &str) -> Result<()> {
-        let mut tx = self.tx().await?;
-        sqlx::query(
-            "INSERT INTO dead_replicas (inode, node, since_ms) VALUES ($1, $2, $3) ON CONFLICT (inode, node) DO NOTHING",
+    /// Number of replicas per node and state: `(node, state, count)`.
+    pub async fn replica_counts(&self) -> Result<Vec<(String, ReplicaState, u64)>> {
+        let rows = sqlx::query(
+            "SELECT node, state, COUNT(*) FROM replicas GROUP BY node, state ORDER BY node",
         )
-        .bind(inode)
-        .bind(node)
-        .bind(now_ms())
-        .execute(&mut *tx)
+        .fetch_all(&self.pool)
         .await?;
-        sqlx::query("DELETE FROM replicas WHERE inode = $1 AND node = $2")
-            .bind(inode)
-            .bind(node)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String, _>(0)?,
+                    ReplicaState::from_i64(r.try_get(1)?),
+                    r.try_get::<i64, _>(2)? as u64,
+                ))
+            })
+            .collect()
     }
 
-    /// Files a node should remove.
-    pub async fn dead_replicas(&self, node: &str) -> Result<Vec<i64>> {
-        let rows = sqlx::query("SELECT inode FROM dead_replicas WHERE node = $1 ORDER BY inode")
+    /// Drops a replica record (its file goes on the node's dead list for removal).
+    pub async fn remove_replica(&self, inode: i64, node: &str) -> Result<()> {
+        let mut w = self.wtx().await?;
+        let r = async {
+            sqlx::query(
+                "INSERT INTO dead_replicas (inode, node, since_ms) VALUES ($1, $2, $3) ON CONFLICT (inode, node) DO NOTHING",
+            )
+            .bind(inode)
             .bind(node)
-            .fetch_all(&self.pool)
+            .bind(now_ms())
+            .execute(&mut *w.tx)
             .await?;
+            sqlx::query("DELETE FROM replicas WHERE inode = $1 AND node = $2")
+                .bind(inode)
+                .bind(node)
+                .execute(&mut *w.tx)
+                .await?;
+            Ok(())
+        }
+        .await;
+        self.done(w, r).await
+    }
+
+    /// Files a node should remove now (dead replicas whose time has come).
+    pub async fn dead_replicas(&self, node: &str) -> Result<Vec<i64>> {
+        let rows = sqlx::query(
+            "SELECT inode FROM dead_replicas WHERE node = $1 AND since_ms <= $2 ORDER BY inode LIMIT 10000",
+        )
+        .bind(node)
+        .bind(now_ms())
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter().map(|r| Ok(r.try_get::<i64, _>(0)?)).collect()
     }
 
     /// A node removed these files.
     pub async fn forget_dead(&self, node: &str, inodes: &[i64]) -> Result<()> {
-        let mut tx = self.tx().await?;
-        for i in inodes {
-            sqlx::query("DELETE FROM dead_replicas WHERE inode = $1 AND node = $2")
-                .bind(i)
-                .bind(node)
-                .execute(&mut *tx)
-                .await?;
+        let mut w = self.wtx().await?;
+        let r = async {
+            for i in inodes {
+                sqlx::query("DELETE FROM dead_replicas WHERE inode = $1 AND node = $2")
+                    .bind(i)
+                    .bind(node)
+                    .execute(&mut *w.tx)
+                    .await?;
+            }
+            Ok(())
         }
-        tx.commit().await?;
-        Ok(())
+        .await;
+        self.done(w, r).await
     }
 
     /// Whether an inode exists at all (committed or pending).
@@ -921,9 +1480,101 @@ impl Catalog {
         Ok(row.is_some())
     }
 
+    /// Compares a node's inventory (`file id -> size`) with the catalog: replicas it lacks
+    /// become missing, replicas of the wrong size damaged (missing and damaged ones it holds
+    /// again, correctly, become complete), and files the catalog does not expect on it go on
+    /// its dead list, to be removed after `grace_ms` (a file may be between its local commit
+    /// and its report).
+    pub async fn reconcile(
+        &self,
+        node: &str,
+        held: &HashMap<i64, u64>,
+        grace_ms: i64,
+    ) -> Result<Reconciled> {
+        let rows = sqlx::query(
+            "SELECT r.inode, r.state, i.size, i.parent FROM replicas r JOIN inodes i ON i.id = r.inode WHERE r.node = $1",
+        )
+        .bind(node)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Reconciled::default();
+        let mut expected: HashSet<i64> = HashSet::with_capacity(rows.len());
+        let mut restored = Vec::new();
+        for r in &rows {
+            let inode: i64 = r.try_get(0)?;
+            let state = ReplicaState::from_i64(r.try_get(1)?);
+            let size = r.try_get::<i64, _>(2)? as u64;
+            let pending = r.try_get::<i64, _>(3)? < 0;
+            expected.insert(inode);
+            match held.get(&inode) {
+                // Being written, or its file is still pending: nothing to say yet.
+                _ if state == ReplicaState::Writing || pending => {}
+                None if state != ReplicaState::Missing => out.missing.push(inode),
+                None => {}
+                Some(s) if *s != size && state != ReplicaState::Damaged => out.damaged.push(inode),
+                Some(s) if *s == size && state == ReplicaState::Missing => {
+                    restored.push(inode);
+                    out.known += 1;
+                }
+                Some(_) => out.known += 1,
+            }
+        }
+        let dead: HashSet<i64> = {
+            let rows = sqlx::query("SELECT inode FROM dead_replicas WHERE node = $1")
+                .bind(node)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|r| r.try_get::<i64, _>(0))
+                .collect::<std::result::Result<_, _>>()?
+        };
+        out.orphans = held
+            .keys()
+            .filter(|i| !expected.contains(i) && !dead.contains(i))
+            .copied()
+            .collect();
+        out.orphans.sort_unstable();
+        out.missing.sort_unstable();
+        out.damaged.sort_unstable();
+        let mut w = self.wtx().await?;
+        let r = async {
+            let now = now_ms();
+            for (ids, state) in [
+                (&out.missing, ReplicaState::Missing),
+                (&out.damaged, ReplicaState::Damaged),
+                (&restored, ReplicaState::Complete),
+            ] {
+                for i in ids {
+                    sqlx::query("UPDATE replicas SET state = $1, updated_ms = $2 WHERE inode = $3 AND node = $4")
+                        .bind(state.to_i64())
+                        .bind(now)
+                        .bind(i)
+                        .bind(node)
+                        .execute(&mut *w.tx)
+                        .await?;
+                }
+            }
+            for i in &out.orphans {
+                sqlx::query(
+                    "INSERT INTO dead_replicas (inode, node, since_ms) VALUES ($1, $2, $3) ON CONFLICT (inode, node) DO NOTHING",
+                )
+                .bind(i)
+                .bind(node)
+                .bind(now + grace_ms)
+                .execute(&mut *w.tx)
+                .await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.done(w, r).await?;
+        Ok(out)
+    }
+
     // ---- nodes -----------------------------------------------------------------------
 
-    /// Registers a node, or updates its site, address and capacity.
+    /// Registers a node, or updates its site, address and capacity. Returns the node and the
+    /// key its capabilities are signed with (`new_key` is kept if the node has none yet).
     pub async fn register_node(
         &self,
         name: &str,
@@ -932,36 +1583,87 @@ impl Catalog {
         capacity: u64,
         free: u64,
     ) -> Result<Node> {
+        self.register_node_with_key(name, site, address, capacity, free, &[])
+            .await
+            .map(|(n, _)| n)
+    }
+
+    /// [`Catalog::register_node`], also returning the node's capability key.
+    pub async fn register_node_with_key(
+        &self,
+        name: &str,
+        site: &str,
+        address: &str,
+        capacity: u64,
+        free: u64,
+        new_key: &[u8],
+    ) -> Result<(Node, Vec<u8>)> {
         let now = now_ms();
-        sqlx::query(
-            "INSERT INTO nodes (name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up) \
-             VALUES ($1, $2, $3, $4, $5, 0.0, $6, $6, 1) \
-             ON CONFLICT (name) DO UPDATE SET site = excluded.site, address = excluded.address, capacity = excluded.capacity, \
-             free = excluded.free, heartbeat_ms = excluded.heartbeat_ms, up = 1",
-        )
-        .bind(name)
-        .bind(site)
-        .bind(address)
-        .bind(capacity as i64)
-        .bind(free as i64)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        self.node(name).await
+        let mut w = self.wtx().await?;
+        let r = async {
+            sqlx::query(
+                "INSERT INTO nodes (name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up, cap_key) \
+                 VALUES ($1, $2, $3, $4, $5, 0.0, $6, $6, 1, $7) \
+                 ON CONFLICT (name) DO UPDATE SET site = excluded.site, address = excluded.address, capacity = excluded.capacity, \
+                 free = excluded.free, heartbeat_ms = excluded.heartbeat_ms, registered_ms = excluded.registered_ms, up = 1",
+            )
+            .bind(name)
+            .bind(site)
+            .bind(address)
+            .bind(capacity as i64)
+            .bind(free as i64)
+            .bind(now)
+            .bind(new_key.to_vec())
+            .execute(&mut *w.tx)
+            .await?;
+            let mut key: Vec<u8> = sqlx::query("SELECT cap_key FROM nodes WHERE name = $1")
+                .bind(name)
+                .fetch_one(&mut *w.tx)
+                .await?
+                .try_get(0)?;
+            if key.is_empty() && !new_key.is_empty() {
+                sqlx::query("UPDATE nodes SET cap_key = $1 WHERE name = $2")
+                    .bind(new_key.to_vec())
+                    .bind(name)
+                    .execute(&mut *w.tx)
+                    .await?;
+                key = new_key.to_vec();
+            }
+            Ok(key)
+        }
+        .await;
+        let key = self.done(w, r).await?;
+        Ok((self.node(name).await?, key))
+    }
+
+    /// The capability keys of all nodes.
+    pub async fn node_keys(&self) -> Result<HashMap<String, Vec<u8>>> {
+        let rows = sqlx::query("SELECT name, cap_key FROM nodes")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<Vec<u8>, _>(1)?)))
+            .collect()
     }
 
     pub async fn heartbeat(&self, name: &str, capacity: u64, free: u64, load: f64) -> Result<Node> {
-        let done = sqlx::query("UPDATE nodes SET capacity = $1, free = $2, load = $3, heartbeat_ms = $4, up = 1 WHERE name = $5")
-            .bind(capacity as i64)
-            .bind(free as i64)
-            .bind(load)
-            .bind(now_ms())
-            .bind(name)
-            .execute(&self.pool)
-            .await?;
-        if done.rows_affected() == 0 {
-            return Err(CatalogError::NotFound(format!("node {name}")));
+        let mut w = self.wtx().await?;
+        let r = async {
+            let done = sqlx::query("UPDATE nodes SET capacity = $1, free = $2, load = $3, heartbeat_ms = $4, up = 1 WHERE name = $5")
+                .bind(capacity as i64)
+                .bind(free as i64)
+                .bind(load)
+                .bind(now_ms())
+                .bind(name)
+                .execute(&mut *w.tx)
+                .await?;
+            if done.rows_affected() == 0 {
+                return Err(CatalogError::NotFound(format!("node {name}")));
+            }
+            Ok(())
         }
+        .await;
+        self.done(w, r).await?;
         self.node(name).await
     }
 
@@ -989,15 +1691,48 @@ impl Catalog {
     /// Marks nodes whose last heartbeat is older than `max_age_ms` as down; returns them.
     pub async fn expire_nodes(&self, max_age_ms: i64) -> Result<Vec<String>> {
         let cutoff = now_ms() - max_age_ms;
-        let rows = sqlx::query(
-            "UPDATE nodes SET up = 0 WHERE up = 1 AND heartbeat_ms < $1 RETURNING name",
-        )
-        .bind(cutoff)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| Ok(r.try_get::<String, _>(0)?))
-            .collect()
+        let mut w = self.wtx().await?;
+        let r = async {
+            let rows = sqlx::query(
+                "UPDATE nodes SET up = 0 WHERE up = 1 AND heartbeat_ms < $1 RETURNING name",
+            )
+            .bind(cutoff)
+            .fetch_all(&mut *w.tx)
+            .await?;
+            rows.iter()
+                .map(|r| Ok(r.try_get::<String, _>(0)?))
+                .collect::<Result<Vec<String>>>()
+        }
+        .await;
+        self.done(w, r).await
+    }
+
+    /// Removes a node from the registry (it must hold no replicas).
+    pub async fn remove_node(&self, name: &str) -> Result<()> {
+        let mut w = self.wtx().await?;
+        let r = async {
+            let n: i64 = sqlx::query("SELECT COUNT(*) FROM replicas WHERE node = $1")
+                .bind(name)
+                .fetch_one(&mut *w.tx)
+                .await?
+                .try_get(0)?;
+            if n > 0 {
+                return Err(CatalogError::NotEmpty(format!(
+                    "node {name} ({n} replicas)"
+                )));
+            }
+            sqlx::query("DELETE FROM dead_replicas WHERE node = $1")
+                .bind(name)
+                .execute(&mut *w.tx)
+                .await?;
+            sqlx::query("DELETE FROM nodes WHERE name = $1")
+                .bind(name)
+                .execute(&mut *w.tx)
+                .await?;
+            Ok(())
+        }
+        .await;
+        self.done(w, r).await
     }
 
     /// Counts of entries (for reports and benchmarks).
@@ -1018,17 +1753,25 @@ enum AttrValue<'a> {
     Text(&'a str),
 }
 
-async fn finish<T>(tx: Tx<'_>, r: Result<T>) -> Result<T> {
-    match r {
-        Ok(v) => {
-            tx.commit().await?;
-            Ok(v)
-        }
-        Err(e) => {
-            tx.rollback().await?;
-            Err(e)
+/// Whether two checksum lists agree on every algorithm both have (and share one).
+pub fn checksums_agree(a: &str, b: &str) -> bool {
+    let pairs = |s: &str| -> HashMap<String, String> {
+        s.split_whitespace()
+            .filter_map(|p| p.split_once(':'))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_ascii_lowercase()))
+            .collect()
+    };
+    let (a, b) = (pairs(a), pairs(b));
+    let mut common = 0;
+    for (k, v) in &a {
+        if let Some(w) = b.get(k) {
+            if v != w {
+                return false;
+            }
+            common += 1;
         }
     }
+    common > 0
 }
 
 fn replica_from(r: &AnyRow) -> Result<Replica> {
