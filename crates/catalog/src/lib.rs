@@ -504,6 +504,30 @@ impl Catalog {
             .ok_or_else(|| CatalogError::NotFound(path.to_string()))
     }
 
+        /// The entries along `path`, root first, as far as they exist: the last one is the entry
+    /// itself when the result has one more element than the path has components. Used to
+    /// check permissions of every directory on the way.
+    pub async fn lookup_chain(&self, path: &str) -> Result<Vec<Inode>> {
+        let norm = normalize(path)?;
+        let scope = Scope::Read(self.read_scope());
+        let mut c = self.pool.acquire().await?;
+        let mut cur = self.resolve(&mut c, "/", scope).await?.expect("root exists");
+        let mut chain = vec![cur.clone()];
+        for part in norm.split('/').filter(|p| !p.is_empty()) {
+            if cur.kind != Kind::Dir {
+                return Err(CatalogError::NotADirectory(chain_path(&chain)));
+            }
+            match self.child(&mut c, cur.id, part, scope).await? {
+                Some(next) => {
+                    chain.push(next.clone());
+                    cur = next;
+                }
+                None => break,
+            }
+        }
+        Ok(chain)
+    }
+
     /// Several lookups on one connection.
     pub async fn lookup_many(&self, paths: &[String]) -> Result<Vec<Result<Option<Inode>>>> {
         let scope = Scope::Read(self.read_scope());
@@ -1751,6 +1775,11 @@ impl Catalog {
 enum AttrValue<'a> {
     Int(i64),
     Text(&'a str),
+}
+
+fn chain_path(chain: &[Inode]) -> String {
+    let names: Vec<&str> = chain.iter().skip(1).map(|i| i.name.as_str()).collect();
+    format!("/{}", names.join("/"))
 }
 
 /// Whether two checksum lists agree on every algorithm both have (and share one).

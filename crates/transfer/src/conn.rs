@@ -618,8 +618,18 @@ pub async fn start_control(
 ) -> Result<Session, TransferError> {
     let addr = format_addr(host, port);
     let rtt = rtt(&tcp).unwrap_or(Duration::from_millis(1));
-    let io = match tls {
-        Some(t) => t.handshake(tcp, host, &addr).await?,
+        let io = match tls {
+        Some(t) => {
+            let io = t.handshake(tcp, host, &addr).await?;
+            if let Io::Tls(s) = &io {
+                if s.get_ref().1.alpn_protocol() == Some(tls::ALPN_GRPC) {
+                    return Err(TransferError::IsMetadataServer(format!(
+                        "{addr} is a metadata server (grid namespace), not a data endpoint"
+                    )));
+                }
+            }
+            io
+        }
         None => {
             let mut io = Io::Plain(tcp);
             write_all(&mut io, CONTROL_MAGIC, &addr).await?;

@@ -41,16 +41,20 @@ pub enum TransferError {
     /// Any other local failure (exit 1).
     #[error("{0}")]
     Local(String),
-    /// Interrupted by the user (exit 130).
+        /// Interrupted by the user (exit 130).
     #[error("interrupted")]
     Interrupted,
+    /// The server is a metadata server, not a data endpoint: the caller should use the grid
+    /// client instead (exit 2 if nothing does).
+    #[error("{0}")]
+    IsMetadataServer(String),
 }
 
 impl TransferError {
     /// The exit code `haul` uses for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            TransferError::Usage(_) => 2,
+                        TransferError::Usage(_) | TransferError::IsMetadataServer(_) => 2,
             TransferError::NotFound(_) => 3,
             TransferError::Connect(_) => 4,
             TransferError::Auth(_) => 5,
@@ -74,7 +78,7 @@ impl TransferError {
     /// The error as it travels to a peer.
     pub fn to_info(&self) -> ErrorInfo {
         let kind = match self {
-            TransferError::Usage(_) => ErrorKind::Invalid,
+            TransferError::Usage(_) | TransferError::IsMetadataServer(_) => ErrorKind::Invalid,
             TransferError::NotFound(_) => ErrorKind::NotFound,
             TransferError::Connect(_) => ErrorKind::Connect,
             TransferError::Auth(_) => ErrorKind::PermissionDenied,

@@ -11,8 +11,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// ALPN protocol name of longhaul connections.
+/// ALPN protocol name of longhaul data-plane connections.
 pub const ALPN: &[u8] = b"haul/1";
+
+/// ALPN protocol of a metadata server (gRPC over HTTP/2). Clients offer both, so that a
+/// `haul://host/path` can name either kind of server.
+pub const ALPN_GRPC: &[u8] = b"h2";
 
 /// Label of the TLS exporter that binds private data connections to their session.
 pub const EXPORTER_LABEL: &[u8] = b"EXPERIMENTAL-haul-data-bind";
@@ -113,7 +117,7 @@ pub fn client_config(creds: &Credentials) -> Result<Arc<ClientConfig>, TransferE
         .with_root_certificates(creds.roots.clone())
         .with_client_auth_cert(creds.chain.clone(), creds.key.clone_key())
         .map_err(|e| TransferError::Auth(format!("certificate and key do not match: {e}")))?;
-    cfg.alpn_protocols = vec![ALPN.to_vec()];
+        cfg.alpn_protocols = vec![ALPN.to_vec(), ALPN_GRPC.to_vec()];
     cfg.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(cfg))
 }

@@ -5,3 +5,6 @@ ALTER TABLE nodes ADD COLUMN cap_key BYTEA NOT NULL DEFAULT '\x';
 ALTER TABLE inodes ADD COLUMN ctime_ms BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX inodes_pending ON inodes (ctime_ms) WHERE parent < 0;
 CREATE INDEX replicas_by_state ON replicas (state, node);
+-- The root is world-writable with the sticky bit (like /tmp): anyone may create a top-level
+-- directory, and only its owner may remove or rename it.
+UPDATE inodes SET mode = 1023 WHERE id = 1 AND mode = 493;
