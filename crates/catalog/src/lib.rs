@@ -504,14 +504,17 @@ impl Catalog {
             .ok_or_else(|| CatalogError::NotFound(path.to_string()))
     }
 
-        /// The entries along `path`, root first, as far as they exist: the last one is the entry
+    /// The entries along `path`, root first, as far as they exist: the last one is the entry
     /// itself when the result has one more element than the path has components. Used to
     /// check permissions of every directory on the way.
     pub async fn lookup_chain(&self, path: &str) -> Result<Vec<Inode>> {
         let norm = normalize(path)?;
         let scope = Scope::Read(self.read_scope());
         let mut c = self.pool.acquire().await?;
-        let mut cur = self.resolve(&mut c, "/", scope).await?.expect("root exists");
+        let mut cur = self
+            .resolve(&mut c, "/", scope)
+            .await?
+            .expect("root exists");
         let mut chain = vec![cur.clone()];
         for part in norm.split('/').filter(|p| !p.is_empty()) {
             if cur.kind != Kind::Dir {

@@ -16,8 +16,13 @@ Exit codes:
        the exported root)
   7    data did not verify against the source checksum (after all retries)
   8    transfer stalled: no data moved for --stall-timeout (after all retries)
-  9    protocol error (malformed data from the peer, version mismatch)
-  130  interrupted";
+    9    protocol error (malformed data from the peer, version mismatch)
+  130  interrupted
+
+In the grid (haul://META/path): 3 no such file or directory; 4 metadata server,
+storage node or catalog database unreachable, or no healthy replica; 5 permission
+denied; 6 the path exists, is not a directory, is not empty, is being written, or no
+storage node has room.";
 
 /// longhaul: move and replicate large datasets across long fat networks.
 #[derive(Parser, Debug)]
@@ -51,6 +56,37 @@ pub enum Command {
     /// Run the whole thing on this machine: two TLS sites on loopback, a climate-like dataset
     /// uploaded, copied site to site (encrypted, third party), downloaded and verified.
     Demo(DemoArgs),
+    /// The grid's metadata server.
+    #[command(subcommand)]
+    Meta(MetaCommand),
+    /// A grid storage node.
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// List a grid directory: haul ls [-l] haul://META/path
+    Ls(LsArgs),
+    /// Show grid entries.
+    Stat(PathsArgs),
+    /// Create grid directories.
+    Mkdir(MkdirArgs),
+    /// Remove grid files or directories (their replicas are deleted by the nodes).
+    Rm(RmArgs),
+    /// Rename or move a grid entry (the data does not move).
+    Mv(MvArgs),
+    /// Change permissions of grid entries: haul chmod 750 haul://META/path
+    Chmod(ChmodArgs),
+    /// Change owner and/or group of grid entries: haul chown alice:atlas haul://META/path
+    Chown(ChownArgs),
+    /// Extended attributes of grid entries.
+    #[command(subcommand)]
+    Xattr(XattrCommand),
+    /// Every replica of grid files: node, site, state, checksum.
+    Where(PathsArgs),
+    /// Capacity and use per storage node and per site.
+    Df(GridArgs),
+    /// The storage node registry with health.
+    Nodes(GridArgs),
+    /// Which identity the metadata server maps your certificate to.
+    Whoami(GridArgs),
     /// Emulated long fat networks for tests and benchmarks (`haul netlab --help`).
     #[command(disable_help_flag = true)]
     Netlab {
@@ -176,6 +212,12 @@ pub struct CpArgs {
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
+    /// This client's grid site: new files go to its storage nodes, reads prefer its replicas.
+    #[arg(long, env = "HAUL_SITE", value_name = "NAME")]
+    pub site: Option<String>,
+    /// Grid copies: data sessions with storage nodes at once.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub node_sessions: usize,
     /// Progress bar on stderr.
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
@@ -293,6 +335,227 @@ pub struct CertIssueArgs {
     /// Explicit validity end (RFC 3339).
     #[arg(long, value_name = "TIME", requires = "not_before")]
     pub not_after: Option<String>,
+}
+
+/// Options of every grid command.
+#[derive(Args, Debug, Clone)]
+pub struct GridArgs {
+    /// The metadata server: haul://host[:port] (a grid path also names it) [default:
+    /// $HAUL_META]
+    #[arg(value_name = "META", env = "HAUL_META")]
+    pub meta: Option<String>,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+/// Grid paths: haul://META/path, or /path with HAUL_META set.
+#[derive(Args, Debug, Clone)]
+pub struct PathsArgs {
+    #[arg(value_name = "PATH", required = true)]
+    pub paths: Vec<String>,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct LsArgs {
+    /// Long format: mode, owner, group, size, modification time, name.
+    #[arg(short, long)]
+    pub long: bool,
+    /// Show sizes as KB, MB, GB.
+    #[arg(short = 'H', long)]
+    pub human: bool,
+    #[command(flatten)]
+    pub p: PathsArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MkdirArgs {
+    /// Create missing parents; an existing directory is not an error.
+    #[arg(short, long)]
+    pub parents: bool,
+    /// Permission bits (octal).
+    #[arg(short, long, value_name = "MODE", default_value = "755", value_parser = parse_mode)]
+    pub mode: u32,
+    #[command(flatten)]
+    pub p: PathsArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RmArgs {
+    /// Remove directories and everything below them.
+    #[arg(short, long)]
+    pub recursive: bool,
+    #[command(flatten)]
+    pub p: PathsArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MvArgs {
+    /// Entry to move: haul://META/path
+    pub from: String,
+    /// New path (same metadata server); an existing file is replaced, an existing directory
+    /// receives the entry under its name.
+    pub to: String,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ChmodArgs {
+    /// Permission bits (octal), e.g. 750 or 1777.
+    #[arg(value_parser = parse_mode)]
+    pub mode: u32,
+    #[command(flatten)]
+    pub p: PathsArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ChownArgs {
+    /// OWNER, OWNER:GROUP or :GROUP
+    pub owner: String,
+    #[command(flatten)]
+    pub p: PathsArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum XattrCommand {
+    /// Print one attribute.
+    Get(XattrNameArgs),
+    /// Set an attribute.
+    Set(XattrSetArgs),
+    /// List attributes with their values.
+    List(PathsArgs),
+    /// Remove an attribute.
+    Rm(XattrNameArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct XattrNameArgs {
+    pub path: String,
+    pub name: String,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct XattrSetArgs {
+    pub path: String,
+    pub name: String,
+    pub value: String,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MetaCommand {
+    /// Run the metadata server.
+    Serve(MetaServeArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  haul meta serve --data /var/lib/haul-meta --cert meta.pem --key meta.key --ca ca.pem --mapfile mapfile\n  haul meta serve --db postgres://haul@dbhost/haul ...   (several servers may share it)"
+)]
+pub struct MetaServeArgs {
+    /// Catalog database: postgres://user@host/db [default: SQLite in --data]
+    #[arg(long, env = "HAUL_META_DB", value_name = "URL")]
+    pub db: Option<String>,
+    /// Directory of the SQLite catalog (and its lock) [default: ~/.haul/meta]
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Address of the gRPC API.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:5811")]
+    pub listen: String,
+    /// Address of the dashboard, JSON status and /metrics (plain HTTP; keep it on a trusted
+    /// interface); "off" for none.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:5880")]
+    pub http: String,
+    /// Mapfile: "<certificate subject>" <user> lines [default: ~/.haul/mapfile]
+    #[arg(long, env = "HAUL_MAPFILE", value_name = "FILE")]
+    pub mapfile: Option<PathBuf>,
+    /// Groups file: "group: user1 user2" lines (a user's first group is their primary one).
+    #[arg(long, value_name = "FILE")]
+    pub groups: Option<PathBuf>,
+    /// Administrators (may do anything in the namespace); repeat for several.
+    #[arg(long = "admin", value_name = "USER", default_value = "root")]
+    pub admins: Vec<String>,
+    /// How often storage nodes report.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub heartbeat: std::time::Duration,
+    /// A node silent for this long is down and its replicas do not count.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub node_timeout: std::time::Duration,
+    /// Files on a node that the catalog does not know are removed after this long.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    pub orphan_grace: std::time::Duration,
+    /// Uploads that never finish are dropped after this long.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+    pub pending_grace: std::time::Duration,
+    /// Print the bound API address on stdout once listening (useful with port 0).
+    #[arg(long)]
+    pub print_addr: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// Run a storage node.
+    Serve(NodeServeArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Example:\n  haul node serve --meta haul://meta.example.org --site KEK --root /data/haul --listen 0.0.0.0:5812 \\\n      --cert node1.pem --key node1.key --ca ca.pem\nThe node's name is its host certificate's CN unless --name says otherwise (they must agree)."
+)]
+pub struct NodeServeArgs {
+    /// The metadata server: haul://host[:port]
+    #[arg(long, env = "HAUL_META", value_name = "URL")]
+    pub meta: String,
+    /// The node's site (replicas are spread over sites; readers prefer their own).
+    #[arg(long, value_name = "NAME")]
+    pub site: String,
+    /// Directory holding the node's replicas.
+    #[arg(long, value_name = "DIR")]
+    pub root: PathBuf,
+    /// Node name [default: the CN of the host certificate]
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Address of the data service.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:5812")]
+    pub listen: String,
+    /// Address others reach the data service at [default: --listen, with the certificate's
+    /// name for an unspecified host]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
+    /// Capacity to offer (e.g. 500G) [default: the file system's]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// Bandwidth to plan for when pushing to another node, in bits/s.
+    #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
+    pub link_rate: u64,
+    /// Most connections at once.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Print the bound data address on stdout once listening.
+    #[arg(long)]
+    pub print_addr: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode (0-7777)"))
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {

@@ -89,7 +89,19 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
         }
     });
     let bar = Progress::start(progress::wanted(a.progress), counters.clone(), erx);
-    let result = client::copy(&src, &dst, &opts, counters, etx, cancel).await;
+    let mut result = client::copy(
+        &src,
+        &dst,
+        &opts,
+        counters.clone(),
+        etx.clone(),
+        cancel.clone(),
+    )
+    .await;
+    if let Err(TransferError::IsMetadataServer(_)) = &result {
+        // haul://META/path: the grid.
+        result = grid_copy(&a, &src, &dst, opts, counters, etx, cancel).await;
+    }
     bar.finish().await;
     match result {
         Ok(report) => {
@@ -116,6 +128,41 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
             Err(e)
         }
     }
+}
+
+async fn grid_copy(
+    a: &CpArgs,
+    src: &Location,
+    dst: &Location,
+    opts: CopyOptions,
+    counters: Arc<Counters>,
+    events: transfer::progress::EventSender,
+    cancel: CancellationToken,
+) -> Result<CopyReport, TransferError> {
+    if opts.range.is_some() {
+        return Err(TransferError::Usage(
+            "--offset/--length are for standalone endpoints, not the grid".into(),
+        ));
+    }
+    let Some(tls) = opts.tls.as_ref().map(|t| t.config.clone()) else {
+        return Err(TransferError::Usage(
+            "the grid needs certificates, not --insecure".into(),
+        ));
+    };
+    let peer = match (src, dst) {
+        (Location::Remote { host, port, .. }, _) | (_, Location::Remote { host, port, .. }) => {
+            client::Peer::new(host.clone(), *port)
+        }
+        _ => unreachable!("a remote side exists"),
+    };
+    let meta = grid::MetaClient::connect(&peer, tls).await?;
+    let gopts = grid::copy::GridOptions {
+        copy: opts,
+        site: a.site.clone(),
+        overwrite: true,
+        max_sessions: a.node_sessions.max(1),
+    };
+    grid::copy::copy(&meta, src, dst, &gopts, counters, events, cancel).await
 }
 
 fn exit_code(r: &CopyReport) -> u8 {

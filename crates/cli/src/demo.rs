@@ -113,6 +113,7 @@ async fn start_site(
         link_bps: 10_000_000_000,
         checkpoint_interval: std::time::Duration::from_secs(5),
         spool: None,
+        stats: Default::default(),
     };
     let s = stop.clone();
     tokio::spawn(async move {

@@ -6,6 +6,9 @@ mod config;
 mod cp;
 mod creds;
 mod demo;
+mod grid_cmd;
+mod meta_cmd;
+mod node_cmd;
 mod pki;
 mod progress;
 mod serve;
@@ -61,7 +64,9 @@ fn init_logging(cli: &args::Cli) {
     let default = match (&cli.command, cli.verbose) {
         (_, v) if v >= 2 => "debug",
         (_, 1) => "info",
-        (args::Command::Serve(_), _) => "info",
+        (args::Command::Serve(_), _)
+        | (args::Command::Meta(_), _)
+        | (args::Command::Node(_), _) => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("HAUL_LOG")
@@ -78,6 +83,20 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Cp(a) => cp::run(a).await,
         args::Command::Serve(a) => serve::run(a).await.map(|()| 0),
         args::Command::Demo(a) => demo::run(a).await,
+        args::Command::Meta(args::MetaCommand::Serve(a)) => meta_cmd::run(a).await.map(|()| 0),
+        args::Command::Node(args::NodeCommand::Serve(a)) => node_cmd::run(a).await.map(|()| 0),
+        args::Command::Ls(a) => grid_cmd::ls(a).await,
+        args::Command::Stat(a) => grid_cmd::stat(a).await,
+        args::Command::Mkdir(a) => grid_cmd::mkdir(a).await,
+        args::Command::Rm(a) => grid_cmd::rm(a).await,
+        args::Command::Mv(a) => grid_cmd::mv(a).await,
+        args::Command::Chmod(a) => grid_cmd::chmod(a).await,
+        args::Command::Chown(a) => grid_cmd::chown(a).await,
+        args::Command::Xattr(c) => grid_cmd::xattr(c).await,
+        args::Command::Where(a) => grid_cmd::where_(a).await,
+        args::Command::Df(a) => grid_cmd::df(a).await,
+        args::Command::Nodes(a) => grid_cmd::nodes(a).await,
+        args::Command::Whoami(a) => grid_cmd::whoami(a).await,
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),
         args::Command::Netlab { args } => {

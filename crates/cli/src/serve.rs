@@ -57,11 +57,12 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
         spool: None,
+        stats: Default::default(),
     };
     transfer::endpoint::run(cfg, listener, shutdown_signal()).await
 }
 
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

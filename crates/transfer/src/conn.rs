@@ -618,7 +618,7 @@ pub async fn start_control(
 ) -> Result<Session, TransferError> {
     let addr = format_addr(host, port);
     let rtt = rtt(&tcp).unwrap_or(Duration::from_millis(1));
-        let io = match tls {
+    let io = match tls {
         Some(t) => {
             let io = t.handshake(tcp, host, &addr).await?;
             if let Io::Tls(s) = &io {

@@ -58,6 +58,16 @@ pub struct EndpointConfig {
     /// capability (the mapfile is not consulted; any certificate of the trusted CA may
     /// connect).
     pub spool: Option<Arc<dyn Spool>>,
+    /// Live figures for whoever runs the endpoint (a storage node reports them).
+    pub stats: Arc<EndpointStats>,
+}
+
+/// Sessions running and bytes moved by an endpoint.
+#[derive(Default, Debug)]
+pub struct EndpointStats {
+    pub sessions: std::sync::atomic::AtomicU32,
+    /// Payload bytes sent or received, updated while sessions run.
+    pub bytes: std::sync::atomic::AtomicU64,
 }
 
 struct Registered {
@@ -402,9 +412,22 @@ async fn control(
     }
 }
 
+/// Counts a session as running while alive.
+struct Running<'a>(&'a EndpointStats);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0
+            .sessions
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Forwards a session's events and progress to the client until it finishes; a closed control
 /// connection or `Cancel` cancels it.
+#[allow(clippy::too_many_arguments)]
 async fn relay<T>(
+    stats: &EndpointStats,
     reader: &mut ControlReader,
     writer: &mut ControlWriter,
     counters: &Counters,
@@ -415,6 +438,11 @@ async fn relay<T>(
     tokio::pin!(run);
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut control_open = true;
+    let mut reported = 0u64;
+    stats
+        .sessions
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let _running = Running(stats);
     loop {
         tokio::select! {
             r = &mut run => {
@@ -424,9 +452,12 @@ async fn relay<T>(
                 return Ok(r);
             }
             Some(ev) = events.recv() => send_event(writer, ev).await?,
-            _ = tick.tick() => {
+                        _ = tick.tick() => {
+                let now = Counters::get(&counters.bytes_done);
+                stats.bytes.fetch_add(now.saturating_sub(reported), std::sync::atomic::Ordering::Relaxed);
+                reported = reported.max(now);
                 let p = Response::Progress {
-                    bytes: Counters::get(&counters.bytes_done),
+                    bytes: now,
                     files: Counters::get(&counters.files_done),
                 };
                 if writer.send_response(&p).await.is_err() {
@@ -506,7 +537,16 @@ async fn sink(
     };
     let run = run_sink(spec, conns, counters.clone(), etx, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
-    let result = relay(reader, writer, &counters, &mut erx, &cancel, run).await?;
+    let result = relay(
+        &ep.cfg.stats,
+        reader,
+        writer,
+        &counters,
+        &mut erx,
+        &cancel,
+        run,
+    )
+    .await?;
     let summary = result.map(|o| SessionSummary {
         bytes_moved: o.stats.bytes_written,
         bytes_skipped: o.stats.bytes_resumed,
@@ -650,7 +690,16 @@ async fn source(
     };
     let run = run_source(spec, conns, counters.clone(), etx, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
-    let result = relay(reader, writer, &counters, &mut erx, &cancel, run).await?;
+    let result = relay(
+        &ep.cfg.stats,
+        reader,
+        writer,
+        &counters,
+        &mut erx,
+        &cancel,
+        run,
+    )
+    .await?;
     let summary = result.map(|o| SessionSummary {
         bytes_moved: o.stats.bytes_sent,
         bytes_skipped: o.stats.bytes_skipped,

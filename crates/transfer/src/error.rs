@@ -41,7 +41,7 @@ pub enum TransferError {
     /// Any other local failure (exit 1).
     #[error("{0}")]
     Local(String),
-        /// Interrupted by the user (exit 130).
+    /// Interrupted by the user (exit 130).
     #[error("interrupted")]
     Interrupted,
     /// The server is a metadata server, not a data endpoint: the caller should use the grid
@@ -54,7 +54,7 @@ impl TransferError {
     /// The exit code `haul` uses for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-                        TransferError::Usage(_) | TransferError::IsMetadataServer(_) => 2,
+            TransferError::Usage(_) | TransferError::IsMetadataServer(_) => 2,
             TransferError::NotFound(_) => 3,
             TransferError::Connect(_) => 4,
             TransferError::Auth(_) => 5,

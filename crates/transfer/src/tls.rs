@@ -117,7 +117,7 @@ pub fn client_config(creds: &Credentials) -> Result<Arc<ClientConfig>, TransferE
         .with_root_certificates(creds.roots.clone())
         .with_client_auth_cert(creds.chain.clone(), creds.key.clone_key())
         .map_err(|e| TransferError::Auth(format!("certificate and key do not match: {e}")))?;
-        cfg.alpn_protocols = vec![ALPN.to_vec(), ALPN_GRPC.to_vec()];
+    cfg.alpn_protocols = vec![ALPN.to_vec(), ALPN_GRPC.to_vec()];
     cfg.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(cfg))
 }

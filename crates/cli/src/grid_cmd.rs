@@ -1,0 +1,522 @@
+//! The namespace commands: `ls`, `stat`, `mkdir`, `rm`, `mv`, `chmod`, `chown`, `xattr`,
+//! `where`, `df`, `nodes`, `whoami`. Each takes grid paths (`haul://META/path`, or `/path`
+//! with `HAUL_META` set), talks to the metadata server, and prints a table or JSON.
+
+use crate::args::{
+    ChmodArgs, ChownArgs, CredArgs, GridArgs, LsArgs, MkdirArgs, MvArgs, PathsArgs, RmArgs,
+    XattrCommand,
+};
+use crate::creds;
+use api::meta as pb;
+use grid::MetaClient;
+use serde_json::json;
+use transfer::TransferError;
+use transfer::client::{Location, Peer};
+
+/// `haul://host[:port]/path` (or `/path` with `HAUL_META`) -> metadata server and path.
+pub fn target(s: &str) -> Result<(Peer, String), TransferError> {
+    let full = if s.starts_with('/') {
+        match std::env::var("HAUL_META") {
+            Ok(m) if !m.is_empty() => format!("{}{s}", m.trim_end_matches('/')),
+            _ => {
+                return Err(TransferError::Usage(format!(
+                    "{s}: give a grid path as haul://META/path (or set HAUL_META=haul://META)"
+                )));
+            }
+        }
+    } else {
+        s.to_string()
+    };
+    match Location::parse(&full)? {
+        Location::Remote { host, port, path } => Ok((Peer::new(host, port), path)),
+        Location::Local(_) => Err(TransferError::Usage(format!(
+            "{s}: not a grid path; expected haul://META/path"
+        ))),
+    }
+}
+
+/// Connects to the metadata server with the user's certificate.
+pub async fn connect(peer: &Peer, c: &CredArgs) -> Result<MetaClient, TransferError> {
+    if c.insecure {
+        return Err(TransferError::Usage(
+            "the grid needs certificates; --insecure is for standalone endpoints only".into(),
+        ));
+    }
+    let creds = creds::load(c)?.expect("not insecure");
+    MetaClient::connect(peer, transfer::tls::client_config(&creds)?).await
+}
+
+/// Connects once for a list of paths (all on one metadata server).
+async fn connect_for(
+    paths: &[String],
+    c: &CredArgs,
+) -> Result<(MetaClient, Vec<String>), TransferError> {
+    let mut peer = None;
+    let mut out = Vec::new();
+    for p in paths {
+        let (m, path) = target(p)?;
+        if peer.as_ref().is_some_and(|q| *q != m) {
+            return Err(TransferError::Usage(
+                "all paths of one command must be on the same metadata server".into(),
+            ));
+        }
+        peer = Some(m);
+        out.push(path);
+    }
+    let peer = peer.ok_or_else(|| TransferError::Usage("no path given".into()))?;
+    Ok((connect(&peer, c).await?, out))
+}
+
+fn mode_string(e: &pb::Entry) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(if e.is_dir { 'd' } else { '-' });
+    let m = e.mode;
+    for shift in [6, 3, 0] {
+        let bits = (m >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        let x = bits & 1 != 0;
+        let special = match shift {
+            6 => m & 0o4000 != 0,
+            3 => m & 0o2000 != 0,
+            _ => m & 0o1000 != 0,
+        };
+        s.push(match (shift, special, x) {
+            (0, true, true) => 't',
+            (0, true, false) => 'T',
+            (_, true, true) => 's',
+            (_, true, false) => 'S',
+            (_, false, true) => 'x',
+            (_, false, false) => '-',
+        });
+    }
+    s
+}
+
+fn when(ns: i64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(ns as i128)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}",
+        t.year(),
+        t.month() as u8,
+        t.day(),
+        t.hour(),
+        t.minute()
+    )
+}
+
+fn entry_json(e: &pb::Entry) -> serde_json::Value {
+    json!({
+        "path": e.path, "id": e.id, "type": if e.is_dir { "dir" } else { "file" },
+        "owner": e.owner, "group": e.group, "mode": format!("{:04o}", e.mode),
+        "size": e.size, "mtime_ns": e.mtime_ns, "checksum": e.checksum,
+    })
+}
+
+fn name_of(path: &str) -> &str {
+    path.rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(path)
+}
+
+pub async fn ls(a: LsArgs) -> Result<u8, TransferError> {
+    let (m, paths) = connect_for(&a.p.paths, &a.p.creds).await?;
+    let mut all = Vec::new();
+    let many = paths.len() > 1;
+    for (i, p) in paths.iter().enumerate() {
+        let entries = m.list(p).await?;
+        if a.p.json {
+            all.extend(entries.iter().map(entry_json));
+            continue;
+        }
+        if many {
+            if i > 0 {
+                println!();
+            }
+            println!("{p}:");
+        }
+        for e in &entries {
+            if a.long {
+                let size = if a.human {
+                    wire::units::format_bytes(e.size)
+                } else {
+                    e.size.to_string()
+                };
+                println!(
+                    "{} {:<8} {:<8} {:>12} {} {}",
+                    mode_string(e),
+                    e.owner,
+                    e.group,
+                    size,
+                    when(e.mtime_ns),
+                    name_of(&e.path)
+                );
+            } else {
+                println!("{}", name_of(&e.path));
+            }
+        }
+    }
+    if a.p.json {
+        println!("{}", serde_json::Value::Array(all));
+    }
+    Ok(0)
+}
+
+pub async fn stat(a: PathsArgs) -> Result<u8, TransferError> {
+    let (m, paths) = connect_for(&a.paths, &a.creds).await?;
+    let mut out = Vec::new();
+    for p in &paths {
+        let e = m.stat(p).await?;
+        if a.json {
+            out.push(entry_json(&e));
+        } else {
+            println!("  path: {}", e.path);
+            println!(
+                "  type: {}   id: {}",
+                if e.is_dir { "directory" } else { "file" },
+                e.id
+            );
+            println!("  size: {} ({})", e.size, wire::units::format_bytes(e.size));
+            println!(
+                "  mode: {:04o} ({})   owner: {}   group: {}",
+                e.mode,
+                mode_string(&e),
+                e.owner,
+                e.group
+            );
+            println!("  mtime: {}", when(e.mtime_ns));
+            if !e.checksum.is_empty() {
+                println!("  checksum: {}", e.checksum);
+            }
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::Value::Array(out));
+    }
+    Ok(0)
+}
+
+pub async fn mkdir(a: MkdirArgs) -> Result<u8, TransferError> {
+    let (m, paths) = connect_for(&a.p.paths, &a.p.creds).await?;
+    for p in &paths {
+        m.mkdir(p, a.mode, a.parents).await?;
+    }
+    Ok(0)
+}
+
+pub async fn rm(a: RmArgs) -> Result<u8, TransferError> {
+    let (m, paths) = connect_for(&a.p.paths, &a.p.creds).await?;
+    let mut total = 0;
+    for p in &paths {
+        let e = m.stat(p).await?;
+        if e.is_dir && !a.recursive {
+            // An empty directory goes without -r, like rmdir.
+            let n = m.remove(p, false).await.map_err(|err| match err {
+                TransferError::Destination(msg) if msg.contains("not empty") => {
+                    TransferError::Destination(format!(
+                        "{msg} (use -r to remove it with everything below it)"
+                    ))
+                }
+                other => other,
+            })?;
+            total += n;
+            continue;
+        }
+        total += m.remove(p, a.recursive).await?;
+    }
+    if a.p.json {
+        println!("{}", json!({ "removed": total }));
+    }
+    Ok(0)
+}
+
+pub async fn mv(a: MvArgs) -> Result<u8, TransferError> {
+    let (m, paths) = connect_for(&[a.from.clone(), a.to.clone()], &a.creds).await?;
+    let (from, mut to) = (paths[0].clone(), paths[1].clone());
+    if let Some(d) = m.lookup(&to).await? {
+        if d.is_dir {
+            to = format!("{}/{}", to.trim_end_matches('/'), name_of(&from));
+        }
+    }
+    m.rename(&from, &to).await?;
+    Ok(0)
+}
+
+pub async fn chmod(a: ChmodArgs) -> Result<u8, TransferError> {
+    let (m, paths) = connect_for(&a.p.paths, &a.p.creds).await?;
+    for p in &paths {
+        m.chmod(p, a.mode).await?;
+    }
+    Ok(0)
+}
+
+pub async fn chown(a: ChownArgs) -> Result<u8, TransferError> {
+    let (owner, group) = match a.owner.split_once(':') {
+        Some((o, g)) => (o.to_string(), g.to_string()),
+        None => (a.owner.clone(), String::new()),
+    };
+    if owner.is_empty() && group.is_empty() {
+        return Err(TransferError::Usage(
+            "give OWNER, OWNER:GROUP or :GROUP".into(),
+        ));
+    }
+    let (m, paths) = connect_for(&a.p.paths, &a.p.creds).await?;
+    for p in &paths {
+        m.chown(p, &owner, &group).await?;
+    }
+    Ok(0)
+}
+
+pub async fn xattr(c: XattrCommand) -> Result<u8, TransferError> {
+    match c {
+        XattrCommand::Get(a) => {
+            let (m, p) = connect_for(std::slice::from_ref(&a.path), &a.creds).await?;
+            match m.xattr_get(&p[0], &a.name).await? {
+                Some(v) => {
+                    println!("{}", String::from_utf8_lossy(&v));
+                    Ok(0)
+                }
+                None => Err(TransferError::NotFound(format!(
+                    "{}: no attribute {:?}",
+                    p[0], a.name
+                ))),
+            }
+        }
+        XattrCommand::Set(a) => {
+            let (m, p) = connect_for(std::slice::from_ref(&a.path), &a.creds).await?;
+            m.xattr_set(&p[0], &a.name, a.value.as_bytes()).await?;
+            Ok(0)
+        }
+        XattrCommand::Rm(a) => {
+            let (m, p) = connect_for(std::slice::from_ref(&a.path), &a.creds).await?;
+            m.xattr_remove(&p[0], &a.name).await?;
+            Ok(0)
+        }
+        XattrCommand::List(a) => {
+            let (m, paths) = connect_for(&a.paths, &a.creds).await?;
+            let mut out = serde_json::Map::new();
+            for p in &paths {
+                let attrs = m.xattr_list(p).await?;
+                if a.json {
+                    let obj: serde_json::Map<String, serde_json::Value> = attrs
+                        .iter()
+                        .map(|x| (x.name.clone(), json!(String::from_utf8_lossy(&x.value))))
+                        .collect();
+                    out.insert(p.clone(), obj.into());
+                } else {
+                    for x in attrs {
+                        println!("{}={}", x.name, String::from_utf8_lossy(&x.value));
+                    }
+                }
+            }
+            if a.json {
+                println!("{}", serde_json::Value::Object(out));
+            }
+            Ok(0)
+        }
+    }
+}
+
+pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
+    let (m, paths) = connect_for(&a.paths, &a.creds).await?;
+    let mut out = Vec::new();
+    for p in &paths {
+        let w = m.where_is(p).await?;
+        let e = w.entry.unwrap_or_default();
+        if a.json {
+            out.push(json!({
+                "path": e.path, "size": e.size, "checksum": e.checksum,
+                "replicas": w.replicas.iter().map(|r| json!({
+                    "node": r.node, "site": r.site, "address": r.address, "state": r.state,
+                    "checksum": r.checksum, "node_up": r.node_up,
+                })).collect::<Vec<_>>(),
+            }));
+            continue;
+        }
+        println!("{} ({} bytes, {})", e.path, e.size, e.checksum);
+        if w.replicas.is_empty() {
+            println!(
+                "  no replicas{}",
+                if e.size == 0 && !e.is_dir {
+                    " (empty file)"
+                } else {
+                    ""
+                }
+            );
+        }
+        for r in &w.replicas {
+            println!(
+                "  {:<16} {:<10} {:<9} {:<5} {}",
+                r.node,
+                r.site,
+                r.state,
+                if r.node_up { "up" } else { "DOWN" },
+                r.checksum
+            );
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::Value::Array(out));
+    }
+    Ok(0)
+}
+
+fn meta_of(a: &GridArgs) -> Result<Peer, TransferError> {
+    let s = a.meta.clone().ok_or_else(|| {
+        TransferError::Usage("name the metadata server: haul://META (or set HAUL_META)".into())
+    })?;
+    Ok(target(&s)?.0)
+}
+
+fn node_json(n: &pb::NodeInfo) -> serde_json::Value {
+    json!({
+        "name": n.name, "site": n.site, "address": n.address, "up": n.up,
+        "capacity": n.capacity, "free": n.free, "load": n.load,
+        "heartbeat_ms": n.heartbeat_ms, "replicas": n.replicas,
+    })
+}
+
+pub async fn df(a: GridArgs) -> Result<u8, TransferError> {
+    let m = connect(&meta_of(&a)?, &a.creds).await?;
+    let d = m.df().await?;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "nodes": d.nodes.iter().map(node_json).collect::<Vec<_>>(),
+                "sites": d.sites.iter().map(|s| json!({
+                    "site": s.site, "capacity": s.capacity, "free": s.free,
+                    "used": s.capacity.saturating_sub(s.free), "nodes": s.nodes, "up": s.up,
+                })).collect::<Vec<_>>(),
+            })
+        );
+        return Ok(0);
+    }
+    let pct = |cap: u64, free: u64| {
+        if cap == 0 {
+            0.0
+        } else {
+            cap.saturating_sub(free) as f64 * 100.0 / cap as f64
+        }
+    };
+    println!(
+        "{:<16} {:<10} {:>10} {:>10} {:>10} {:>5} {:>9}  state",
+        "node", "site", "size", "used", "free", "use%", "replicas"
+    );
+    for n in &d.nodes {
+        println!(
+            "{:<16} {:<10} {:>10} {:>10} {:>10} {:>4.0}% {:>9}  {}",
+            n.name,
+            n.site,
+            wire::units::format_bytes(n.capacity),
+            wire::units::format_bytes(n.capacity.saturating_sub(n.free)),
+            wire::units::format_bytes(n.free),
+            pct(n.capacity, n.free),
+            n.replicas,
+            if n.up { "up" } else { "DOWN" }
+        );
+    }
+    println!();
+    println!(
+        "{:<16} {:>10} {:>10} {:>10} {:>5}  nodes up",
+        "site", "size", "used", "free", "use%"
+    );
+    for s in &d.sites {
+        println!(
+            "{:<16} {:>10} {:>10} {:>10} {:>4.0}%  {}/{}",
+            s.site,
+            wire::units::format_bytes(s.capacity),
+            wire::units::format_bytes(s.capacity.saturating_sub(s.free)),
+            wire::units::format_bytes(s.free),
+            pct(s.capacity, s.free),
+            s.up,
+            s.nodes
+        );
+    }
+    Ok(0)
+}
+
+pub async fn nodes(a: GridArgs) -> Result<u8, TransferError> {
+    let m = connect(&meta_of(&a)?, &a.creds).await?;
+    let nodes = m.nodes().await?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::Value::Array(nodes.iter().map(node_json).collect())
+        );
+        return Ok(0);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    println!(
+        "{:<16} {:<10} {:<22} {:<5} {:>10} {:>6} {:>9} {:>10}",
+        "node", "site", "address", "state", "free", "load", "replicas", "heartbeat"
+    );
+    for n in &nodes {
+        println!(
+            "{:<16} {:<10} {:<22} {:<5} {:>10} {:>6.2} {:>9} {:>8.1}s",
+            n.name,
+            n.site,
+            n.address,
+            if n.up { "up" } else { "DOWN" },
+            wire::units::format_bytes(n.free),
+            n.load,
+            n.replicas,
+            (now - n.heartbeat_ms) as f64 / 1000.0
+        );
+    }
+    Ok(0)
+}
+
+pub async fn whoami(a: GridArgs) -> Result<u8, TransferError> {
+    let m = connect(&meta_of(&a)?, &a.creds).await?;
+    let id = m.who_am_i().await?;
+    if a.json {
+        println!(
+            "{}",
+            json!({ "user": id.user, "groups": id.groups, "subject": id.subject })
+        );
+    } else {
+        println!(
+            "{} (groups: {}) as {}",
+            id.user,
+            id.groups.join(","),
+            id.subject
+        );
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_read_like_ls() {
+        let e = pb::Entry {
+            is_dir: true,
+            mode: 0o1777,
+            ..Default::default()
+        };
+        assert_eq!(mode_string(&e), "drwxrwxrwt");
+        let f = pb::Entry {
+            mode: 0o640,
+            ..Default::default()
+        };
+        assert_eq!(mode_string(&f), "-rw-r-----");
+    }
+
+    #[test]
+    fn grid_targets() {
+        let (p, path) = target("haul://meta.example.org:7000/data/run1").unwrap();
+        assert_eq!(
+            (p.host.as_str(), p.port, path.as_str()),
+            ("meta.example.org", 7000, "/data/run1")
+        );
+        assert!(target("relative/path").is_err());
+    }
+}

@@ -1,0 +1,98 @@
+//! `haul meta serve`: the grid's metadata server.
+
+use crate::args::MetaServeArgs;
+use crate::creds;
+use crate::serve::shutdown_signal;
+use meta::auth::{Groups, Identities};
+use meta::{Meta, Settings};
+use std::sync::Arc;
+use transfer::TransferError;
+use transfer::tls::{self, Mapfile};
+
+pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
+    if a.creds.insecure {
+        return Err(TransferError::Usage(
+            "the metadata server needs TLS: users and nodes are known by their certificates".into(),
+        ));
+    }
+    let c = creds::load(&a.creds)?.expect("not insecure");
+    let mapfile_path = a.mapfile.clone().unwrap_or_else(creds::default_mapfile);
+    let mapfile = Mapfile::load(&mapfile_path).map_err(|e| {
+        TransferError::Usage(format!(
+            "{e}; the metadata server maps user certificates with a mapfile (--mapfile)"
+        ))
+    })?;
+    let groups = match &a.groups {
+        Some(p) => Groups::load(p).map_err(TransferError::Usage)?,
+        None => Groups::default(),
+    };
+    // SQLite in the data directory unless a database URL is given.
+    let (url, _lock) = match &a.db {
+        Some(u) => (u.clone(), None),
+        None => {
+            let dir = a.data.clone().unwrap_or_else(|| {
+                std::env::var_os("HOME")
+                    .map(std::path::PathBuf::from)
+                    .unwrap_or_else(|| "/".into())
+                    .join(".haul/meta")
+            });
+            let lock =
+                meta::lock_data_dir(&dir).map_err(|e| TransferError::Usage(e.to_string()))?;
+            (
+                format!("sqlite:{}", dir.join("catalog.db").display()),
+                Some(lock),
+            )
+        }
+    };
+    let catalog = catalog::Catalog::open(&url)
+        .await
+        .map_err(|e| TransferError::Connect(format!("catalog database unavailable: {e}")))?;
+    let settings = Settings {
+        heartbeat: a.heartbeat,
+        node_timeout: a.node_timeout,
+        orphan_grace: a.orphan_grace,
+        pending_grace: a.pending_grace,
+        ..Default::default()
+    };
+    let m = Arc::new(Meta::new(
+        catalog,
+        Identities {
+            mapfile,
+            groups,
+            admins: a.admins.clone(),
+        },
+        settings,
+    ));
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .map_err(|e| TransferError::Usage(format!("cannot listen on {}: {e}", a.listen)))?;
+    let http = if a.http == "off" {
+        None
+    } else {
+        Some(tokio::net::TcpListener::bind(&a.http).await.map_err(|e| {
+            TransferError::Usage(format!("cannot listen on {} (--http): {e}", a.http))
+        })?)
+    };
+    let addr = listener
+        .local_addr()
+        .map_err(|e| TransferError::Local(e.to_string()))?;
+    let http_addr = http.as_ref().and_then(|h| h.local_addr().ok());
+    tracing::info!(%addr, db = %catalog::redact(&url), dashboard = ?http_addr, "metadata server up");
+    if a.print_addr {
+        match http_addr {
+            Some(h) => println!("{addr} http://{h}/"),
+            None => println!("{addr}"),
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    meta::run(
+        m,
+        tls::server_config(&c)?,
+        listener,
+        http,
+        shutdown_signal(),
+    )
+    .await
+    .map_err(|e| TransferError::Local(e.to_string()))
+}

@@ -1,0 +1,68 @@
+//! `haul node serve`: a grid storage node.
+
+use crate::args::NodeServeArgs;
+use crate::creds;
+use crate::serve::shutdown_signal;
+use transfer::TransferError;
+use transfer::endpoint::EndpointTls;
+use transfer::tls;
+
+pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
+    if a.creds.insecure {
+        return Err(TransferError::Usage(
+            "a storage node needs its host certificate (no --insecure)".into(),
+        ));
+    }
+    let c = creds::load(&a.creds)?.expect("not insecure");
+    let cn = c
+        .chain
+        .first()
+        .and_then(tls::subject_of)
+        .and_then(|s| meta::auth::host_name(&s));
+    let name = match (&a.name, &cn) {
+        (Some(n), _) => n.clone(),
+        (None, Some(cn)) => cn.clone(),
+        (None, None) => {
+            return Err(TransferError::Usage(
+                "the certificate is not a host certificate (OU=hosts); issue one with `haul cert issue --host NAME`".into(),
+            ));
+        }
+    };
+    let (meta_peer, _) = crate::grid_cmd::target(&a.meta)?;
+    std::fs::create_dir_all(&a.root)
+        .map_err(|e| TransferError::Usage(format!("--root {}: {e}", a.root.display())))?;
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .map_err(|e| TransferError::Usage(format!("cannot listen on {}: {e}", a.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| TransferError::Local(e.to_string()))?;
+    let advertise = match &a.advertise {
+        Some(adv) => adv.clone(),
+        None if addr.ip().is_unspecified() => format!("{}:{}", name, addr.port()),
+        None => addr.to_string(),
+    };
+    tracing::info!(%addr, %advertise, node = %name, site = %a.site, "storage node up");
+    if a.print_addr {
+        println!("{addr}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    let cfg = node::NodeConfig {
+        name,
+        site: a.site.clone(),
+        root: a.root.clone(),
+        meta: meta_peer,
+        advertise,
+        tls: EndpointTls {
+            server: tls::server_config(&c)?,
+            client: tls::client_config(&c)?,
+        },
+        max_connections: a.max_connections,
+        link_bps: a.link_rate,
+        capacity: a.capacity,
+    };
+    node::run(cfg, listener, shutdown_signal())
+        .await
+        .map_err(|e| TransferError::Local(e.to_string()))
+}

@@ -1,0 +1,402 @@
+//! A connection to a metadata server: gRPC over mutually authenticated TLS 1.3 (our own
+//! rustls configuration, so the same certificates as the data plane), with errors turned into
+//! the data plane's error kinds so that every command reports them the same way and exits
+//! with the same documented codes.
+
+use api::meta as pb;
+use api::meta::files_client::FilesClient;
+use api::meta::namespace_client::NamespaceClient;
+use api::meta::node_service_client::NodeServiceClient;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+use transfer::TransferError;
+use transfer::client::Peer;
+
+/// Default port of a metadata server.
+pub const DEFAULT_META_PORT: u16 = 5811;
+
+/// Largest gRPC message either way.
+pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// A connected metadata server.
+#[derive(Clone)]
+pub struct MetaClient {
+    pub addr: Peer,
+    pub ns: NamespaceClient<Channel>,
+    pub files: FilesClient<Channel>,
+    pub nodes: NodeServiceClient<Channel>,
+}
+
+/// Turns a gRPC status into the error kinds (and exit codes) of the data plane.
+pub fn from_status(s: tonic::Status) -> TransferError {
+    let m = s.message().to_string();
+    use tonic::Code as C;
+    match s.code() {
+        C::NotFound => TransferError::NotFound(m),
+        C::PermissionDenied | C::Unauthenticated => TransferError::Auth(m),
+        C::AlreadyExists | C::FailedPrecondition | C::ResourceExhausted => {
+            TransferError::Destination(m)
+        }
+        C::Unavailable | C::DeadlineExceeded | C::Cancelled => {
+            TransferError::Connect(if m.is_empty() {
+                "metadata server unavailable".into()
+            } else {
+                m
+            })
+        }
+        C::InvalidArgument | C::Unimplemented | C::OutOfRange => TransferError::Usage(m),
+        _ => TransferError::Protocol(m),
+    }
+}
+
+/// A per-file error of a batch reply.
+pub fn from_file_error(e: &pb::FileError) -> TransferError {
+    match e.code.as_str() {
+        "not_found" => TransferError::NotFound(e.message.clone()),
+        "permission_denied" => TransferError::Auth(e.message.clone()),
+        "unavailable" => TransferError::Connect(e.message.clone()),
+        "invalid" => TransferError::Usage(e.message.clone()),
+        _ => TransferError::Destination(e.message.clone()),
+    }
+}
+
+impl MetaClient {
+    /// Connects (TCP, TLS with ALPN h2, HTTP/2) and fails fast with a clear message when the
+    /// server cannot be reached or is not a metadata server.
+    pub async fn connect(
+        addr: &Peer,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<Self, TransferError> {
+        let mut cfg = (*tls).clone();
+        cfg.alpn_protocols = vec![transfer::tls::ALPN_GRPC.to_vec()];
+        let cfg = Arc::new(cfg);
+        let last_error: Arc<Mutex<Option<TransferError>>> = Arc::default();
+        let (host, shown) = (addr.host.clone(), addr.to_string());
+        let errors = last_error.clone();
+        let connector = tower::service_fn(move |_uri: tonic::transport::Uri| {
+            let (cfg, host, shown, errors) =
+                (cfg.clone(), host.clone(), shown.clone(), errors.clone());
+            async move {
+                let r = handshake(&host, &shown, cfg).await;
+                match r {
+                    Ok(s) => Ok(hyper_util::rt::TokioIo::new(s)),
+                    Err(e) => {
+                        let msg = e.to_string();
+                        *errors.lock().expect("error slot") = Some(e);
+                        Err(std::io::Error::other(msg))
+                    }
+                }
+            }
+        });
+        // The URI is only a label: the connector decides where to connect.
+        let endpoint = Endpoint::from_shared(format!("http://{}", addr))
+            .map_err(|e| TransferError::Usage(format!("{addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(15))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(true);
+        let channel = endpoint
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| {
+                last_error
+                    .lock()
+                    .expect("error slot")
+                    .take()
+                    .unwrap_or_else(|| {
+                        TransferError::Connect(format!("cannot reach metadata server {addr}: {e}"))
+                    })
+            })?;
+        Ok(Self {
+            addr: addr.clone(),
+            ns: NamespaceClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+            files: FilesClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+            nodes: NodeServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        })
+    }
+
+    // ---- namespace -------------------------------------------------------------------
+
+    pub async fn stat(&self, path: &str) -> Result<pb::Entry, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .stat(pb::PathRequest { path: path.into() })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    /// `Ok(None)` when nothing is at `path`.
+    pub async fn lookup(&self, path: &str) -> Result<Option<pb::Entry>, TransferError> {
+        match self.stat(path).await {
+            Ok(e) => Ok(Some(e)),
+            Err(TransferError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn stat_many(&self, paths: Vec<String>) -> Result<pb::StatManyReply, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .stat_many(pb::StatManyRequest { paths })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    /// Every entry of a directory (all pages), or the file itself.
+    pub async fn list(&self, path: &str) -> Result<Vec<pb::Entry>, TransferError> {
+        let mut out = Vec::new();
+        let mut after = String::new();
+        loop {
+            let r = self
+                .ns
+                .clone()
+                .list(pb::ListRequest {
+                    path: path.into(),
+                    after: after.clone(),
+                    limit: 10_000,
+                })
+                .await
+                .map_err(from_status)?
+                .into_inner();
+            let more = r.more;
+            if let Some(last) = r.entries.last() {
+                after = last.path.rsplit('/').next().unwrap_or_default().to_string();
+            }
+            out.extend(r.entries);
+            if !more {
+                return Ok(out);
+            }
+        }
+    }
+
+    pub async fn mkdir(
+        &self,
+        path: &str,
+        mode: u32,
+        parents: bool,
+    ) -> Result<pb::Entry, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .mkdir(pb::MkdirRequest {
+                path: path.into(),
+                mode,
+                parents,
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<u64, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .remove(pb::RemoveRequest {
+                path: path.into(),
+                recursive,
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner().removed)
+    }
+
+    pub async fn rename(&self, from: &str, to: &str) -> Result<pb::Entry, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .rename(pb::RenameRequest {
+                from: from.into(),
+                to: to.into(),
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn chmod(&self, path: &str, mode: u32) -> Result<pb::Entry, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .chmod(pb::ChmodRequest {
+                path: path.into(),
+                mode,
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn chown(
+        &self,
+        path: &str,
+        owner: &str,
+        group: &str,
+    ) -> Result<pb::Entry, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .chown(pb::ChownRequest {
+                path: path.into(),
+                owner: owner.into(),
+                group: group.into(),
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn xattr_get(
+        &self,
+        path: &str,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .xattr_get(pb::XattrRequest {
+                path: path.into(),
+                name: name.into(),
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(r.found.then_some(r.value))
+    }
+
+    pub async fn xattr_set(
+        &self,
+        path: &str,
+        name: &str,
+        value: &[u8],
+    ) -> Result<(), TransferError> {
+        self.ns
+            .clone()
+            .xattr_set(pb::XattrSetRequest {
+                path: path.into(),
+                name: name.into(),
+                value: value.to_vec(),
+            })
+            .await
+            .map_err(from_status)?;
+        Ok(())
+    }
+
+    pub async fn xattr_list(&self, path: &str) -> Result<Vec<pb::Xattr>, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .xattr_list(pb::PathRequest { path: path.into() })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner().attrs)
+    }
+
+    pub async fn xattr_remove(&self, path: &str, name: &str) -> Result<(), TransferError> {
+        self.ns
+            .clone()
+            .xattr_remove(pb::XattrRequest {
+                path: path.into(),
+                name: name.into(),
+            })
+            .await
+            .map_err(from_status)?;
+        Ok(())
+    }
+
+    // ---- files and nodes -------------------------------------------------------------
+
+    pub async fn create_files(
+        &self,
+        req: pb::CreateFilesRequest,
+    ) -> Result<pb::CreateFilesReply, TransferError> {
+        let r = self.files.clone().create_files(req).await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn abort_files(&self, ids: Vec<i64>) -> Result<(), TransferError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.files
+            .clone()
+            .abort_files(pb::AbortFilesRequest { ids })
+            .await
+            .map_err(from_status)?;
+        Ok(())
+    }
+
+    pub async fn open_read(
+        &self,
+        req: pb::OpenReadRequest,
+    ) -> Result<pb::OpenReadReply, TransferError> {
+        let r = self.files.clone().open_read(req).await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn where_is(&self, path: &str) -> Result<pb::WhereReply, TransferError> {
+        let r = self
+            .files
+            .clone()
+            .r#where(pb::PathRequest { path: path.into() })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<pb::NodeInfo>, TransferError> {
+        let r = self.files.clone().nodes(pb::Empty {}).await;
+        Ok(r.map_err(from_status)?.into_inner().nodes)
+    }
+
+    pub async fn df(&self) -> Result<pb::DfReply, TransferError> {
+        let r = self.files.clone().df(pb::Empty {}).await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn who_am_i(&self) -> Result<pb::Identity, TransferError> {
+        let r = self.files.clone().who_am_i(pb::Empty {}).await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+}
+
+/// TCP and TLS to `host:port`; a data endpoint (which does not speak HTTP/2) is named as such.
+async fn handshake(
+    host: &str,
+    shown: &str,
+    cfg: Arc<rustls::ClientConfig>,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, TransferError> {
+    let tcp = transfer::conn::connect_tcp(shown, None)
+        .await
+        .map_err(|e| match e {
+            TransferError::Connect(m) => {
+                TransferError::Connect(format!("metadata server unreachable: {m}"))
+            }
+            other => other,
+        })?;
+    let _ = tcp.set_nodelay(true);
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|_| TransferError::Usage(format!("{host:?} is not a valid host name")))?;
+    let connector = tokio_rustls::TlsConnector::from(cfg);
+    let tls = tokio::time::timeout(Duration::from_secs(15), connector.connect(name, tcp))
+        .await
+        .map_err(|_| TransferError::Connect(format!("{shown}: TLS handshake timed out")))?
+        .map_err(|e| {
+            if e.to_string().contains("NoApplicationProtocol")
+                || e.to_string().contains("no_application_protocol")
+            {
+                TransferError::Usage(format!(
+                    "{shown} is a data endpoint, not a metadata server (grid commands need haul://META/path)"
+                ))
+            } else {
+                transfer::tls::explain_tls_error(shown, &e)
+            }
+        })?;
+    if tls.get_ref().1.alpn_protocol() != Some(transfer::tls::ALPN_GRPC) {
+        return Err(TransferError::Usage(format!(
+            "{shown} is not a metadata server (it does not speak the grid API)"
+        )));
+    }
+    Ok(tls)
+}

@@ -1,0 +1,1341 @@
+//! `haul cp` with the grid on one or both sides. The metadata server decides where files go
+//! and which replicas are read, and signs the capabilities; the data moves directly between
+//! this host and storage nodes (upload, download), or between nodes (a copy within the grid),
+//! with the data-plane engine, several nodes at once.
+//!
+//! Failures: a node that fails during a download is replaced by the next replica of each file
+//! it had not finished, resuming partial files, with one log line; an upload to a node that
+//! fails is placed again on another node. Nothing is visible in the namespace before a node
+//! has verified it.
+
+use crate::client::{MetaClient, from_file_error};
+use api::meta as pb;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use transfer::TransferError;
+use transfer::client::{
+    Attempt, CopyOptions, CopyReport, FileReport, Location, Peer, SinkRequest, SourceRequest,
+};
+use transfer::progress::{Counters, Event, EventSender};
+use transfer::spool::Naming;
+use transfer::store::{self, Destination, Root, SourceEntry};
+use wire::checksum::{Digest, parse_digests};
+use wire::control::ListedFile;
+use wire::data::{EntryKind, Timestamp};
+use wire::grant::SignedGrant;
+
+/// Files per data session at most (one control message lists them all).
+pub const SESSION_FILES: usize = 2000;
+
+/// How to copy to, from or within a grid.
+#[derive(Clone)]
+pub struct GridOptions {
+    pub copy: CopyOptions,
+    /// This client's site: new files go to its nodes, reads prefer its replicas.
+    pub site: Option<String>,
+    /// Replace existing files (cp semantics).
+    pub overwrite: bool,
+    /// Data sessions at once (each with its own node).
+    pub max_sessions: usize,
+}
+
+fn cap(c: &Option<pb::Capability>) -> Option<SignedGrant> {
+    c.as_ref().map(|c| SignedGrant {
+        token: c.token.clone(),
+        mac: c.mac.clone(),
+    })
+}
+
+fn ts(ns: i64) -> Timestamp {
+    Timestamp {
+        secs: ns.div_euclid(1_000_000_000),
+        nanos: ns.rem_euclid(1_000_000_000) as u32,
+    }
+}
+
+fn ns_of(t: Timestamp) -> i64 {
+    t.secs * 1_000_000_000 + t.nanos as i64
+}
+
+/// One data session's worth of work and its outcome.
+struct SessionResult {
+    node: String,
+    result: Result<Attempt, TransferError>,
+    /// Names (as announced) the destination confirmed, with their digests.
+    done: HashMap<String, (u64, Vec<Digest>)>,
+    /// Names that failed, with why.
+    failed: HashMap<String, TransferError>,
+}
+
+/// Runs sessions side by side, each with its own counters (summed into `total` for progress)
+/// and its own stall watch, and collects what each did.
+struct Runner {
+    total: Arc<Counters>,
+    parts: Arc<Mutex<Vec<Arc<Counters>>>>,
+    /// Bytes of sessions that have ended (their counters are dropped from `parts`).
+    settled: Arc<Mutex<(u64, u64)>>,
+    events: EventSender,
+    cancel: CancellationToken,
+    stall: Duration,
+}
+
+impl Runner {
+    fn new(
+        total: Arc<Counters>,
+        events: EventSender,
+        cancel: CancellationToken,
+        stall: Duration,
+    ) -> Self {
+        let r = Self {
+            total,
+            parts: Arc::default(),
+            settled: Arc::default(),
+            events,
+            cancel,
+            stall,
+        };
+        let (parts, settled, total, cancel) = (
+            r.parts.clone(),
+            r.settled.clone(),
+            r.total.clone(),
+            r.cancel.clone(),
+        );
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = cancel.cancelled() => return,
+                }
+                sum_into(&parts, &settled, &total);
+                if Arc::strong_count(&parts) == 1 {
+                    return;
+                }
+            }
+        });
+        r
+    }
+
+    /// Runs one session: `run` gets fresh counters, an event channel and a cancel token.
+    async fn session<F, Fut>(&self, node: String, names: Vec<String>, run: F) -> SessionResult
+    where
+        F: FnOnce(Arc<Counters>, EventSender, CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = Result<Attempt, TransferError>>,
+    {
+        let counters = Arc::new(Counters::default());
+        self.parts.lock().expect("parts").push(counters.clone());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let cancel = self.cancel.child_token();
+        let fut = run(counters.clone(), tx, cancel.clone());
+        tokio::pin!(fut);
+        let mut done = HashMap::new();
+        let mut failed = HashMap::new();
+        let mut last = (0u64, Instant::now());
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let result = loop {
+            tokio::select! {
+                r = &mut fut => break r,
+                Some(ev) = rx.recv() => self.note(ev, &mut done, &mut failed),
+                _ = tick.tick() => {
+                    let progress = Counters::get(&counters.bytes_done)
+                        + Counters::get(&counters.bytes_sent)
+                        + Counters::get(&counters.activity);
+                    if progress != last.0 {
+                        last = (progress, Instant::now());
+                    } else if last.1.elapsed() > self.stall {
+                        cancel.cancel();
+                        let _ = (&mut fut).await;
+                        break Err(TransferError::Stalled(format!(
+                            "node {node}: no data moved for {} s", self.stall.as_secs()
+                        )));
+                    }
+                }
+            }
+        };
+        while let Ok(ev) = rx.try_recv() {
+            self.note(ev, &mut done, &mut failed);
+        }
+        cancel.cancel();
+        // This session's bytes stay in the total.
+        {
+            let mut parts = self.parts.lock().expect("parts");
+            parts.retain(|c| !Arc::ptr_eq(c, &counters));
+            let mut s = self.settled.lock().expect("settled");
+            s.0 += Counters::get(&counters.bytes_done);
+            s.1 += Counters::get(&counters.bytes_sent);
+        }
+        sum_into(&self.parts, &self.settled, &self.total);
+        // Files the session did not report are failed with the session's error.
+        if let Err(e) = &result {
+            for n in names {
+                if !done.contains_key(&n) && !failed.contains_key(&n) {
+                    failed.insert(n, e.clone());
+                }
+            }
+        }
+        SessionResult {
+            node,
+            result,
+            done,
+            failed,
+        }
+    }
+
+    fn note(
+        &self,
+        ev: Event,
+        done: &mut HashMap<String, (u64, Vec<Digest>)>,
+        failed: &mut HashMap<String, TransferError>,
+    ) {
+        match ev {
+            Event::FileDone {
+                path,
+                size,
+                digests,
+                ..
+            } => {
+                failed.remove(&path);
+                done.insert(path, (size, digests));
+            }
+            Event::FileFailed { path, error } => {
+                if !done.contains_key(&path) {
+                    failed.insert(path, error.into());
+                }
+            }
+            Event::Plan { .. } => {}
+            other => {
+                let _ = self.events.send(other);
+            }
+        }
+    }
+}
+
+fn sum_into(parts: &Mutex<Vec<Arc<Counters>>>, settled: &Mutex<(u64, u64)>, total: &Counters) {
+    let parts = parts.lock().expect("parts");
+    let s = *settled.lock().expect("settled");
+    let (mut done, mut sent, mut act) = (s.0, s.1, 0);
+    for c in parts.iter() {
+        done += Counters::get(&c.bytes_done);
+        sent += Counters::get(&c.bytes_sent);
+        act += Counters::get(&c.activity);
+    }
+    Counters::set(&total.bytes_done, done);
+    Counters::set(&total.bytes_sent, sent);
+    Counters::add(&total.activity, act.min(1));
+}
+
+/// Runs `jobs` with at most `limit` at once.
+async fn run_bounded<T, Fut>(jobs: Vec<Fut>, limit: usize) -> Vec<T>
+where
+    Fut: std::future::Future<Output = T>,
+{
+    use std::pin::Pin;
+    let mut pending: Vec<Pin<Box<Fut>>> = jobs.into_iter().map(Box::pin).collect();
+    pending.reverse();
+    let mut running = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        while running.len() < limit.max(1) {
+            match pending.pop() {
+                Some(j) => running.push(j),
+                None => break,
+            }
+        }
+        if running.is_empty() {
+            return out;
+        }
+        let (r, _, rest) = futures_select_all(running).await;
+        out.push(r);
+        running = rest;
+    }
+}
+
+/// `futures::future::select_all` without the dependency: polls every future, returns the
+/// first that finishes and the others.
+async fn futures_select_all<Fut: std::future::Future + ?Sized>(
+    mut futs: Vec<std::pin::Pin<Box<Fut>>>,
+) -> (Fut::Output, usize, Vec<std::pin::Pin<Box<Fut>>>) {
+    std::future::poll_fn(move |cx| {
+        for i in 0..futs.len() {
+            if let std::task::Poll::Ready(v) = futs[i].as_mut().poll(cx) {
+                let rest = std::mem::take(&mut futs)
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, f)| f)
+                    .collect();
+                return std::task::Poll::Ready((v, i, rest));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// Bookkeeping of a grid copy and its report.
+struct Tally {
+    started: Instant,
+    files: u64,
+    bytes: u64,
+    done: BTreeMap<String, FileReport>,
+    failed: BTreeMap<String, TransferError>,
+    attempts: u32,
+    streams: u32,
+    retransmits: u64,
+    plan: String,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            files: 0,
+            bytes: 0,
+            done: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            attempts: 1,
+            streams: 0,
+            retransmits: 0,
+            plan: String::new(),
+        }
+    }
+
+    fn ok(&mut self, path: &str, bytes: u64, digests: &[Digest], events: &EventSender) {
+        self.failed.remove(path);
+        self.done.insert(
+            path.to_string(),
+            FileReport {
+                path: path.to_string(),
+                bytes,
+                checksums: digests
+                    .iter()
+                    .map(|d| (d.algorithm.to_string(), d.hex()))
+                    .collect(),
+                skipped: false,
+            },
+        );
+        let _ = events.send(Event::FileDone {
+            path: path.to_string(),
+            size: bytes,
+            digests: digests.to_vec(),
+            skipped: false,
+        });
+    }
+
+    fn fail(&mut self, path: &str, e: TransferError) {
+        if !self.done.contains_key(path) {
+            self.failed.insert(path.to_string(), e);
+        }
+    }
+
+    fn session(&mut self, a: &Attempt) {
+        self.streams = self.streams.max(a.source.streams.max(a.sink.streams));
+        self.retransmits += a.source.tcp_retransmits;
+        if self.plan.is_empty() {
+            self.plan = a.plan.clone();
+        }
+    }
+
+    fn report(
+        self,
+        src: String,
+        dst: String,
+        opts: &GridOptions,
+        counters: &Counters,
+    ) -> Result<CopyReport, TransferError> {
+        let seconds = self.started.elapsed().as_secs_f64();
+        let failures: Vec<(String, String)> = self
+            .failed
+            .iter()
+            .map(|(p, e)| (p.clone(), e.to_string()))
+            .collect();
+        let first = self.failed.values().next().cloned();
+        let report = CopyReport {
+            source: src,
+            destination: dst,
+            bytes_total: self.bytes,
+            bytes_moved: Counters::get(&counters.bytes_sent)
+                .max(Counters::get(&counters.bytes_done)),
+            bytes_skipped: 0,
+            files: self.files,
+            files_failed: self.failed.len() as u64,
+            seconds,
+            mbit_per_s: self.bytes as f64 * 8.0 / seconds.max(1e-9) / 1e6,
+            streams: self.streams,
+            attempts: self.attempts,
+            retries: self.attempts - 1,
+            blocks_resent: 0,
+            streams_lost: 0,
+            plan: self.plan,
+            congestion: String::new(),
+            protect: format!("{:?}", opts.copy.session.protect).to_lowercase(),
+            tcp_retransmits: self.retransmits,
+            checksums: opts
+                .copy
+                .session
+                .checksums
+                .iter()
+                .map(|c| c.to_string())
+                .collect(),
+            file_list: self.done.into_values().collect(),
+            failures,
+            first_failure: first.as_ref().map(|e| e.to_info()),
+        };
+        // Nothing copied at all: the first reason is the command's error.
+        if report.files_failed > 0 && report.files_failed == report.files {
+            return Err(first.expect("a failure"));
+        }
+        Ok(report)
+    }
+}
+
+/// Copies between local paths and a grid, or within one grid. `src` and `dst` are the
+/// command's locations; remote ones name `meta`.
+pub async fn copy(
+    meta: &MetaClient,
+    src: &Location,
+    dst: &Location,
+    opts: &GridOptions,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<CopyReport, TransferError> {
+    match (src, dst) {
+        (Location::Local(l), Location::Remote { path, .. }) => {
+            upload(meta, l, path, opts, counters, events, cancel).await
+        }
+        (Location::Remote { path, .. }, Location::Local(l)) => {
+            download(meta, path, l, opts, counters, events, cancel).await
+        }
+        (
+            Location::Remote {
+                host: h1,
+                port: p1,
+                path: a,
+            },
+            Location::Remote {
+                host: h2,
+                port: p2,
+                path: b,
+            },
+        ) => {
+            if (h1, p1) != (h2, p2) {
+                return Err(TransferError::Usage(
+                    "copies between two different grids (or a grid and a standalone endpoint) go through a local directory".into(),
+                ));
+            }
+            within(meta, a, b, opts, counters, events, cancel).await
+        }
+        _ => Err(TransferError::Usage(
+            "both sides are local; one of them must be haul://META/path".into(),
+        )),
+    }
+}
+
+/// Where entries named `top/rest` (relative to a source's parent) go in the grid below
+/// `dest`, with cp semantics: into `dest` if it is a directory, else `dest` is the new name.
+async fn grid_destination(
+    meta: &MetaClient,
+    dest: &str,
+    source_is_dir: bool,
+) -> Result<(String, bool), TransferError> {
+    let norm = normalize(dest);
+    match meta.lookup(&norm).await? {
+        Some(e) if e.is_dir => Ok((norm, true)),
+        Some(_) if source_is_dir => Err(TransferError::Destination(format!(
+            "{norm}: not a directory (cannot copy a directory onto a file)"
+        ))),
+        Some(_) if dest.ends_with('/') => Err(TransferError::Destination(format!(
+            "{norm}: not a directory"
+        ))),
+        Some(_) => Ok((norm, false)),
+        None if dest.ends_with('/') => Err(TransferError::NotFound(format!(
+            "destination directory {norm} does not exist"
+        ))),
+        None => {
+            let parent = parent_of(&norm);
+            match meta.lookup(&parent).await? {
+                Some(p) if p.is_dir => Ok((norm, false)),
+                Some(_) => Err(TransferError::Destination(format!(
+                    "{parent}: not a directory"
+                ))),
+                None => Err(TransferError::NotFound(format!(
+                    "destination directory {parent} does not exist"
+                ))),
+            }
+        }
+    }
+}
+
+fn normalize(p: &str) -> String {
+    let parts: Vec<&str> = p
+        .split('/')
+        .filter(|s| !s.is_empty() && *s != ".")
+        .collect();
+    format!("/{}", parts.join("/"))
+}
+
+fn parent_of(norm: &str) -> String {
+    match norm.rfind('/') {
+        Some(0) | None => "/".into(),
+        Some(i) => norm[..i].to_string(),
+    }
+}
+
+fn grid_join(base: &str, rel: &str) -> String {
+    if rel.is_empty() {
+        base.to_string()
+    } else if base == "/" {
+        format!("/{rel}")
+    } else {
+        format!("{base}/{rel}")
+    }
+}
+
+/// The grid path of an entry named `rel` (`top/rest`).
+fn map_grid(base: &str, into_dir: bool, rel: &str) -> String {
+    if into_dir {
+        return grid_join(base, rel);
+    }
+    match rel.split_once('/') {
+        Some((_, rest)) => grid_join(base, rest),
+        None => base.to_string(),
+    }
+}
+
+async fn upload(
+    meta: &MetaClient,
+    local: &Path,
+    dest: &str,
+    opts: &GridOptions,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<CopyReport, TransferError> {
+    let entries = enumerate_local(local, opts.copy.recursive).await?;
+    let source_is_dir = entries.first().is_some_and(|e| e.kind == EntryKind::Dir);
+    let (base, into_dir) = grid_destination(meta, dest, source_is_dir).await?;
+    let mut tally = Tally::new();
+    // Directories first, parents before children (enumeration order).
+    for e in entries.iter().filter(|e| e.kind == EntryKind::Dir) {
+        let p = map_grid(&base, into_dir, &e.rel);
+        meta.mkdir(&p, e.mode & 0o7777, true).await?;
+    }
+    let files: Vec<(String, SourceEntry)> = entries
+        .into_iter()
+        .filter(|e| e.kind == EntryKind::File)
+        .map(|e| (map_grid(&base, into_dir, &e.rel), e))
+        .collect();
+    tally.files = files.len() as u64;
+    tally.bytes = files.iter().map(|(_, e)| e.size).sum();
+    Counters::set(&counters.total_bytes, tally.bytes);
+    Counters::set(&counters.total_files, tally.files);
+    let runner = Runner::new(
+        counters.clone(),
+        events.clone(),
+        cancel.clone(),
+        Duration::from_millis(opts.copy.session.stall_timeout_ms.max(1000)),
+    );
+    let by_path: HashMap<String, SourceEntry> = files.iter().cloned().collect();
+    let mut todo: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
+    let mut exclude: Vec<String> = Vec::new();
+    let max_rounds = opts.copy.retry.max_attempts.max(1);
+    for round in 1..=max_rounds {
+        tally.attempts = round;
+        if todo.is_empty() || cancel.is_cancelled() {
+            break;
+        }
+        let mut jobs = Vec::new();
+        let mut all_ids = Vec::new();
+        for chunk in todo.chunks(SESSION_FILES) {
+            let req = pb::CreateFilesRequest {
+                files: chunk
+                    .iter()
+                    .map(|p| {
+                        let e = &by_path[p];
+                        pb::NewFile {
+                            path: p.clone(),
+                            size: e.size,
+                            mode: e.mode & 0o7777,
+                            mtime_ns: ns_of(e.mtime),
+                        }
+                    })
+                    .collect(),
+                client_site: opts.site.clone().unwrap_or_default(),
+                overwrite: opts.overwrite,
+                exclude_nodes: exclude.clone(),
+            };
+            let reply = meta.create_files(req).await?;
+            for e in &reply.errors {
+                tally.fail(&e.path, from_file_error(e));
+            }
+            for c in &reply.created {
+                tally.ok(&c.path, 0, &[], &events);
+            }
+            for pl in reply.placements {
+                all_ids.extend(pl.ids.iter().copied());
+                let peer = Peer::parse(&pl.address)?;
+                let mut names = HashMap::new();
+                let mut list = Vec::new();
+                for (id, path) in pl.ids.iter().zip(&pl.paths) {
+                    let mut e = by_path[path].clone();
+                    e.rel = id.to_string();
+                    names.insert(id.to_string(), (path.clone(), *id));
+                    list.push(e);
+                }
+                jobs.push((pl.node, peer, cap(&pl.capability), list, names));
+            }
+        }
+        let results = run_bounded(
+            jobs.into_iter()
+                .map(|(node, peer, grant, list, names)| {
+                    let runner = &runner;
+                    let copy = &opts.copy;
+                    let announced: Vec<String> = names.keys().cloned().collect();
+                    async move {
+                        let r = runner
+                            .session(node.clone(), announced, |c, ev, cancel| async move {
+                                transfer::client::upload(
+                                    list,
+                                    &peer,
+                                    SinkRequest {
+                                        dest: String::new(),
+                                        grant,
+                                    },
+                                    copy,
+                                    copy.session.clone(),
+                                    c,
+                                    ev,
+                                    cancel,
+                                )
+                                .await
+                            })
+                            .await;
+                        (r, names)
+                    }
+                })
+                .collect(),
+            opts.max_sessions,
+        )
+        .await;
+        todo.clear();
+        let mut abort = Vec::new();
+        for (r, names) in results {
+            if let Ok(a) = &r.result {
+                tally.session(a);
+            }
+            for (name, (size, digests)) in &r.done {
+                if let Some((path, _)) = names.get(name) {
+                    tally.ok(path, *size, digests, &events);
+                }
+            }
+            let node_failed = matches!(
+                &r.result,
+                Err(TransferError::Connect(_) | TransferError::Stalled(_))
+            );
+            if node_failed && !exclude.contains(&r.node) {
+                let why = r
+                    .result
+                    .as_ref()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                tracing::warn!(node = %r.node, "storage node failed during upload ({why}); placing its files elsewhere");
+                let _ = events.send(Event::Retrying {
+                    attempt: round + 1,
+                    delay_ms: 0,
+                    reason: format!(
+                        "node {} failed ({why}); its files go to another node",
+                        r.node
+                    ),
+                });
+                exclude.push(r.node.clone());
+            }
+            for (name, e) in r.failed {
+                let Some((path, id)) = names.get(&name) else {
+                    continue;
+                };
+                abort.push(*id);
+                if e.retryable() || node_failed {
+                    todo.push(path.clone());
+                }
+                tally.fail(path, e);
+            }
+        }
+        // Unfinished uploads leave nothing in the namespace.
+        let _ = meta.abort_files(abort).await;
+        if cancel.is_cancelled() {
+            return Err(TransferError::Interrupted);
+        }
+        let _ = all_ids;
+    }
+    for (p, e) in &tally.failed {
+        let _ = events.send(Event::FileFailed {
+            path: p.clone(),
+            error: e.to_info(),
+        });
+    }
+    tally.report(
+        local.display().to_string(),
+        format!("haul://{}{}", meta.addr, dest),
+        opts,
+        &counters,
+    )
+}
+
+async fn enumerate_local(path: &Path, recursive: bool) -> Result<Vec<SourceEntry>, TransferError> {
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        store::enumerate(&Root::Ambient, &p, recursive, &mut |e| {
+            out.push(e);
+            true
+        })
+        .map(|()| out)
+    })
+    .await
+    .map_err(|e| TransferError::Local(e.to_string()))?
+    .map_err(TransferError::from)
+}
+
+/// A file to read: its name at the destination and the replicas it can come from.
+#[derive(Clone)]
+struct ReadFile {
+    rel: String,
+    source: pb::ReadSource,
+    expect: Vec<Digest>,
+    /// Index into `source.replicas` of the replica in use.
+    replica: usize,
+}
+
+impl ReadFile {
+    fn listed(&self, name: String) -> ListedFile {
+        ListedFile {
+            locator: self.source.id.to_string(),
+            name,
+            size: self.source.size,
+            mode: self.source.mode,
+            mtime: ts(self.source.mtime_ns),
+            expect: self.expect.clone(),
+        }
+    }
+
+    fn node(&self) -> Option<&pb::ReplicaInfo> {
+        self.source.replicas.get(self.replica)
+    }
+
+    /// Moves to the next replica not on a failed node; false when none is left.
+    fn fail_over(&mut self, failed: &HashSet<String>) -> bool {
+        loop {
+            self.replica += 1;
+            match self.node() {
+                Some(r) if failed.contains(&r.node) => continue,
+                Some(_) => return true,
+                None => return false,
+            }
+        }
+    }
+}
+
+/// Opens `src` for reading: the files (names relative to the source's parent), directories,
+/// and read capabilities per node.
+async fn open_source(
+    meta: &MetaClient,
+    src: &str,
+    opts: &GridOptions,
+    exclude: &[String],
+) -> Result<
+    (
+        Vec<ReadFile>,
+        Vec<pb::Entry>,
+        HashMap<String, Option<SignedGrant>>,
+        bool,
+    ),
+    TransferError,
+> {
+    let norm = normalize(src);
+    let top = meta.stat(&norm).await?;
+    if top.is_dir && !opts.copy.recursive {
+        return Err(TransferError::Usage(format!(
+            "{norm} is a directory; use -r to copy it"
+        )));
+    }
+    let reply = meta
+        .open_read(pb::OpenReadRequest {
+            paths: vec![norm.clone()],
+            client_site: opts.site.clone().unwrap_or_default(),
+            recursive: opts.copy.recursive,
+            exclude_nodes: exclude.to_vec(),
+        })
+        .await?;
+    if reply.files.is_empty() && top.size == 0 && !top.is_dir && reply.errors.is_empty() {
+        // An empty file has no replica.
+    }
+    if let (false, Some(e)) = (top.is_dir, reply.errors.first()) {
+        return Err(from_file_error(e));
+    }
+    let parent = parent_of(&norm);
+    let rel_of = |p: &str| -> String {
+        let stripped = if parent == "/" {
+            p.trim_start_matches('/')
+        } else {
+            p.strip_prefix(&parent).unwrap_or(p).trim_start_matches('/')
+        };
+        stripped.to_string()
+    };
+    let mut files = Vec::new();
+    for s in reply.files {
+        let expect = parse_digests(&s.checksum).map_err(|e| {
+            TransferError::Protocol(format!("{}: bad checksum in the catalog: {e}", s.path))
+        })?;
+        files.push(ReadFile {
+            rel: rel_of(&s.path),
+            source: s,
+            expect,
+            replica: 0,
+        });
+    }
+    let mut dirs = reply.dirs;
+    for d in &mut dirs {
+        d.path = rel_of(&d.path);
+    }
+    for e in reply.errors {
+        tracing::warn!(path = %e.path, "{}", e.message);
+        files.push(ReadFile {
+            rel: rel_of(&e.path),
+            source: pb::ReadSource {
+                path: e.path.clone(),
+                ..Default::default()
+            },
+            expect: vec![],
+            replica: usize::MAX,
+        });
+        // Marked failed by the caller (no replica index).
+        let _ = e;
+    }
+    if !top.is_dir && files.is_empty() && top.size == 0 {
+        files.push(ReadFile {
+            rel: rel_of(&norm),
+            source: pb::ReadSource {
+                path: norm.clone(),
+                id: top.id,
+                size: 0,
+                mtime_ns: top.mtime_ns,
+                mode: top.mode,
+                checksum: top.checksum.clone(),
+                replicas: vec![],
+            },
+            expect: vec![],
+            replica: 0,
+        });
+    }
+    let grants = reply
+        .nodes
+        .into_iter()
+        .map(|n| (n.node, cap(&n.capability)))
+        .collect();
+    Ok((files, dirs, grants, top.is_dir))
+}
+
+async fn download(
+    meta: &MetaClient,
+    src: &str,
+    local: &Path,
+    opts: &GridOptions,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<CopyReport, TransferError> {
+    let (files, dirs, grants, is_dir) = open_source(meta, src, opts, &[]).await?;
+    let wants_dir = local.to_string_lossy().ends_with('/');
+    let dest =
+        Destination::resolve(&Root::Ambient, local, wants_dir).map_err(TransferError::from)?;
+    if is_dir && !dest.into_dir {
+        std::fs::create_dir_all(&dest.base).map_err(|e| {
+            TransferError::Destination(format!("cannot create {}: {e}", dest.base.display()))
+        })?;
+    }
+    for d in &dirs {
+        let p = dest.map(&d.path);
+        std::fs::create_dir_all(&p).map_err(|e| {
+            TransferError::Destination(format!("cannot create {}: {e}", p.display()))
+        })?;
+    }
+    let mut tally = Tally::new();
+    tally.files = files.len() as u64;
+    tally.bytes = files.iter().map(|f| f.source.size).sum();
+    Counters::set(&counters.total_bytes, tally.bytes);
+    Counters::set(&counters.total_files, tally.files);
+    let mut todo: Vec<ReadFile> = Vec::new();
+    for f in files {
+        if f.replica == usize::MAX {
+            tally.fail(
+                &f.source.path,
+                TransferError::Connect(format!("{}: no healthy replica", f.source.path)),
+            );
+        } else if f.source.size == 0 {
+            match write_empty(&dest.map(&f.rel), &f.source) {
+                Ok(()) => tally.ok(&f.source.path, 0, &[], &events),
+                Err(e) => tally.fail(&f.source.path, e),
+            }
+        } else {
+            todo.push(f);
+        }
+    }
+    let runner = Runner::new(
+        counters.clone(),
+        events.clone(),
+        cancel.clone(),
+        Duration::from_millis(opts.copy.session.stall_timeout_ms.max(1000)),
+    );
+    let mut failed_nodes: HashSet<String> = HashSet::new();
+    let mut round = 0u32;
+    let max_rounds = opts.copy.retry.max_attempts.max(1) + 4;
+    while !todo.is_empty() && !cancel.is_cancelled() {
+        round += 1;
+        tally.attempts = round;
+        if round > max_rounds {
+            for f in todo.drain(..) {
+                tally.fail(
+                    &f.source.path,
+                    TransferError::Connect(format!(
+                        "{}: gave up after {max_rounds} rounds",
+                        f.source.path
+                    )),
+                );
+            }
+            break;
+        }
+        let mut by_node: BTreeMap<String, Vec<ReadFile>> = BTreeMap::new();
+        for f in todo.drain(..) {
+            let node = f.node().expect("has a replica").node.clone();
+            by_node.entry(node).or_default().push(f);
+        }
+        let mut jobs = Vec::new();
+        for (node, list) in by_node {
+            let address = list[0].node().expect("replica").address.clone();
+            let peer = Peer::parse(&address)?;
+            let grant = grants.get(&node).cloned().flatten();
+            for chunk in list.chunks(SESSION_FILES) {
+                jobs.push((node.clone(), peer.clone(), grant.clone(), chunk.to_vec()));
+            }
+        }
+        let resume = round > 1 || opts.copy.session.resume;
+        let results = run_bounded(
+            jobs.into_iter()
+                .map(|(node, peer, grant, chunk)| {
+                    let (runner, copy, dest) = (&runner, &opts.copy, dest.clone());
+                    let names: Vec<String> = chunk.iter().map(|f| f.rel.clone()).collect();
+                    let listed: Vec<ListedFile> =
+                        chunk.iter().map(|f| f.listed(f.rel.clone())).collect();
+                    async move {
+                        let r = runner
+                            .session(node.clone(), names, |c, ev, cancel| async move {
+                                let mut session = copy.session.clone();
+                                session.resume = resume;
+                                transfer::client::download(
+                                    &peer,
+                                    SourceRequest {
+                                        files: listed,
+                                        grant,
+                                        ..Default::default()
+                                    },
+                                    Arc::new(Root::Ambient),
+                                    Naming::Tree(dest),
+                                    copy,
+                                    session,
+                                    c,
+                                    ev,
+                                    cancel,
+                                )
+                                .await
+                            })
+                            .await;
+                        (r, chunk)
+                    }
+                })
+                .collect(),
+            opts.max_sessions,
+        )
+        .await;
+        for (r, chunk) in results {
+            if let Ok(a) = &r.result {
+                tally.session(a);
+            }
+            let node_failed = r.result.as_ref().is_err_and(|e| {
+                matches!(
+                    e,
+                    TransferError::Connect(_)
+                        | TransferError::Stalled(_)
+                        | TransferError::NotFound(_)
+                        | TransferError::Auth(_)
+                )
+            });
+            if node_failed && failed_nodes.insert(r.node.clone()) {
+                let why = r
+                    .result
+                    .as_ref()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                let _ = events.send(Event::Retrying {
+                    attempt: round + 1,
+                    delay_ms: 0,
+                    reason: format!(
+                        "node {} failed ({why}); continuing from other replicas",
+                        r.node
+                    ),
+                });
+            }
+            for mut f in chunk {
+                if let Some((size, digests)) = r.done.get(&f.rel) {
+                    if catalog_agrees(&f.expect, digests) {
+                        tally.ok(&f.source.path, *size, digests, &events);
+                    } else {
+                        let _ = std::fs::remove_file(dest.map(&f.rel));
+                        tally.fail(
+                            &f.source.path,
+                            TransferError::Integrity(format!(
+                                "{}: received data does not match the catalog checksum",
+                                f.source.path
+                            )),
+                        );
+                    }
+                    continue;
+                }
+                let err = r.failed.get(&f.rel).cloned().unwrap_or_else(|| {
+                    TransferError::Connect(format!("node {} did not send it", r.node))
+                });
+                // A damaged replica or a failed node: the next replica.
+                let switch = node_failed
+                    || matches!(
+                        err,
+                        TransferError::Integrity(_)
+                            | TransferError::NotFound(_)
+                            | TransferError::Connect(_)
+                            | TransferError::Stalled(_)
+                    );
+                let mut avoid = failed_nodes.clone();
+                avoid.insert(r.node.clone());
+                if switch && f.fail_over(if node_failed { &failed_nodes } else { &avoid }) {
+                    tracing::info!(path = %f.source.path, from = %r.node, to = %f.node().map(|n| n.node.as_str()).unwrap_or(""), "reading from another replica");
+                    todo.push(f);
+                } else if !switch && err.retryable() {
+                    todo.push(f);
+                } else {
+                    tally.fail(
+                        &f.source.path,
+                        if switch {
+                            TransferError::Connect(format!(
+                                "{}: no healthy replica left ({err})",
+                                f.source.path
+                            ))
+                        } else {
+                            err
+                        },
+                    );
+                }
+            }
+        }
+        if cancel.is_cancelled() {
+            return Err(TransferError::Interrupted);
+        }
+    }
+    for (p, e) in &tally.failed {
+        let _ = events.send(Event::FileFailed {
+            path: p.clone(),
+            error: e.to_info(),
+        });
+    }
+    tally.report(
+        format!("haul://{}{}", meta.addr, src),
+        local.display().to_string(),
+        opts,
+        &counters,
+    )
+}
+
+/// Whether received digests agree with the catalog's (on the algorithms both have).
+fn catalog_agrees(expect: &[Digest], got: &[Digest]) -> bool {
+    expect.is_empty() || wire::checksum::digests_match(got, expect).is_ok()
+}
+
+fn write_empty(path: &Path, s: &pb::ReadSource) -> Result<(), TransferError> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p).map_err(|e| {
+            TransferError::Destination(format!("cannot create {}: {e}", p.display()))
+        })?;
+    }
+    let f = std::fs::File::create(path).map_err(|e| {
+        TransferError::Destination(format!("cannot create {}: {e}", path.display()))
+    })?;
+    let t = ts(s.mtime_ns);
+    let when = std::time::UNIX_EPOCH + Duration::new(t.secs.max(0) as u64, t.nanos);
+    let _ = f.set_times(std::fs::FileTimes::new().set_modified(when));
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(s.mode & 0o7777));
+    Ok(())
+}
+
+async fn within(
+    meta: &MetaClient,
+    src: &str,
+    dst: &str,
+    opts: &GridOptions,
+    counters: Arc<Counters>,
+    events: EventSender,
+    cancel: CancellationToken,
+) -> Result<CopyReport, TransferError> {
+    let (files, dirs, grants, is_dir) = open_source(meta, src, opts, &[]).await?;
+    let (base, into_dir) = grid_destination(meta, dst, is_dir).await?;
+    if is_dir && !into_dir {
+        meta.mkdir(&base, 0o755, false).await?;
+    }
+    for d in &dirs {
+        meta.mkdir(&map_grid(&base, into_dir, &d.path), d.mode & 0o7777, true)
+            .await?;
+    }
+    let mut tally = Tally::new();
+    tally.files = files.len() as u64;
+    tally.bytes = files.iter().map(|f| f.source.size).sum();
+    Counters::set(&counters.total_bytes, tally.bytes);
+    Counters::set(&counters.total_files, tally.files);
+    let runner = Runner::new(
+        counters.clone(),
+        events.clone(),
+        cancel.clone(),
+        Duration::from_millis(opts.copy.session.stall_timeout_ms.max(1000)),
+    );
+    let mut todo: Vec<(String, ReadFile)> = Vec::new();
+    for f in files {
+        let target = map_grid(&base, into_dir, &f.rel);
+        if f.replica == usize::MAX {
+            tally.fail(
+                &f.source.path,
+                TransferError::Connect(format!("{}: no healthy replica", f.source.path)),
+            );
+        } else {
+            todo.push((target, f));
+        }
+    }
+    let mut exclude: Vec<String> = Vec::new();
+    let mut failed_sources: HashSet<String> = HashSet::new();
+    let max_rounds = opts.copy.retry.max_attempts.max(1);
+    for round in 1..=max_rounds {
+        tally.attempts = round;
+        if todo.is_empty() || cancel.is_cancelled() {
+            break;
+        }
+        let by_target: HashMap<String, ReadFile> = todo.iter().cloned().collect();
+        let mut jobs = Vec::new();
+        for chunk in todo.chunks(SESSION_FILES) {
+            let reply = meta
+                .create_files(pb::CreateFilesRequest {
+                    files: chunk
+                        .iter()
+                        .map(|(t, f)| pb::NewFile {
+                            path: t.clone(),
+                            size: f.source.size,
+                            mode: f.source.mode,
+                            mtime_ns: f.source.mtime_ns,
+                        })
+                        .collect(),
+                    client_site: opts.site.clone().unwrap_or_default(),
+                    overwrite: opts.overwrite,
+                    exclude_nodes: exclude.clone(),
+                })
+                .await?;
+            for e in &reply.errors {
+                tally.fail(&e.path, from_file_error(e));
+            }
+            for c in &reply.created {
+                tally.ok(&c.path, 0, &[], &events);
+            }
+            for pl in reply.placements {
+                let to = Peer::parse(&pl.address)?;
+                let write = cap(&pl.capability);
+                // Group this node's files by the node each is read from.
+                let mut by_source: BTreeMap<String, Vec<(i64, String, ReadFile)>> = BTreeMap::new();
+                for (id, path) in pl.ids.iter().zip(&pl.paths) {
+                    let f = by_target[path].clone();
+                    let node = f.node().expect("replica").node.clone();
+                    by_source
+                        .entry(node)
+                        .or_default()
+                        .push((*id, path.clone(), f));
+                }
+                for (src_node, list) in by_source {
+                    let from = Peer::parse(&list[0].2.node().expect("replica").address)?;
+                    jobs.push((
+                        src_node,
+                        from,
+                        pl.node.clone(),
+                        to.clone(),
+                        write.clone(),
+                        list,
+                    ));
+                }
+            }
+        }
+        let results = run_bounded(
+            jobs.into_iter()
+                .map(|(src_node, from, dst_node, to, write, list)| {
+                    let read = grants.get(&src_node).cloned().flatten();
+                    let (runner, copy) = (&runner, &opts.copy);
+                    let names: Vec<String> = list.iter().map(|(id, _, _)| id.to_string()).collect();
+                    let listed: Vec<ListedFile> = list
+                        .iter()
+                        .map(|(id, _, f)| f.listed(id.to_string()))
+                        .collect();
+                    async move {
+                        let r = runner
+                            .session(
+                                format!("{src_node}->{dst_node}"),
+                                names,
+                                |c, ev, cancel| async move {
+                                    transfer::client::third_party(
+                                        &from,
+                                        SourceRequest {
+                                            files: listed,
+                                            grant: read,
+                                            ..Default::default()
+                                        },
+                                        &to,
+                                        SinkRequest {
+                                            dest: String::new(),
+                                            grant: write,
+                                        },
+                                        copy,
+                                        copy.session.clone(),
+                                        c,
+                                        ev,
+                                        cancel,
+                                    )
+                                    .await
+                                },
+                            )
+                            .await;
+                        (r, src_node, dst_node, list)
+                    }
+                })
+                .collect(),
+            opts.max_sessions,
+        )
+        .await;
+        todo.clear();
+        let mut abort = Vec::new();
+        for (r, src_node, dst_node, list) in results {
+            if let Ok(a) = &r.result {
+                tally.session(a);
+            }
+            let failed = r.result.is_err();
+            if failed {
+                let why = r
+                    .result
+                    .as_ref()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                let _ = events.send(Event::Retrying {
+                    attempt: round + 1,
+                    delay_ms: 0,
+                    reason: format!("copy {src_node} -> {dst_node} failed ({why})"),
+                });
+                if matches!(
+                    r.result,
+                    Err(TransferError::Connect(_) | TransferError::Stalled(_))
+                ) {
+                    // Which end failed is not known: avoid both next time.
+                    failed_sources.insert(src_node.clone());
+                    if !exclude.contains(&dst_node) {
+                        exclude.push(dst_node.clone());
+                    }
+                }
+            }
+            for (id, path, mut f) in list {
+                if let Some((size, digests)) = r.done.get(&id.to_string()) {
+                    tally.ok(&path, *size, digests, &events);
+                    continue;
+                }
+                abort.push(id);
+                let err = r
+                    .failed
+                    .get(&id.to_string())
+                    .cloned()
+                    .unwrap_or_else(|| TransferError::Connect(format!("{path}: not copied")));
+                if failed && failed_sources.contains(&src_node) && !f.fail_over(&failed_sources) {
+                    // No other source; try the same again (the destination may have been
+                    // the one that failed).
+                    f.replica = 0;
+                }
+                if err.retryable() || failed {
+                    todo.push((path.clone(), f));
+                }
+                tally.fail(&path, err);
+            }
+        }
+        let _ = meta.abort_files(abort).await;
+        if cancel.is_cancelled() {
+            return Err(TransferError::Interrupted);
+        }
+    }
+    for (p, e) in &tally.failed {
+        let _ = events.send(Event::FileFailed {
+            path: p.clone(),
+            error: e.to_info(),
+        });
+    }
+    tally.report(
+        format!("haul://{}{}", meta.addr, src),
+        format!("haul://{}{}", meta.addr, dst),
+        opts,
+        &counters,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_paths_follow_cp_semantics() {
+        assert_eq!(map_grid("/data", true, "run1/a.nc"), "/data/run1/a.nc");
+        assert_eq!(
+            map_grid("/data/copy", false, "run1/a.nc"),
+            "/data/copy/a.nc"
+        );
+        assert_eq!(map_grid("/data/x.nc", false, "a.nc"), "/data/x.nc");
+        assert_eq!(map_grid("/", true, "a.nc"), "/a.nc");
+        assert_eq!(normalize("//a/./b/"), "/a/b");
+        assert_eq!(parent_of("/a/b"), "/a");
+        assert_eq!(parent_of("/a"), "/");
+        assert_eq!(ns_of(ts(1_500_000_000_123)), 1_500_000_000_123);
+        assert_eq!(ts(-1).secs, -1);
+    }
+
+    #[test]
+    fn fail_over_skips_failed_nodes() {
+        let rep = |n: &str| pb::ReplicaInfo {
+            node: n.into(),
+            ..Default::default()
+        };
+        let mut f = ReadFile {
+            rel: "a".into(),
+            source: pb::ReadSource {
+                replicas: vec![rep("n1"), rep("n2"), rep("n3")],
+                ..Default::default()
+            },
+            expect: vec![],
+            replica: 0,
+        };
+        let failed: HashSet<String> = ["n1".to_string(), "n2".to_string()].into();
+        assert!(f.fail_over(&failed));
+        assert_eq!(f.node().unwrap().node, "n3");
+        assert!(!f.fail_over(&failed));
+    }
+}

@@ -1,0 +1,325 @@
+//! Who is calling: the metadata server accepts only mutually authenticated TLS 1.3 (the same
+//! CA and certificates as the data plane), hands the peer's certificate subject to the gRPC
+//! handlers with each request, and maps it to a caller: a storage node (a host certificate,
+//! `OU=hosts`, whose CN names the node) or a user (through the mapfile), with the user's
+//! groups (from the groups file) and whether it is an administrator.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tonic::Status;
+use tonic::transport::server::Connected;
+use transfer::tls::Mapfile;
+
+/// What a handler knows about the connection a request came on.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    /// `/O=.../OU=.../CN=...` of the client certificate.
+    pub subject: String,
+    pub addr: SocketAddr,
+}
+
+/// A TLS connection carrying gRPC, with its peer's identity for the handlers.
+pub struct TlsConn {
+    inner: TlsStream<TcpStream>,
+    peer: PeerInfo,
+}
+
+impl Connected for TlsConn {
+    type ConnectInfo = PeerInfo;
+    fn connect_info(&self) -> PeerInfo {
+        self.peer.clone()
+    }
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Accepts TCP connections and completes their TLS handshakes concurrently (a slow or
+/// hostile client cannot hold up the others), yielding authenticated connections.
+pub fn incoming(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+) -> tokio_stream::wrappers::ReceiverStream<Result<TlsConn, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, addr) = match listener.accept().await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, conn_tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                let hs =
+                    tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp))
+                        .await;
+                let tls = match hs {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        tracing::info!(%addr, error = %e, "TLS handshake refused");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::info!(%addr, "TLS handshake timed out");
+                        return;
+                    }
+                };
+                let subject = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(transfer::tls::subject_of)
+                    .unwrap_or_default();
+                let conn = TlsConn {
+                    inner: tls,
+                    peer: PeerInfo { subject, addr },
+                };
+                let _ = conn_tx.send(Ok(conn)).await;
+            });
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// A user of the namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    /// Primary group first.
+    pub groups: Vec<String>,
+    pub admin: bool,
+}
+
+impl User {
+    pub fn in_group(&self, g: &str) -> bool {
+        self.groups.iter().any(|x| x == g)
+    }
+
+    pub fn primary_group(&self) -> &str {
+        self.groups
+            .first()
+            .map(|s| s.as_str())
+            .unwrap_or(&self.name)
+    }
+}
+
+/// Who a request comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    User(User),
+    /// A storage node, by name.
+    Node(String),
+}
+
+/// Group membership: `group: user1 user2` lines (like /etc/group). A user's primary group is
+/// the first group that lists them, or a group named like the user.
+#[derive(Clone, Debug, Default)]
+pub struct Groups {
+    by_user: HashMap<String, Vec<String>>,
+}
+
+impl Groups {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut by_user: HashMap<String, Vec<String>> = HashMap::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (group, members) = line
+                .split_once(':')
+                .ok_or_else(|| format!("line {}: expected `group: user1 user2`", n + 1))?;
+            let group = group.trim();
+            if group.is_empty() {
+                return Err(format!("line {}: empty group name", n + 1));
+            }
+            for m in members.split([' ', ',', '\t']).filter(|m| !m.is_empty()) {
+                let g = by_user.entry(m.to_string()).or_default();
+                if !g.iter().any(|x| x == group) {
+                    g.push(group.to_string());
+                }
+            }
+        }
+        Ok(Self { by_user })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read groups file {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn of(&self, user: &str) -> Vec<String> {
+        let mut g = self.by_user.get(user).cloned().unwrap_or_default();
+        if g.is_empty() {
+            g.push(user.to_string());
+        }
+        g
+    }
+}
+
+/// Maps certificate subjects to callers.
+pub struct Identities {
+    pub mapfile: Mapfile,
+    pub groups: Groups,
+    pub admins: Vec<String>,
+}
+
+impl Identities {
+    /// The caller behind a certificate subject.
+    pub fn caller(&self, subject: &str) -> Result<Caller, Status> {
+        if let Some(node) = host_name(subject) {
+            return Ok(Caller::Node(node));
+        }
+        let Some(mapped) = self.mapfile.lookup(subject) else {
+            return Err(Status::permission_denied(format!(
+                "certificate subject {subject:?} is not in the metadata server's mapfile; ask its operator to add: \"{subject}\" <user>"
+            )));
+        };
+        // `user` or `user,other` (the first account is the identity).
+        let name = mapped
+            .split(',')
+            .next()
+            .unwrap_or(mapped)
+            .trim()
+            .to_string();
+        Ok(Caller::User(User {
+            groups: self.groups.of(&name),
+            admin: self.admins.iter().any(|a| *a == name),
+            name,
+        }))
+    }
+
+    /// The caller of a request (its connection's certificate).
+    pub fn of_request<T>(&self, req: &tonic::Request<T>) -> Result<Caller, Status> {
+        let peer = req
+            .extensions()
+            .get::<PeerInfo>()
+            .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+        self.caller(&peer.subject)
+    }
+
+    /// A user caller, or an error for nodes.
+    pub fn user<T>(&self, req: &tonic::Request<T>) -> Result<User, Status> {
+        match self.of_request(req)? {
+            Caller::User(u) => Ok(u),
+            Caller::Node(n) => Err(Status::permission_denied(format!(
+                "host certificate of {n} cannot use the namespace; use a user certificate"
+            ))),
+        }
+    }
+
+    /// A node caller, or an error for users.
+    pub fn node<T>(&self, req: &tonic::Request<T>) -> Result<String, Status> {
+        match self.of_request(req)? {
+            Caller::Node(n) => Ok(n),
+            Caller::User(u) => Err(Status::permission_denied(format!(
+                "{} is a user; only storage nodes (host certificates) may do this",
+                u.name
+            ))),
+        }
+    }
+}
+
+/// The host name in a host certificate's subject (`.../OU=hosts/CN=name`).
+pub fn host_name(subject: &str) -> Option<String> {
+    let mut is_host = false;
+    let mut cn = None;
+    for part in subject.split('/') {
+        if part == "OU=hosts" {
+            is_host = true;
+        } else if let Some(v) = part.strip_prefix("CN=") {
+            cn = Some(v.to_string());
+        }
+    }
+    if is_host { cn } else { None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids() -> Identities {
+        Identities {
+            mapfile: Mapfile::parse(
+                "\"/O=g/OU=users/CN=Alice A\" alice\n\"/O=g/OU=users/CN=Root\" root\n",
+            )
+            .unwrap(),
+            groups: Groups::parse("# groups\natlas: alice bob\ncms: alice\n").unwrap(),
+            admins: vec!["root".into()],
+        }
+    }
+
+    #[test]
+    fn subjects_map_to_callers() {
+        let i = ids();
+        assert_eq!(
+            i.caller("/O=g/OU=hosts/CN=node1").unwrap(),
+            Caller::Node("node1".into())
+        );
+        let Caller::User(a) = i.caller("/O=g/OU=users/CN=Alice A").unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.name, "alice");
+        assert_eq!(a.groups, vec!["atlas", "cms"]);
+        assert!(!a.admin);
+        let Caller::User(r) = i.caller("/O=g/OU=users/CN=Root").unwrap() else {
+            panic!()
+        };
+        assert!(r.admin);
+        assert_eq!(r.primary_group(), "root");
+        let e = i.caller("/O=g/OU=users/CN=Mallory").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("mapfile"));
+        assert!(Groups::parse("nogroupline").is_err());
+    }
+}

@@ -1,0 +1,511 @@
+//! The `Files` service: creating files (placing them on nodes and granting the writes),
+//! opening them for reading (choosing replicas and granting the reads), where replicas are,
+//! and the node registry as users see it (`nodes`, `df`).
+
+use crate::auth::User;
+use crate::perm::{self, Access};
+use crate::placement::{self, NodeView, PlaceError};
+use crate::state::{Meta, NodeEntry, code_of_status, entry, file_error, node_info, status};
+use api::meta as pb;
+use api::meta::files_server::Files;
+use catalog::{CreateItem, CreateKind, Inode, Kind, NewEntry, ReplicaState, normalize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+use tonic::{Request, Response, Status};
+use wire::grant::Operation;
+
+/// The files service.
+pub struct FilesService {
+    pub meta: Arc<Meta>,
+}
+
+/// Files of one request at most (clients send larger sets in parts).
+pub const MAX_BATCH: usize = 10_000;
+
+fn state_name(s: ReplicaState) -> &'static str {
+    match s {
+        ReplicaState::Writing => "writing",
+        ReplicaState::Complete => "complete",
+        ReplicaState::Damaged => "damaged",
+        ReplicaState::Missing => "missing",
+    }
+}
+
+impl Meta {
+    /// Creates files for `user`: empty ones at once, others pending and placed on nodes.
+    pub async fn create_files(
+        &self,
+        user: &User,
+        req: &pb::CreateFilesRequest,
+    ) -> Result<pb::CreateFilesReply, Status> {
+        if req.files.len() > MAX_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_BATCH} files per request"
+            )));
+        }
+        let mut reply = pb::CreateFilesReply::default();
+        // Permission on each parent directory (and on files being replaced), once per parent.
+        let mut parents: HashMap<String, Result<Inode, Status>> = HashMap::new();
+        let mut items = Vec::with_capacity(req.files.len());
+        let mut sizes = Vec::with_capacity(req.files.len());
+        for f in &req.files {
+            let norm = match normalize(&f.path) {
+                Ok(n) => n,
+                Err(e) => {
+                    reply.errors.push(file_error(&f.path, &e));
+                    continue;
+                }
+            };
+            let (parent, _) = match catalog::parent_and_name(&norm) {
+                Ok(p) => p,
+                Err(e) => {
+                    reply.errors.push(file_error(&f.path, &e));
+                    continue;
+                }
+            };
+            if !parents.contains_key(&parent) {
+                let r = self.writable_parent(user, &norm).await;
+                parents.insert(parent.clone(), r);
+            }
+            let dir = match &parents[&parent] {
+                Ok(d) => d.clone(),
+                Err(s) => {
+                    reply.errors.push(pb::FileError {
+                        path: norm,
+                        code: code_of_status(s).into(),
+                        message: s.message().into(),
+                    });
+                    continue;
+                }
+            };
+            if req.overwrite {
+                if let Ok(Some(old)) = self.catalog.lookup(&norm).await {
+                    if old.kind == Kind::File && !perm::allows(user, &old, Access::Write) {
+                        reply.errors.push(pb::FileError {
+                            path: norm.clone(),
+                            code: "permission_denied".into(),
+                            message: format!(
+                                "{norm}: permission denied ({} may not write this file)",
+                                user.name
+                            ),
+                        });
+                        continue;
+                    }
+                }
+            }
+            items.push(CreateItem {
+                path: norm,
+                entry: NewEntry {
+                    owner: user.name.clone(),
+                    group: self.new_group(user, &dir),
+                    mode: if f.mode == 0 { 0o644 } else { f.mode & 0o7777 },
+                    mtime_ns: f.mtime_ns,
+                },
+                kind: if f.size == 0 {
+                    CreateKind::Empty
+                } else {
+                    CreateKind::Pending
+                },
+            });
+            sizes.push(f.size);
+        }
+        let results = self
+            .catalog
+            .create_files(&items, req.overwrite)
+            .await
+            .map_err(status)?;
+        let mut pending: Vec<(String, Inode, u64)> = Vec::new();
+        for ((it, r), size) in items.iter().zip(results).zip(sizes) {
+            match r {
+                Ok(i) if it.kind == CreateKind::Empty => reply.created.push(entry(&it.path, &i)),
+                Ok(i) => pending.push((it.path.clone(), i, size)),
+                Err(e) => reply.errors.push(file_error(&it.path, &e)),
+            }
+        }
+        if pending.is_empty() {
+            return Ok(reply);
+        }
+        let nodes: Vec<NodeEntry> = self
+            .nodes()
+            .into_iter()
+            .filter(|n| !n.key.is_empty() && !req.exclude_nodes.contains(&n.node.name))
+            .collect();
+        let views: Vec<NodeView> = nodes.iter().map(|n| n.view()).collect();
+        let site = (!req.client_site.is_empty()).then_some(req.client_site.as_str());
+        let sizes: Vec<u64> = pending.iter().map(|p| p.2).collect();
+        let chosen = match placement::place(&sizes, &views, site) {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing half-registered stays behind.
+                for (path, i, _) in &pending {
+                    let _ = self.catalog.abort_pending(i.id).await;
+                    reply.errors.push(pb::FileError {
+                        path: path.clone(),
+                        code: match e {
+                            PlaceError::NoNodes => "unavailable",
+                            PlaceError::NoSpace { .. } => "no_space",
+                        }
+                        .into(),
+                        message: format!("{path}: {e}"),
+                    });
+                }
+                return Ok(reply);
+            }
+        };
+        let mut by_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (f, n) in chosen.iter().enumerate() {
+            by_node.entry(*n).or_default().push(f);
+        }
+        let starts: Vec<(i64, String)> = chosen
+            .iter()
+            .enumerate()
+            .map(|(f, n)| (pending[f].1.id, nodes[*n].node.name.clone()))
+            .collect();
+        if let Err(e) = self.catalog.start_replicas(&starts).await {
+            for (_, i, _) in &pending {
+                let _ = self.catalog.abort_pending(i.id).await;
+            }
+            return Err(status(e));
+        }
+        for (n, files) in by_node {
+            let node = &nodes[n];
+            let ids: Vec<i64> = files.iter().map(|f| pending[*f].1.id).collect();
+            let cap = self.grant(node, Operation::Write, ids.clone(), &user.name)?;
+            reply.placements.push(pb::Placement {
+                node: node.node.name.clone(),
+                address: node.node.address.clone(),
+                ids,
+                paths: files.iter().map(|f| pending[*f].0.clone()).collect(),
+                capability: Some(cap),
+            });
+        }
+        Ok(reply)
+    }
+
+    /// Chooses replicas and grants reads for `user`.
+    pub async fn open_read(
+        &self,
+        user: &User,
+        req: &pb::OpenReadRequest,
+    ) -> Result<pb::OpenReadReply, Status> {
+        let mut reply = pb::OpenReadReply::default();
+        let mut files: Vec<(String, Inode)> = Vec::new();
+        for p in &req.paths {
+            let (r, e) = match self.existing(user, p).await {
+                Ok(x) => x,
+                Err(s) => {
+                    reply.errors.push(pb::FileError {
+                        path: p.clone(),
+                        code: code_of_status(&s).into(),
+                        message: s.message().into(),
+                    });
+                    continue;
+                }
+            };
+            if e.kind == Kind::File {
+                files.push((r.norm, e));
+                continue;
+            }
+            if !req.recursive {
+                reply.errors.push(pb::FileError {
+                    path: r.norm.clone(),
+                    code: "is_a_directory".into(),
+                    message: format!("{}: is a directory (use -r)", r.norm),
+                });
+                continue;
+            }
+            // Reading a tree: list and search permission on every directory in it.
+            let dirs = self.catalog.dirs_below(&r.norm).await.map_err(status)?;
+            let mut readable: HashSet<i64> = HashSet::new();
+            for (dp, d) in &dirs {
+                if perm::allows(user, d, Access::Read) && perm::allows(user, d, Access::Search) {
+                    readable.insert(d.id);
+                    reply.dirs.push(entry(dp, d));
+                } else {
+                    reply.errors.push(pb::FileError {
+                        path: dp.clone(),
+                        code: "permission_denied".into(),
+                        message: format!(
+                            "{dp}: permission denied ({} may not list this directory)",
+                            user.name
+                        ),
+                    });
+                }
+            }
+            for (fp, f) in self.catalog.files_below(&r.norm).await.map_err(status)? {
+                if readable.contains(&f.parent) {
+                    files.push((fp, f));
+                }
+            }
+        }
+        if files.len() > MAX_BATCH * 10 {
+            return Err(Status::invalid_argument(format!(
+                "{} files in one request; open at most {} at a time",
+                files.len(),
+                MAX_BATCH * 10
+            )));
+        }
+        let exclude: HashSet<&str> = req.exclude_nodes.iter().map(|s| s.as_str()).collect();
+        let ids: Vec<i64> = files.iter().map(|(_, f)| f.id).collect();
+        let replicas = self.catalog.replicas_of(&ids).await.map_err(status)?;
+        let nodes: HashMap<String, NodeEntry> = self
+            .nodes()
+            .into_iter()
+            .map(|n| (n.node.name.clone(), n))
+            .collect();
+        let site = (!req.client_site.is_empty()).then_some(req.client_site.as_str());
+        let mut grants: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for (path, f) in files {
+            if !perm::allows(user, &f, Access::Read) {
+                reply.errors.push(pb::FileError {
+                    path: path.clone(),
+                    code: "permission_denied".into(),
+                    message: format!(
+                        "{path}: permission denied ({} may not read this file)",
+                        user.name
+                    ),
+                });
+                continue;
+            }
+            let holders: Vec<(NodeView, &catalog::Replica)> = replicas
+                .get(&f.id)
+                .map(|v| v.as_slice())
+                .unwrap_or_default()
+                .iter()
+                .filter(|r| r.state == ReplicaState::Complete && !exclude.contains(r.node.as_str()))
+                .filter_map(|r| nodes.get(&r.node).map(|n| (n.view(), r)))
+                .collect();
+            let views: Vec<&NodeView> = holders.iter().map(|(v, _)| v).collect();
+            let ordered = placement::order_replicas(&views, site);
+            if ordered.is_empty() && f.size > 0 {
+                reply.errors.push(pb::FileError {
+                    path: path.clone(),
+                    code: "unavailable".into(),
+                    message: format!(
+                        "{path}: no healthy replica (none complete on a live node{})",
+                        if exclude.is_empty() {
+                            ""
+                        } else {
+                            " that has not failed"
+                        }
+                    ),
+                });
+                continue;
+            }
+            let mut infos = Vec::with_capacity(ordered.len());
+            for v in ordered {
+                let n = &nodes[&v.name];
+                grants.entry(v.name.clone()).or_default().push(f.id);
+                let checksum = holders
+                    .iter()
+                    .find(|(h, _)| h.name == v.name)
+                    .map(|(_, r)| r.checksum.clone())
+                    .unwrap_or_default();
+                infos.push(pb::ReplicaInfo {
+                    node: v.name.clone(),
+                    site: v.site.clone(),
+                    address: n.node.address.clone(),
+                    state: "complete".into(),
+                    checksum,
+                    node_up: v.up,
+                });
+            }
+            reply.files.push(pb::ReadSource {
+                path,
+                id: f.id,
+                size: f.size,
+                mtime_ns: f.mtime_ns,
+                mode: f.mode,
+                checksum: f.checksum.clone(),
+                replicas: infos,
+            });
+        }
+        for (node, ids) in grants {
+            let n = &nodes[&node];
+            reply.nodes.push(pb::NodeAccess {
+                node: node.clone(),
+                site: n.node.site.clone(),
+                address: n.node.address.clone(),
+                capability: Some(self.grant(n, Operation::Read, ids, &user.name)?),
+            });
+        }
+        Ok(reply)
+    }
+
+    /// Every replica of a file, with its node.
+    pub async fn where_is(&self, user: &User, path: &str) -> Result<pb::WhereReply, Status> {
+        let (r, e) = self.existing(user, path).await?;
+        let nodes: HashMap<String, NodeEntry> = self
+            .nodes()
+            .into_iter()
+            .map(|n| (n.node.name.clone(), n))
+            .collect();
+        let replicas = if e.kind == Kind::File {
+            self.catalog.replicas(e.id).await.map_err(status)?
+        } else {
+            Vec::new()
+        };
+        Ok(pb::WhereReply {
+            entry: Some(entry(&r.norm, &e)),
+            replicas: replicas
+                .iter()
+                .map(|rep| {
+                    let n = nodes.get(&rep.node);
+                    pb::ReplicaInfo {
+                        node: rep.node.clone(),
+                        site: n.map(|n| n.node.site.clone()).unwrap_or_default(),
+                        address: n.map(|n| n.node.address.clone()).unwrap_or_default(),
+                        state: state_name(rep.state).into(),
+                        checksum: rep.checksum.clone(),
+                        node_up: n.is_some_and(|n| n.node.up),
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    /// The registry with each node's number of complete replicas.
+    pub async fn node_infos(&self) -> Result<Vec<pb::NodeInfo>, Status> {
+        let counts = self.catalog.replica_counts().await.map_err(status)?;
+        let mut complete: HashMap<String, u64> = HashMap::new();
+        for (n, s, c) in counts {
+            if s == ReplicaState::Complete {
+                *complete.entry(n).or_default() += c;
+            }
+        }
+        Ok(self
+            .nodes()
+            .iter()
+            .map(|n| node_info(n, *complete.get(&n.node.name).unwrap_or(&0)))
+            .collect())
+    }
+}
+
+#[tonic::async_trait]
+impl Files for FilesService {
+    async fn create_files(
+        &self,
+        req: Request<pb::CreateFilesRequest>,
+    ) -> Result<Response<pb::CreateFilesReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let user = m.ids.user(&req)?;
+        let n = req.get_ref().files.len() as u64;
+        let r = m.create_files(&user, req.get_ref()).await;
+        m.record("create_files", t, n, r.is_ok());
+        r.map(Response::new)
+    }
+
+    async fn abort_files(
+        &self,
+        req: Request<pb::AbortFilesRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let user = m.ids.user(&req)?;
+        for id in &req.get_ref().ids {
+            match m.catalog.inode(*id).await {
+                Ok(i) if i.pending && (i.owner == user.name || user.admin) => {
+                    m.catalog.abort_pending(*id).await.map_err(status)?;
+                }
+                Ok(i) if i.pending => {
+                    return Err(Status::permission_denied(format!(
+                        "file {id} is being written by {}",
+                        i.owner
+                    )));
+                }
+                // Committed meanwhile, or already gone: nothing to abort.
+                _ => {}
+            }
+        }
+        m.record("abort_files", t, req.get_ref().ids.len() as u64, true);
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn open_read(
+        &self,
+        req: Request<pb::OpenReadRequest>,
+    ) -> Result<Response<pb::OpenReadReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let user = m.ids.user(&req)?;
+        let r = m.open_read(&user, req.get_ref()).await;
+        let n = r.as_ref().map(|r| r.files.len() as u64).unwrap_or(0);
+        m.record("open_read", t, n, r.is_ok());
+        r.map(Response::new)
+    }
+
+    async fn r#where(
+        &self,
+        req: Request<pb::PathRequest>,
+    ) -> Result<Response<pb::WhereReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let user = m.ids.user(&req)?;
+        let r = m.where_is(&user, &req.get_ref().path).await;
+        m.record("where", t, 1, r.is_ok());
+        r.map(Response::new)
+    }
+
+    async fn nodes(&self, req: Request<pb::Empty>) -> Result<Response<pb::NodesReply>, Status> {
+        let m = &self.meta;
+        m.ids.of_request(&req)?;
+        Ok(Response::new(pb::NodesReply {
+            nodes: m.node_infos().await?,
+        }))
+    }
+
+    async fn df(&self, req: Request<pb::Empty>) -> Result<Response<pb::DfReply>, Status> {
+        let m = &self.meta;
+        m.ids.of_request(&req)?;
+        let nodes = m.node_infos().await?;
+        let mut sites: BTreeMap<String, pb::SiteUsage> = BTreeMap::new();
+        for n in &nodes {
+            let s = sites
+                .entry(n.site.clone())
+                .or_insert_with(|| pb::SiteUsage {
+                    site: n.site.clone(),
+                    ..Default::default()
+                });
+            s.capacity += n.capacity;
+            s.free += n.free;
+            s.nodes += 1;
+            s.up += n.up as u32;
+        }
+        Ok(Response::new(pb::DfReply {
+            nodes,
+            sites: sites.into_values().collect(),
+        }))
+    }
+
+    async fn replicate(
+        &self,
+        _req: Request<pb::ReplicateRequest>,
+    ) -> Result<Response<pb::ReplicateReply>, Status> {
+        Err(Status::unimplemented(
+            "replication is not available in this version",
+        ))
+    }
+
+    async fn who_am_i(&self, req: Request<pb::Empty>) -> Result<Response<pb::Identity>, Status> {
+        let m = &self.meta;
+        let subject = req
+            .extensions()
+            .get::<crate::auth::PeerInfo>()
+            .map(|p| p.subject.clone())
+            .unwrap_or_default();
+        match m.ids.of_request(&req)? {
+            crate::auth::Caller::User(u) => Ok(Response::new(pb::Identity {
+                user: u.name,
+                groups: u.groups,
+                subject,
+            })),
+            crate::auth::Caller::Node(n) => Ok(Response::new(pb::Identity {
+                user: format!("node:{n}"),
+                groups: vec![],
+                subject,
+            })),
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! The `Namespace` service: stat, list, mkdir, remove, rename, chmod, chown and extended
+//! attributes, each checked against the caller's permissions and done as one catalog
+//! transaction.
+
+use crate::auth::User;
+use crate::perm::{self, Access};
+use crate::state::{Meta, depth, entry, status};
+use api::meta as pb;
+use api::meta::namespace_server::Namespace;
+use catalog::{Inode, Kind, NewEntry, normalize, parent_and_name};
+use std::sync::Arc;
+use std::time::Instant;
+use tonic::{Request, Response, Status};
+
+/// The namespace service.
+pub struct NamespaceService {
+    pub meta: Arc<Meta>,
+}
+
+/// The entries along a path: `chain` (root first) and whether the last one is the entry.
+pub struct Resolved {
+    pub norm: String,
+    pub chain: Vec<Inode>,
+}
+
+impl Resolved {
+    pub fn exists(&self) -> bool {
+        self.chain.len() == depth(&self.norm) + 1
+    }
+
+    pub fn entry(&self) -> Option<&Inode> {
+        self.exists().then(|| self.chain.last().expect("root"))
+    }
+
+    /// The parent directory, when it exists.
+    pub fn parent(&self) -> Option<&Inode> {
+        let d = depth(&self.norm);
+        if d == 0 {
+            return None;
+        }
+        self.chain.get(d - 1)
+    }
+}
+
+impl Meta {
+    /// Resolves `path` and checks search permission on the directories leading to its last
+    /// existing component.
+    pub async fn resolve(&self, user: &User, path: &str) -> Result<Resolved, Status> {
+        let norm = normalize(path).map_err(status)?;
+        let chain = self.catalog.lookup_chain(&norm).await.map_err(status)?;
+        let r = Resolved { norm, chain };
+        // Search permission on every directory before the final entry (or, when the path
+        // does not exist, on every directory that does).
+        let skip = if r.exists() { 1 } else { 0 };
+        perm::require_traverse(user, &r.chain, skip)?;
+        Ok(r)
+    }
+
+    /// The existing entry at `path`.
+    pub async fn existing(&self, user: &User, path: &str) -> Result<(Resolved, Inode), Status> {
+        let r = self.resolve(user, path).await?;
+        match r.entry().cloned() {
+            Some(e) => Ok((r, e)),
+            None => Err(Status::not_found(format!(
+                "{}: no such file or directory",
+                r.norm
+            ))),
+        }
+    }
+
+    /// The directory `path` must be in: existing, a directory, writable and searchable.
+    pub async fn writable_parent(&self, user: &User, path: &str) -> Result<Inode, Status> {
+        let (parent, _) = parent_and_name(path).map_err(status)?;
+        let (_, dir) = self.existing(user, &parent).await?;
+        if dir.kind != Kind::Dir {
+            return Err(Status::failed_precondition(format!(
+                "{parent}: not a directory"
+            )));
+        }
+        perm::require(user, &dir, Access::Write, &parent)?;
+        perm::require(user, &dir, Access::Search, &parent)?;
+        Ok(dir)
+    }
+}
+
+fn timed<T>(
+    meta: &Meta,
+    op: &'static str,
+    started: Instant,
+    r: Result<T, Status>,
+) -> Result<Response<T>, Status> {
+    meta.record(op, started, 1, r.is_ok());
+    r.map(Response::new)
+}
+
+#[tonic::async_trait]
+impl Namespace for NamespaceService {
+    async fn stat(&self, req: Request<pb::PathRequest>) -> Result<Response<pb::Entry>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let (r, e) = m.existing(&user, &req.get_ref().path).await?;
+            Ok(entry(&r.norm, &e))
+        }
+        .await;
+        timed(m, "stat", t, r)
+    }
+
+    async fn stat_many(
+        &self,
+        req: Request<pb::StatManyRequest>,
+    ) -> Result<Response<pb::StatManyReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let user = m.ids.user(&req)?;
+        let mut results = Vec::with_capacity(req.get_ref().paths.len());
+        for p in &req.get_ref().paths {
+            results.push(match m.existing(&user, p).await {
+                Ok((r, e)) => pb::StatResult {
+                    entry: Some(entry(&r.norm, &e)),
+                    error: String::new(),
+                },
+                Err(s) => pb::StatResult {
+                    entry: None,
+                    error: s.message().to_string(),
+                },
+            });
+        }
+        m.record("stat_many", t, results.len() as u64, true);
+        Ok(Response::new(pb::StatManyReply { results }))
+    }
+
+    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let q = req.get_ref();
+            let (r, dir) = m.existing(&user, &q.path).await?;
+            if dir.kind == Kind::Dir {
+                perm::require(&user, &dir, Access::Read, &r.norm)?;
+                perm::require(&user, &dir, Access::Search, &r.norm)?;
+            }
+            let limit = match q.limit {
+                0 => 1000,
+                n => n.min(10_000),
+            };
+            let after = (!q.after.is_empty()).then_some(q.after.as_str());
+            let items = m
+                .catalog
+                .list(&r.norm, after, limit)
+                .await
+                .map_err(status)?;
+            let more = items.len() as u32 == limit && dir.kind == Kind::Dir;
+            let entries = items
+                .iter()
+                .map(|i| {
+                    let p = if dir.kind == Kind::Dir {
+                        catalog::join(&r.norm, &i.name)
+                    } else {
+                        r.norm.clone()
+                    };
+                    entry(&p, i)
+                })
+                .collect();
+            Ok(pb::ListReply { entries, more })
+        }
+        .await;
+        timed(m, "list", t, r)
+    }
+
+    async fn mkdir(&self, req: Request<pb::MkdirRequest>) -> Result<Response<pb::Entry>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let q = req.get_ref();
+            let r = m.resolve(&user, &q.path).await?;
+            if let Some(e) = r.entry() {
+                if q.parents && e.kind == Kind::Dir {
+                    return Ok(entry(&r.norm, e));
+                }
+                return Err(Status::already_exists(format!(
+                    "{}: already exists",
+                    r.norm
+                )));
+            }
+            // The deepest existing directory is where something gets created.
+            let base = r.chain.last().expect("root").clone();
+            if base.kind != Kind::Dir {
+                return Err(Status::failed_precondition(format!(
+                    "{}: not a directory",
+                    base.name
+                )));
+            }
+            let shown = {
+                let names: Vec<&str> = r.chain.iter().skip(1).map(|i| i.name.as_str()).collect();
+                format!("/{}", names.join("/"))
+            };
+            perm::require(&user, &base, Access::Write, &shown)?;
+            perm::require(&user, &base, Access::Search, &shown)?;
+            let e = NewEntry {
+                owner: user.name.clone(),
+                group: m.new_group(&user, &base),
+                mode: if q.mode == 0 { 0o755 } else { q.mode & 0o7777 },
+                mtime_ns: now_ns(),
+            };
+            let d = m
+                .catalog
+                .mkdir(&r.norm, &e, q.parents)
+                .await
+                .map_err(status)?;
+            Ok(entry(&r.norm, &d))
+        }
+        .await;
+        timed(m, "mkdir", t, r)
+    }
+
+    async fn remove(
+        &self,
+        req: Request<pb::RemoveRequest>,
+    ) -> Result<Response<pb::RemoveReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let q = req.get_ref();
+            let (r, e) = m.existing(&user, &q.path).await?;
+            let parent = r
+                .parent()
+                .cloned()
+                .ok_or_else(|| Status::invalid_argument("cannot remove the root"))?;
+            perm::require_unlink(&user, &parent, &e, &r.norm)?;
+            if e.kind == Kind::Dir && q.recursive && !user.admin {
+                // Emptying a directory needs write and search permission on it and on every
+                // directory below it.
+                for (p, d) in m.catalog.dirs_below(&r.norm).await.map_err(status)? {
+                    perm::require(&user, &d, Access::Write, &p)?;
+                    perm::require(&user, &d, Access::Search, &p)?;
+                }
+            }
+            let removed = m
+                .catalog
+                .remove(&r.norm, q.recursive)
+                .await
+                .map_err(status)?;
+            Ok(pb::RemoveReply { removed })
+        }
+        .await;
+        timed(m, "remove", t, r)
+    }
+
+    async fn rename(&self, req: Request<pb::RenameRequest>) -> Result<Response<pb::Entry>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let q = req.get_ref();
+            let (from, e) = m.existing(&user, &q.from).await?;
+            let from_parent = from
+                .parent()
+                .cloned()
+                .ok_or_else(|| Status::invalid_argument("cannot move the root"))?;
+            perm::require_unlink(&user, &from_parent, &e, &from.norm)?;
+            let to_parent = m.writable_parent(&user, &q.to).await?;
+            let to = m.resolve(&user, &q.to).await?;
+            if let Some(target) = to.entry() {
+                perm::require_unlink(&user, &to_parent, target, &to.norm)?;
+            }
+            let moved = m
+                .catalog
+                .rename(&from.norm, &to.norm)
+                .await
+                .map_err(status)?;
+            Ok(entry(&to.norm, &moved))
+        }
+        .await;
+        timed(m, "rename", t, r)
+    }
+
+    async fn chmod(&self, req: Request<pb::ChmodRequest>) -> Result<Response<pb::Entry>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let q = req.get_ref();
+            let (r, e) = m.existing(&user, &q.path).await?;
+            perm::require_owner(&user, &e, &r.norm)?;
+            if q.mode > 0o7777 {
+                return Err(Status::invalid_argument(format!(
+                    "mode {:o} is not a permission mode (at most 7777)",
+                    q.mode
+                )));
+            }
+            let i = m.catalog.set_mode(&r.norm, q.mode).await.map_err(status)?;
+            Ok(entry(&r.norm, &i))
+        }
+        .await;
+        timed(m, "chmod", t, r)
+    }
+
+    async fn chown(&self, req: Request<pb::ChownRequest>) -> Result<Response<pb::Entry>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let q = req.get_ref();
+            let (r, mut e) = m.existing(&user, &q.path).await?;
+            let owner = (!q.owner.is_empty()).then_some(q.owner.as_str());
+            let group = (!q.group.is_empty()).then_some(q.group.as_str());
+            if owner.is_none() && group.is_none() {
+                return Err(Status::invalid_argument("give an owner, a group, or both"));
+            }
+            perm::require_chown(&user, &e, owner, group, &r.norm)?;
+            if let Some(o) = owner {
+                e = m.catalog.set_owner(&r.norm, o).await.map_err(status)?;
+            }
+            if let Some(g) = group {
+                e = m.catalog.set_group(&r.norm, g).await.map_err(status)?;
+            }
+            Ok(entry(&r.norm, &e))
+        }
+        .await;
+        timed(m, "chown", t, r)
+    }
+
+    async fn xattr_get(
+        &self,
+        req: Request<pb::XattrRequest>,
+    ) -> Result<Response<pb::XattrReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let q = req.get_ref();
+            let (r, e) = m.existing(&user, &q.path).await?;
+            perm::require(&user, &e, Access::Read, &r.norm)?;
+            let v = m
+                .catalog
+                .xattr_get(&r.norm, &q.name)
+                .await
+                .map_err(status)?;
+            Ok(pb::XattrReply {
+                found: v.is_some(),
+                value: v.unwrap_or_default(),
+            })
+        }
+        .await;
+        timed(m, "xattr_get", t, r)
+    }
+
+    async fn xattr_set(
+        &self,
+        req: Request<pb::XattrSetRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let q = req.get_ref();
+            let (r, e) = m.existing(&user, &q.path).await?;
+            check_xattr_write(&user, &e, &q.name, &r.norm)?;
+            m.catalog
+                .xattr_set(&r.norm, &q.name, &q.value)
+                .await
+                .map_err(status)?;
+            Ok(pb::Empty {})
+        }
+        .await;
+        timed(m, "xattr_set", t, r)
+    }
+
+    async fn xattr_list(
+        &self,
+        req: Request<pb::PathRequest>,
+    ) -> Result<Response<pb::XattrListReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let (r, e) = m.existing(&user, &req.get_ref().path).await?;
+            perm::require(&user, &e, Access::Read, &r.norm)?;
+            let attrs = m
+                .catalog
+                .xattr_list(&r.norm)
+                .await
+                .map_err(status)?
+                .into_iter()
+                .map(|(name, value)| pb::Xattr { name, value })
+                .collect();
+            Ok(pb::XattrListReply { attrs })
+        }
+        .await;
+        timed(m, "xattr_list", t, r)
+    }
+
+    async fn xattr_remove(
+        &self,
+        req: Request<pb::XattrRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let r = async {
+            let user = m.ids.user(&req)?;
+            let q = req.get_ref();
+            let (r, e) = m.existing(&user, &q.path).await?;
+            check_xattr_write(&user, &e, &q.name, &r.norm)?;
+            let found = m
+                .catalog
+                .xattr_remove(&r.norm, &q.name)
+                .await
+                .map_err(status)?;
+            if !found {
+                return Err(Status::not_found(format!(
+                    "{}: no attribute {:?}",
+                    r.norm, q.name
+                )));
+            }
+            Ok(pb::Empty {})
+        }
+        .await;
+        timed(m, "xattr_remove", t, r)
+    }
+}
+
+/// Attributes under `haul.` steer the grid (replica policies): only the entry's owner sets
+/// them. Other attributes need write permission.
+fn check_xattr_write(user: &User, e: &Inode, name: &str, path: &str) -> Result<(), Status> {
+    if name.starts_with("haul.") {
+        perm::require_owner(user, e, path)
+    } else {
+        perm::require(user, e, Access::Write, path)
+    }
+}
+
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}

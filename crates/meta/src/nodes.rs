@@ -1,0 +1,187 @@
+//! The `NodeService`: storage nodes register (getting their capability key), report
+//! heartbeats (and get back files to delete), upload their inventory for reconciliation, and
+//! report each replica they have written and verified, which is what makes a new file visible.
+//! Every call must come from the node it names (its host certificate's CN).
+
+use crate::state::{Meta, status};
+use api::meta as pb;
+use api::meta::node_service_server::NodeService;
+use catalog::CatalogError;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tonic::{Request, Response, Status};
+
+/// The node service.
+pub struct NodeServiceImpl {
+    pub meta: Arc<Meta>,
+}
+
+/// Inventory entries a node may upload in one session (more is refused: 100 M files).
+const MAX_INVENTORY: usize = 100_000_000;
+
+fn same_node(caller: &str, claimed: &str) -> Result<(), Status> {
+    if caller == claimed {
+        Ok(())
+    } else {
+        Err(Status::permission_denied(format!(
+            "host certificate of {caller} cannot act for node {claimed}"
+        )))
+    }
+}
+
+#[tonic::async_trait]
+impl NodeService for NodeServiceImpl {
+    async fn register(
+        &self,
+        req: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterReply>, Status> {
+        let m = &self.meta;
+        let caller = m.ids.node(&req)?;
+        let q = req.into_inner();
+        same_node(&caller, &q.name)?;
+        if q.site.is_empty() || q.address.is_empty() {
+            return Err(Status::invalid_argument(
+                "a node needs a site and an address",
+            ));
+        }
+        let fresh_key: [u8; 32] = rand::random();
+        let (node, key) = m
+            .catalog
+            .register_node_with_key(&q.name, &q.site, &q.address, q.capacity, q.free, &fresh_key)
+            .await
+            .map_err(status)?;
+        m.refresh_nodes().await.map_err(status)?;
+        m.event(format!(
+            "node {} registered (site {}, {}, {} GB free)",
+            node.name,
+            node.site,
+            node.address,
+            node.free / 1_000_000_000
+        ));
+        Ok(Response::new(pb::RegisterReply {
+            capability_key: key,
+            heartbeat_ms: m.settings.heartbeat.as_millis() as u32,
+            orphan_grace_ms: m.settings.orphan_grace.as_millis() as u32,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let caller = m.ids.node(&req)?;
+        let q = req.into_inner();
+        same_node(&caller, &q.name)?;
+        let was_up = m.node(&q.name).map(|n| n.node.up);
+        let node = match m
+            .catalog
+            .heartbeat(&q.name, q.capacity, q.free, q.load)
+            .await
+        {
+            Ok(n) => n,
+            Err(CatalogError::NotFound(_)) => {
+                return Ok(Response::new(pb::HeartbeatReply {
+                    delete: vec![],
+                    reregister: true,
+                }));
+            }
+            Err(e) => return Err(status(e)),
+        };
+        if was_up == Some(false) {
+            m.event(format!("node {} is back", node.name));
+        }
+        m.update_node(node, Some((q.bytes_per_s, q.sessions)));
+        let delete = m.catalog.dead_replicas(&q.name).await.map_err(status)?;
+        m.record("heartbeat", t, 1, true);
+        Ok(Response::new(pb::HeartbeatReply {
+            delete,
+            reregister: false,
+        }))
+    }
+
+    async fn inventory(
+        &self,
+        req: Request<pb::InventoryRequest>,
+    ) -> Result<Response<pb::InventoryReply>, Status> {
+        let m = &self.meta;
+        let caller = m.ids.node(&req)?;
+        let q = req.into_inner();
+        same_node(&caller, &q.name)?;
+        let held = {
+            let mut inv = m.inventories.lock().expect("inventories lock");
+            let part = inv.entry(q.name.clone()).or_default();
+            if part.len() + q.files.len() > MAX_INVENTORY {
+                inv.remove(&q.name);
+                return Err(Status::resource_exhausted("inventory too large"));
+            }
+            part.extend(q.files.iter().map(|f| (f.id, f.size)));
+            if !q.last {
+                return Ok(Response::new(pb::InventoryReply::default()));
+            }
+            inv.remove(&q.name).unwrap_or_default()
+        };
+        let r = m
+            .catalog
+            .reconcile(&q.name, &held, m.settings.orphan_grace.as_millis() as i64)
+            .await
+            .map_err(status)?;
+        m.event(format!(
+            "node {} inventory: {} files, {} as expected, {} missing, {} damaged, {} unknown (removed after the grace period)",
+            q.name,
+            held.len(),
+            r.known,
+            r.missing.len(),
+            r.damaged.len(),
+            r.orphans.len()
+        ));
+        let delete = m.catalog.dead_replicas(&q.name).await.map_err(status)?;
+        let held_ids: HashMap<i64, ()> = held.keys().map(|k| (*k, ())).collect();
+        Ok(Response::new(pb::InventoryReply {
+            delete: delete
+                .into_iter()
+                .filter(|i| held_ids.contains_key(i))
+                .collect(),
+            missing: r.missing.len() as u64,
+            known: r.known,
+        }))
+    }
+
+    async fn replica_written(
+        &self,
+        req: Request<pb::ReplicaWrittenRequest>,
+    ) -> Result<Response<pb::ReplicaWrittenReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let caller = m.ids.node(&req)?;
+        let q = req.into_inner();
+        same_node(&caller, &q.node)?;
+        let r = m
+            .catalog
+            .complete_replica(q.id, &q.node, q.size, &q.checksum, q.mtime_ns)
+            .await;
+        m.record("replica_written", t, 1, r.is_ok());
+        let i = r.map_err(status)?;
+        let path = m.catalog.path_of(i.id).await.unwrap_or_default();
+        Ok(Response::new(pb::ReplicaWrittenReply {
+            entry: Some(crate::state::entry(&path, &i)),
+        }))
+    }
+
+    async fn removed(
+        &self,
+        req: Request<pb::RemovedRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let m = &self.meta;
+        let caller = m.ids.node(&req)?;
+        let q = req.into_inner();
+        same_node(&caller, &q.node)?;
+        m.catalog
+            .forget_dead(&q.node, &q.ids)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::Empty {}))
+    }
+}

@@ -1,0 +1,313 @@
+//! The metadata server's shared state: the catalog, identities, a snapshot of the node
+//! registry with capability keys and measured rates, counters for monitoring, and the
+//! conversions between catalog types and the gRPC API.
+
+use crate::auth::{Identities, User};
+use crate::placement::NodeView;
+use api::meta as pb;
+use catalog::{Catalog, CatalogError, Inode, Kind, Node};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tonic::Status;
+use wire::grant::{Grant, Operation};
+
+/// Tunables of a metadata server.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How often nodes report.
+    pub heartbeat: Duration,
+    /// A node silent for this long is down.
+    pub node_timeout: Duration,
+    /// Unknown files on a node are removed after this long.
+    pub orphan_grace: Duration,
+    /// Uploads that never finish are dropped after this long.
+    pub pending_grace: Duration,
+    /// How long capabilities are valid.
+    pub grant_ttl: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_secs(2),
+            node_timeout: Duration::from_secs(10),
+            orphan_grace: Duration::from_secs(3600),
+            pending_grace: Duration::from_secs(24 * 3600),
+            grant_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// A node as last seen, with its capability key.
+#[derive(Clone, Debug)]
+pub struct NodeEntry {
+    pub node: Node,
+    pub key: Vec<u8>,
+    /// Delivery rate reported with its last heartbeat (bytes/s).
+    pub rate: u64,
+    pub sessions: u32,
+}
+
+impl NodeEntry {
+    pub fn view(&self) -> NodeView {
+        NodeView {
+            name: self.node.name.clone(),
+            site: self.node.site.clone(),
+            free: self.node.free,
+            capacity: self.node.capacity,
+            load: self.node.load,
+            up: self.node.up,
+            rate: self.rate,
+        }
+    }
+}
+
+/// Per-operation counters, for `/metrics` and the dashboard.
+#[derive(Default)]
+pub struct OpStats {
+    pub calls: AtomicU64,
+    pub errors: AtomicU64,
+    pub micros: AtomicU64,
+    pub items: AtomicU64,
+}
+
+/// The state every service shares.
+pub struct Meta {
+    pub catalog: Catalog,
+    pub ids: Identities,
+    pub settings: Settings,
+    nodes: RwLock<HashMap<String, NodeEntry>>,
+    pub ops: Mutex<BTreeMap<&'static str, std::sync::Arc<OpStats>>>,
+    pub started: Instant,
+    /// Inventories being uploaded in parts, by node.
+    pub inventories: Mutex<HashMap<String, HashMap<i64, u64>>>,
+    /// Recent events for the dashboard (newest last).
+    pub events: Mutex<std::collections::VecDeque<String>>,
+}
+
+impl Meta {
+    pub fn new(catalog: Catalog, ids: Identities, settings: Settings) -> Self {
+        Self {
+            catalog,
+            ids,
+            settings,
+            nodes: RwLock::new(HashMap::new()),
+            ops: Mutex::new(BTreeMap::new()),
+            started: Instant::now(),
+            inventories: Mutex::new(HashMap::new()),
+            events: Mutex::new(Default::default()),
+        }
+    }
+
+    /// Notes something worth showing on the dashboard.
+    pub fn event(&self, msg: String) {
+        tracing::info!("{msg}");
+        let mut ev = self.events.lock().expect("events lock");
+        if ev.len() >= 200 {
+            ev.pop_front();
+        }
+        let secs = catalog::now_ms() / 1000;
+        ev.push_back(format!("{secs} {msg}"));
+    }
+
+    /// Counts one call of `op` that took `since` and handled `items` things.
+    pub fn record(&self, op: &'static str, since: Instant, items: u64, ok: bool) {
+        let s = {
+            let mut ops = self.ops.lock().expect("ops lock");
+            ops.entry(op).or_default().clone()
+        };
+        s.calls.fetch_add(1, Ordering::Relaxed);
+        s.items.fetch_add(items, Ordering::Relaxed);
+        s.micros
+            .fetch_add(since.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if !ok {
+            s.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Re-reads the node registry and the capability keys.
+    pub async fn refresh_nodes(&self) -> Result<(), CatalogError> {
+        let nodes = self.catalog.nodes().await?;
+        let keys = self.catalog.node_keys().await?;
+        let mut map = self.nodes.write().expect("nodes lock");
+        let mut fresh = HashMap::new();
+        for n in nodes {
+            let (rate, sessions) = map
+                .get(&n.name)
+                .map(|e| (e.rate, e.sessions))
+                .unwrap_or((0, 0));
+            let key = keys.get(&n.name).cloned().unwrap_or_default();
+            fresh.insert(
+                n.name.clone(),
+                NodeEntry {
+                    node: n,
+                    key,
+                    rate,
+                    sessions,
+                },
+            );
+        }
+        *map = fresh;
+        Ok(())
+    }
+
+    /// Updates one node in the snapshot (after its heartbeat).
+    pub fn update_node(&self, node: Node, rate: Option<(u64, u32)>) {
+        let mut map = self.nodes.write().expect("nodes lock");
+        match map.get_mut(&node.name) {
+            Some(e) => {
+                e.node = node;
+                if let Some((r, s)) = rate {
+                    e.rate = r;
+                    e.sessions = s;
+                }
+            }
+            None => {
+                drop(map);
+                // Picked up, key included, at the next refresh.
+            }
+        }
+    }
+
+    pub fn nodes(&self) -> Vec<NodeEntry> {
+        let mut v: Vec<NodeEntry> = self
+            .nodes
+            .read()
+            .expect("nodes lock")
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| (&a.node.site, &a.node.name).cmp(&(&b.node.site, &b.node.name)));
+        v
+    }
+
+    pub fn node(&self, name: &str) -> Option<NodeEntry> {
+        self.nodes.read().expect("nodes lock").get(name).cloned()
+    }
+
+    /// A capability for `op` on `ids` at `node`, for `user`.
+    pub fn grant(
+        &self,
+        node: &NodeEntry,
+        op: Operation,
+        ids: Vec<i64>,
+        user: &str,
+    ) -> Result<pb::Capability, Status> {
+        if node.key.is_empty() {
+            return Err(Status::unavailable(format!(
+                "node {} has not registered a key yet",
+                node.node.name
+            )));
+        }
+        let g = Grant {
+            node: node.node.name.clone(),
+            op,
+            ids,
+            user: user.to_string(),
+            expires_ms: catalog::now_ms() + self.settings.grant_ttl.as_millis() as i64,
+        };
+        let s = g.sign(&node.key);
+        Ok(pb::Capability {
+            token: s.token,
+            mac: s.mac,
+        })
+    }
+
+    /// The group a new entry in `parent` gets: the parent's, if it has the set-group-id bit,
+    /// else the creator's primary group.
+    pub fn new_group(&self, user: &User, parent: &Inode) -> String {
+        if parent.mode & 0o2000 != 0 {
+            parent.group.clone()
+        } else {
+            user.primary_group().to_string()
+        }
+    }
+}
+
+/// The API form of an entry at `path`.
+pub fn entry(path: &str, i: &Inode) -> pb::Entry {
+    pb::Entry {
+        path: path.to_string(),
+        id: i.id,
+        is_dir: i.kind == Kind::Dir,
+        owner: i.owner.clone(),
+        group: i.group.clone(),
+        mode: i.mode,
+        size: i.size,
+        mtime_ns: i.mtime_ns,
+        checksum: i.checksum.clone(),
+    }
+}
+
+pub fn node_info(e: &NodeEntry, replicas: u64) -> pb::NodeInfo {
+    pb::NodeInfo {
+        name: e.node.name.clone(),
+        site: e.node.site.clone(),
+        address: e.node.address.clone(),
+        capacity: e.node.capacity,
+        free: e.node.free,
+        load: e.node.load,
+        heartbeat_ms: e.node.heartbeat_ms,
+        up: e.node.up,
+        replicas,
+    }
+}
+
+/// A catalog error as a gRPC status.
+pub fn status(e: CatalogError) -> Status {
+    match &e {
+        CatalogError::NotFound(_) => Status::not_found(e.to_string()),
+        CatalogError::Exists(_) => Status::already_exists(e.to_string()),
+        CatalogError::NotADirectory(_)
+        | CatalogError::IsADirectory(_)
+        | CatalogError::NotEmpty(_)
+        | CatalogError::Busy(_) => Status::failed_precondition(e.to_string()),
+        CatalogError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        CatalogError::Database(_) => {
+            tracing::error!(error = %e, "catalog database error");
+            Status::unavailable(format!("metadata database: {e}"))
+        }
+    }
+}
+
+/// The short code of a per-file error.
+pub fn code_of(e: &CatalogError) -> &'static str {
+    match e {
+        CatalogError::NotFound(_) => "not_found",
+        CatalogError::Exists(_) => "exists",
+        CatalogError::NotADirectory(_) => "not_a_directory",
+        CatalogError::IsADirectory(_) => "is_a_directory",
+        CatalogError::NotEmpty(_) => "not_empty",
+        CatalogError::Busy(_) => "busy",
+        CatalogError::Invalid(_) => "invalid",
+        CatalogError::Database(_) => "unavailable",
+    }
+}
+
+/// The short code of a status, for per-file errors.
+pub fn code_of_status(s: &Status) -> &'static str {
+    match s.code() {
+        tonic::Code::NotFound => "not_found",
+        tonic::Code::AlreadyExists => "exists",
+        tonic::Code::PermissionDenied => "permission_denied",
+        tonic::Code::ResourceExhausted => "no_space",
+        tonic::Code::Unavailable => "unavailable",
+        tonic::Code::FailedPrecondition => "busy",
+        _ => "invalid",
+    }
+}
+
+pub fn file_error(path: &str, e: &CatalogError) -> pb::FileError {
+    pb::FileError {
+        path: path.to_string(),
+        code: code_of(e).to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// Number of components of a normalized path.
+pub fn depth(norm: &str) -> usize {
+    norm.split('/').filter(|p| !p.is_empty()).count()
+}

@@ -1,0 +1,447 @@
+//! A storage node (`haul node serve`): stores replicas under its root, named by file id
+//! (`data/xx/yy/<id>`), and serves them with the data-plane engine in spool mode — every
+//! session needs a capability the metadata server signed for this node. Towards the metadata
+//! server it registers (receiving the key capabilities are checked with), reports its inventory
+//! at start, sends heartbeats with free space, load and delivery rate, reports every replica it
+//! has verified (which is what makes a new file visible), and removes the files the catalog no
+//! longer wants.
+
+use api::meta as pb;
+use grid::MetaClient;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use transfer::TransferError;
+use transfer::client::Peer;
+use transfer::endpoint::{EndpointConfig, EndpointStats, EndpointTls};
+use transfer::spool::{Spool, spool_id, spool_path};
+use wire::checksum::{Digest, format_digests};
+use wire::data::Timestamp;
+use wire::error::{ErrorInfo, ErrorKind};
+
+/// How a node runs.
+pub struct NodeConfig {
+    pub name: String,
+    pub site: String,
+    pub root: PathBuf,
+    pub meta: Peer,
+    /// Address other hosts reach the data service at (`host:port`).
+    pub advertise: String,
+    pub tls: EndpointTls,
+    pub max_connections: usize,
+    pub link_bps: u64,
+    /// Capacity to report instead of the file system's (for tests and shared disks).
+    pub capacity: Option<u64>,
+}
+
+/// What the node tells the data service (the `Spool` of its endpoint).
+struct NodeSpool {
+    name: String,
+    key: RwLock<Option<Vec<u8>>>,
+    meta: RwLock<Option<MetaClient>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Spool for NodeSpool {
+    fn node(&self) -> String {
+        self.name.clone()
+    }
+
+    fn key(&self) -> Option<Vec<u8>> {
+        self.key.read().expect("key lock").clone()
+    }
+
+    fn path_of(&self, id: i64) -> PathBuf {
+        spool_path(id)
+    }
+
+    fn committed(
+        &self,
+        id: i64,
+        size: u64,
+        digests: &[Digest],
+        mtime: Timestamp,
+    ) -> Result<(), ErrorInfo> {
+        let Some(meta) = self.meta.read().expect("meta lock").clone() else {
+            return Err(ErrorInfo::new(
+                ErrorKind::Connect,
+                "this node has no connection to its metadata server",
+            )
+            .retryable(true));
+        };
+        let req = pb::ReplicaWrittenRequest {
+            node: self.name.clone(),
+            id,
+            size,
+            checksum: format_digests(digests),
+            mtime_ns: mtime.secs * 1_000_000_000 + mtime.nanos as i64,
+        };
+        // Called on a blocking worker of the data path; the report must be in the catalog
+        // before the sender hears the file is done.
+        let r = self.runtime.block_on(async move {
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                meta.nodes.clone().replica_written(req),
+            )
+            .await
+        });
+        match r {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(s)) => {
+                let e = grid::client::from_status(s);
+                let kind = match &e {
+                    TransferError::NotFound(_) => ErrorKind::NotFound,
+                    TransferError::Connect(_) => ErrorKind::Connect,
+                    TransferError::Auth(_) => ErrorKind::PermissionDenied,
+                    _ => ErrorKind::Integrity,
+                };
+                let retry = kind == ErrorKind::Connect;
+                Err(
+                    ErrorInfo::new(kind, format!("metadata server refused the replica: {e}"))
+                        .retryable(retry),
+                )
+            }
+            Err(_) => Err(ErrorInfo::new(
+                ErrorKind::Connect,
+                "metadata server did not confirm the replica within 30 s",
+            )
+            .retryable(true)),
+        }
+    }
+}
+
+/// Why a node stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Serve(String),
+}
+
+/// Capacity and free bytes of the file system holding `root`.
+pub fn disk_space(root: &Path) -> std::io::Result<(u64, u64)> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(root.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("path with NUL"))?;
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // statvfs: no crate needed for one call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let frsize = s.f_frsize as u64;
+    Ok((s.f_blocks as u64 * frsize, s.f_bavail as u64 * frsize))
+}
+
+fn load_per_core() -> f64 {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let one: f64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    one / cores as f64
+}
+
+/// Every replica file under `root/data` (id, size); temporary files older than `stale` are
+/// removed on the way.
+pub fn scan(root: &Path, stale: Duration) -> Vec<(i64, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.join("data")];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            let p = e.path();
+            if ft.is_dir() {
+                stack.push(p);
+            } else if ft.is_file() {
+                if let Some(id) = spool_id(&p) {
+                    if let Ok(m) = e.metadata() {
+                        out.push((id, m.len()));
+                    }
+                } else if e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > stale)
+                {
+                    // Leftovers of transfers that never finished.
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Removes replica files; returns the ids actually gone.
+fn remove(root: &Path, ids: &[i64]) -> Vec<i64> {
+    ids.iter()
+        .copied()
+        .filter(|id| {
+            let p = root.join(spool_path(*id));
+            match std::fs::remove_file(&p) {
+                Ok(()) => true,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+                Err(e) => {
+                    tracing::warn!(path = %p.display(), error = %e, "cannot remove a dead replica");
+                    false
+                }
+            }
+        })
+        .collect()
+}
+
+/// Runs the node until `shutdown` completes.
+pub async fn run(
+    cfg: NodeConfig,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), NodeError> {
+    std::fs::create_dir_all(cfg.root.join("data")).map_err(|e| {
+        NodeError::Config(format!(
+            "cannot create the spool {}: {e}",
+            cfg.root.join("data").display()
+        ))
+    })?;
+    let spool = Arc::new(NodeSpool {
+        name: cfg.name.clone(),
+        key: RwLock::new(None),
+        meta: RwLock::new(None),
+        runtime: tokio::runtime::Handle::current(),
+    });
+    let stats = Arc::new(EndpointStats::default());
+    let ep = EndpointConfig {
+        root: cfg.root.clone(),
+        tls: Some(cfg.tls.clone()),
+        mapfile: transfer::tls::Mapfile::default(),
+        max_connections: cfg.max_connections,
+        read_only: false,
+        link_bps: cfg.link_bps,
+        checkpoint_interval: Duration::from_secs(5),
+        spool: Some(spool.clone()),
+        stats: stats.clone(),
+    };
+    let stop = CancellationToken::new();
+    let data = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            transfer::endpoint::run(ep, listener, async move { stop.cancelled().await }).await
+        })
+    };
+    let control = {
+        let stop = stop.clone();
+        let spool = spool.clone();
+        tokio::spawn(async move { control_loop(cfg, spool, stats, stop).await })
+    };
+    shutdown.await;
+    stop.cancel();
+    let _ = control.await;
+    match data.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(NodeError::Serve(e.to_string())),
+        Err(e) => Err(NodeError::Serve(e.to_string())),
+    }
+}
+
+/// Registration, inventory and heartbeats, reconnecting whenever the metadata server is
+/// away.
+async fn control_loop(
+    cfg: NodeConfig,
+    spool: Arc<NodeSpool>,
+    stats: Arc<EndpointStats>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(200);
+    'connect: loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        let meta = match MetaClient::connect(&cfg.meta, cfg.tls.client.clone()).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(meta = %cfg.meta, error = %e, "metadata server unreachable; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        let (capacity, free) = space(&cfg);
+        let reg = meta
+            .nodes
+            .clone()
+            .register(pb::RegisterRequest {
+                name: cfg.name.clone(),
+                site: cfg.site.clone(),
+                address: cfg.advertise.clone(),
+                capacity,
+                free,
+            })
+            .await;
+        let reg = match reg {
+            Ok(r) => r.into_inner(),
+            Err(s) => {
+                tracing::error!(meta = %cfg.meta, error = %s.message(), "registration refused");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = stop.cancelled() => return,
+                }
+                continue;
+            }
+        };
+        *spool.key.write().expect("key lock") = Some(reg.capability_key);
+        *spool.meta.write().expect("meta lock") = Some(meta.clone());
+        backoff = Duration::from_millis(200);
+        let grace = Duration::from_millis(reg.orphan_grace_ms as u64);
+        tracing::info!(node = %cfg.name, site = %cfg.site, meta = %cfg.meta, "registered");
+        if let Err(e) = inventory(&cfg, &meta, grace).await {
+            tracing::warn!(error = %e, "inventory failed; retrying");
+            continue;
+        }
+        let period = Duration::from_millis(reg.heartbeat_ms.max(100) as u64);
+        let mut tick = tokio::time::interval(period);
+        let mut last = (stats.bytes.load(Ordering::Relaxed), Instant::now());
+        let mut failures = 0;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            let bytes = stats.bytes.load(Ordering::Relaxed);
+            let rate = ((bytes - last.0) as f64 / last.1.elapsed().as_secs_f64().max(1e-3)) as u64;
+            last = (bytes, Instant::now());
+            let (capacity, free) = space(&cfg);
+            let hb = meta
+                .nodes
+                .clone()
+                .heartbeat(pb::HeartbeatRequest {
+                    name: cfg.name.clone(),
+                    capacity,
+                    free,
+                    load: load_per_core(),
+                    sessions: stats.sessions.load(Ordering::Relaxed),
+                    bytes_per_s: rate,
+                })
+                .await;
+            match hb {
+                Ok(r) => {
+                    failures = 0;
+                    let r = r.into_inner();
+                    if r.reregister {
+                        continue 'connect;
+                    }
+                    if !r.delete.is_empty() {
+                        let gone = remove(&cfg.root, &r.delete);
+                        tracing::info!(files = gone.len(), "removed dead replicas");
+                        let _ = meta
+                            .nodes
+                            .clone()
+                            .removed(pb::RemovedRequest {
+                                node: cfg.name.clone(),
+                                ids: gone,
+                            })
+                            .await;
+                    }
+                }
+                Err(s) => {
+                    failures += 1;
+                    tracing::warn!(error = %s.message(), "heartbeat failed");
+                    if failures >= 3 {
+                        // Reconnect; the inventory is reported again.
+                        continue 'connect;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn space(cfg: &NodeConfig) -> (u64, u64) {
+    let (cap, free) = disk_space(&cfg.root).unwrap_or((0, 0));
+    match cfg.capacity {
+        Some(c) => {
+            // A capacity smaller than the disk: what is used counts against it.
+            let used = scan_size(&cfg.root);
+            (c, c.saturating_sub(used).min(free))
+        }
+        None => (cap, free),
+    }
+}
+
+fn scan_size(root: &Path) -> u64 {
+    scan(root, Duration::MAX).iter().map(|(_, s)| s).sum()
+}
+
+/// Reports every replica held, in parts, and removes what the catalog says is dead.
+async fn inventory(
+    cfg: &NodeConfig,
+    meta: &MetaClient,
+    grace: Duration,
+) -> Result<(), TransferError> {
+    let root = cfg.root.clone();
+    let held = tokio::task::spawn_blocking(move || scan(&root, grace))
+        .await
+        .map_err(|e| TransferError::Local(e.to_string()))?;
+    let n = held.len();
+    let mut reply = pb::InventoryReply::default();
+    let chunks: Vec<&[(i64, u64)]> = if held.is_empty() {
+        vec![&[]]
+    } else {
+        held.chunks(50_000).collect()
+    };
+    let last = chunks.len() - 1;
+    for (i, c) in chunks.into_iter().enumerate() {
+        reply = meta
+            .nodes
+            .clone()
+            .inventory(pb::InventoryRequest {
+                name: cfg.name.clone(),
+                files: c
+                    .iter()
+                    .map(|(id, size)| pb::HeldFile {
+                        id: *id,
+                        size: *size,
+                    })
+                    .collect(),
+                last: i == last,
+            })
+            .await
+            .map_err(grid::client::from_status)?
+            .into_inner();
+    }
+    let delete: HashSet<i64> = reply.delete.iter().copied().collect();
+    let gone = remove(&cfg.root, &delete.into_iter().collect::<Vec<_>>());
+    if !gone.is_empty() {
+        let _ = meta
+            .nodes
+            .clone()
+            .removed(pb::RemovedRequest {
+                node: cfg.name.clone(),
+                ids: gone,
+            })
+            .await;
+    }
+    tracing::info!(
+        files = n,
+        known = reply.known,
+        missing = reply.missing,
+        "inventory reported"
+    );
+    Ok(())
+}
