@@ -1319,8 +1319,14 @@ impl Catalog {
             sqlx::Error::Database(d) if d.message().to_ascii_lowercase().contains("foreign key") => {
                 CatalogError::NotFound(format!("inode {inode} or node {node}"))
             }
-            other => other.into(),
+                        other => other.into(),
         })?;
+        // A new copy on a node that was told to delete an older one must not be deleted.
+        sqlx::query("DELETE FROM dead_replicas WHERE inode = $1 AND node = $2")
+            .bind(inode)
+            .bind(node)
+            .execute(&mut *c)
+            .await?;
         Ok(())
     }
 

@@ -87,6 +87,15 @@ pub enum Command {
     Nodes(GridArgs),
     /// Which identity the metadata server maps your certificate to.
     Whoami(GridArgs),
+    /// Make replicas of grid files or trees, node to node, in parallel.
+    Replicate(ReplicateArgs),
+    /// Replica policies kept by the metadata server.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Recompute checksums of replicas on the nodes; mark and repair damaged ones.
+    Verify(VerifyArgs),
+    /// Replica policies, the reconciler's progress, nodes and recent events.
+    Status(GridArgs),
     /// Emulated long fat networks for tests and benchmarks (`haul netlab --help`).
     #[command(disable_help_flag = true)]
     Netlab {
@@ -498,6 +507,12 @@ pub struct MetaServeArgs {
     /// Uploads that never finish are dropped after this long.
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
     pub pending_grace: std::time::Duration,
+    /// How often replica policies are checked (also after every change).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub reconcile_every: std::time::Duration,
+    /// Verify (and repair) every replica this often, e.g. 7d [default: off]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub scrub_every: Option<std::time::Duration>,
     /// Print the bound API address on stdout once listening (useful with port 0).
     #[arg(long)]
     pub print_addr: bool,
@@ -549,6 +564,62 @@ pub struct NodeServeArgs {
     pub print_addr: bool,
     #[command(flatten)]
     pub creds: CredArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(
+    after_help = "Examples:\n  haul replicate -r haul://meta/cmip5 --copies 2 --site RIKEN --site BNL\n  haul replicate haul://meta/run1.nc --copies 3\nInterrupt it at any time; running it again finishes what is missing."
+)]
+pub struct ReplicateArgs {
+    /// Complete copies each file must have in total.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub copies: u32,
+    /// A site that must hold a copy (repeat for several).
+    #[arg(long = "site", value_name = "NAME")]
+    pub sites: Vec<String>,
+    /// Replicate directories recursively.
+    #[arg(short, long)]
+    pub recursive: bool,
+    /// Progress bar on stderr.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub progress: ProgressArg,
+    #[command(flatten)]
+    pub p: PathsArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCommand {
+    /// Keep N copies (at these sites) of every file below PATH, now and later.
+    Set(PolicySetArgs),
+    /// Remove the policy of PATH.
+    Clear(PathsArgs),
+    /// List policies.
+    List(GridArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PolicySetArgs {
+    /// Grid path (a directory applies to everything below it).
+    pub path: String,
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub copies: u32,
+    /// Sites that must each hold a copy, comma separated.
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    pub sites: Vec<String>,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct VerifyArgs {
+    /// Verify directories recursively.
+    #[arg(short, long)]
+    pub recursive: bool,
+    /// Only report; do not repair damaged replicas.
+    #[arg(long)]
+    pub no_repair: bool,
+    #[command(flatten)]
+    pub p: PathsArgs,
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {

@@ -11,6 +11,7 @@ mod meta_cmd;
 mod node_cmd;
 mod pki;
 mod progress;
+mod repl_cmd;
 mod serve;
 
 use std::process::ExitCode;
@@ -97,6 +98,10 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Df(a) => grid_cmd::df(a).await,
         args::Command::Nodes(a) => grid_cmd::nodes(a).await,
         args::Command::Whoami(a) => grid_cmd::whoami(a).await,
+        args::Command::Replicate(a) => repl_cmd::replicate(a).await,
+        args::Command::Policy(c) => repl_cmd::policy(c).await,
+        args::Command::Verify(a) => repl_cmd::verify(a).await,
+        args::Command::Status(a) => repl_cmd::status(a).await,
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),
         args::Command::Netlab { args } => {

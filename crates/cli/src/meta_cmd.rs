@@ -52,6 +52,8 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         node_timeout: a.node_timeout,
         orphan_grace: a.orphan_grace,
         pending_grace: a.pending_grace,
+        reconcile_every: a.reconcile_every,
+        scrub_every: a.scrub_every,
         ..Default::default()
     };
     let m = Arc::new(Meta::new(
@@ -63,6 +65,8 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         },
         settings,
     ));
+    // The server's own certificate drives node-to-node copies (replication, repairs).
+    m.set_client_tls(tls::client_config(&c)?);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| TransferError::Usage(format!("cannot listen on {}: {e}", a.listen)))?;

@@ -59,7 +59,11 @@ impl Progress {
                                 format!("haul: {path}: {}", error.message)
                             }),
                             Event::FileRetry { path, attempt, reason } => Some(format!("haul: {path}: {reason}; sending again (attempt {})", attempt + 1)),
-                            Event::Retrying { attempt, delay_ms, reason } => Some(format!("haul: {reason}; resuming in {:.1} s (attempt {attempt})", *delay_ms as f64 / 1e3)),
+                            Event::Retrying { attempt, delay_ms, reason } => Some(if *delay_ms == 0 {
+                                format!("haul: {reason}")
+                            } else {
+                                format!("haul: {reason}; resuming in {:.1} s (attempt {attempt})", *delay_ms as f64 / 1e3)
+                            }),
                             Event::StreamLost { stream } => Some(format!("haul: data stream {stream} lost; its blocks go to the other streams")),
                             Event::Plan { explanation, .. } => { tracing::info!("plan: {explanation}"); None }
                             Event::FileDone { .. } => None,

@@ -479,13 +479,69 @@ impl Files for FilesService {
         }))
     }
 
+    type ReplicateStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::ReplicateProgress, Status>>;
+
     async fn replicate(
         &self,
-        _req: Request<pb::ReplicateRequest>,
-    ) -> Result<Response<pb::ReplicateReply>, Status> {
-        Err(Status::unimplemented(
-            "replication is not available in this version",
-        ))
+        req: Request<pb::ReplicateRequest>,
+    ) -> Result<Response<Self::ReplicateStream>, Status> {
+        let user = self.meta.ids.user(&req)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let m = self.meta.clone();
+        tokio::spawn(m.replicate(user, req.into_inner(), tx));
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    type VerifyStream = tokio_stream::wrappers::ReceiverStream<Result<pb::VerifyProgress, Status>>;
+
+    async fn verify(
+        &self,
+        req: Request<pb::VerifyRequest>,
+    ) -> Result<Response<Self::VerifyStream>, Status> {
+        let user = self.meta.ids.user(&req)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let m = self.meta.clone();
+        tokio::spawn(m.verify(user, req.into_inner(), tx));
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    async fn set_policy(
+        &self,
+        req: Request<pb::PolicyRequest>,
+    ) -> Result<Response<pb::PolicyReply>, Status> {
+        let user = self.meta.ids.user(&req)?;
+        self.meta
+            .set_policy(&user, req.get_ref())
+            .await
+            .map(Response::new)
+    }
+
+    async fn policies(
+        &self,
+        req: Request<pb::PathRequest>,
+    ) -> Result<Response<pb::PolicyReply>, Status> {
+        let user = self.meta.ids.user(&req)?;
+        let path = if req.get_ref().path.is_empty() {
+            "/".to_string()
+        } else {
+            req.get_ref().path.clone()
+        };
+        self.meta
+            .policies_reply(&user, &path)
+            .await
+            .map(Response::new)
+    }
+
+    async fn status(&self, req: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {
+        self.meta.ids.of_request(&req)?;
+        crate::reconcile::status_reply(&self.meta)
+            .await
+            .map(Response::new)
     }
 
     async fn who_am_i(&self, req: Request<pb::Empty>) -> Result<Response<pb::Identity>, Status> {

@@ -13,7 +13,10 @@ mod namespace;
 mod nodes;
 pub mod perm;
 pub mod placement;
+pub mod reconcile;
+pub mod replication;
 pub mod state;
+pub mod verify;
 
 pub use state::{Meta, Settings};
 
@@ -139,11 +142,14 @@ fn spawn_background(
                 .await
             {
                 Ok(down) => {
-                    for n in down {
+                    for n in &down {
                         m.event(format!(
                             "node {n} is down (no heartbeat for {} s); its replicas do not count",
                             m.settings.node_timeout.as_secs()
                         ));
+                    }
+                    if !down.is_empty() {
+                        m.reconcile_now.notify_one();
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot check node liveness"),
@@ -153,8 +159,8 @@ fn spawn_background(
             }
         }
     });
-    let m = meta;
-    let s = stop;
+    let m = meta.clone();
+    let s = stop.clone();
     let pending = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(60));
         loop {
@@ -176,5 +182,17 @@ fn spawn_background(
             }
         }
     });
-    vec![liveness, pending]
+    let m = meta.clone();
+    let s = stop.clone();
+    let every = m.settings.reconcile_every;
+    let reconciler = tokio::spawn(reconcile::run(m, every, s));
+    let mut tasks = vec![liveness, pending, reconciler];
+    if let Some(every) = meta.settings.scrub_every {
+        tasks.push(tokio::spawn(verify::scrub(
+            meta.clone(),
+            every,
+            stop.clone(),
+        )));
+    }
+    tasks
 }

@@ -164,6 +164,8 @@ impl NodeService for NodeServiceImpl {
             .await;
         m.record("replica_written", t, 1, r.is_ok());
         let i = r.map_err(status)?;
+        // A new file may fall under a replica policy.
+        m.reconcile_now.notify_one();
         let path = m.catalog.path_of(i.id).await.unwrap_or_default();
         Ok(Response::new(pb::ReplicaWrittenReply {
             entry: Some(crate::state::entry(&path, &i)),

@@ -26,6 +26,10 @@ pub struct Settings {
     pub pending_grace: Duration,
     /// How long capabilities are valid.
     pub grant_ttl: Duration,
+    /// How often the reconciler checks replica policies (it also runs on changes).
+    pub reconcile_every: Duration,
+    /// Verify and repair every replica this often (off by default).
+    pub scrub_every: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -36,6 +40,8 @@ impl Default for Settings {
             orphan_grace: Duration::from_secs(3600),
             pending_grace: Duration::from_secs(24 * 3600),
             grant_ttl: Duration::from_secs(3600),
+            reconcile_every: Duration::from_secs(30),
+            scrub_every: None,
         }
     }
 }
@@ -85,6 +91,14 @@ pub struct Meta {
     pub inventories: Mutex<HashMap<String, HashMap<i64, u64>>>,
     /// Recent events for the dashboard (newest last).
     pub events: Mutex<std::collections::VecDeque<String>>,
+    /// Client credentials for driving node-to-node copies (the server's host certificate).
+    client_tls: RwLock<Option<std::sync::Arc<rustls::ClientConfig>>>,
+    /// Delivery rate measured per node in node-to-node copies (bytes/s, smoothed).
+    rates: Mutex<HashMap<String, f64>>,
+    /// The replica reconciler's state, for `haul status` and the dashboard.
+    pub reconciler: Mutex<crate::reconcile::ReconcilerState>,
+    /// Wakes the reconciler early (a policy was set, a node went down).
+    pub reconcile_now: tokio::sync::Notify,
 }
 
 impl Meta {
@@ -98,7 +112,40 @@ impl Meta {
             started: Instant::now(),
             inventories: Mutex::new(HashMap::new()),
             events: Mutex::new(Default::default()),
+            client_tls: RwLock::new(None),
+            rates: Mutex::new(HashMap::new()),
+            reconciler: Mutex::new(Default::default()),
+            reconcile_now: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Gives the server the client credentials it drives node-to-node copies with.
+    pub fn set_client_tls(&self, tls: std::sync::Arc<rustls::ClientConfig>) {
+        *self.client_tls.write().expect("tls lock") = Some(tls);
+    }
+
+    /// Options for node-to-node copies, if the server has client credentials.
+    pub fn copy_options(&self) -> Option<transfer::client::CopyOptions> {
+        self.client_tls
+            .read()
+            .expect("tls lock")
+            .clone()
+            .map(crate::replication::copy_options)
+    }
+
+    /// Records a delivery rate measured for `node` (bytes/s).
+    pub fn note_rate(&self, node: &str, rate: f64) {
+        let mut r = self.rates.lock().expect("rates lock");
+        let e = r.entry(node.to_string()).or_insert(rate);
+        *e = 0.7 * *e + 0.3 * rate;
+    }
+
+    /// What `node` delivers (bytes/s): measured in copies, else reported by the node, else 0.
+    pub fn rate_of(&self, node: &str) -> f64 {
+        if let Some(r) = self.rates.lock().expect("rates lock").get(node) {
+            return *r;
+        }
+        self.node(node).map(|n| n.rate as f64).unwrap_or(0.0)
     }
 
     /// Notes something worth showing on the dashboard.
@@ -109,7 +156,13 @@ impl Meta {
             ev.pop_front();
         }
         let secs = catalog::now_ms() / 1000;
-        ev.push_back(format!("{secs} {msg}"));
+        let t = secs.rem_euclid(86_400);
+        ev.push_back(format!(
+            "{:02}:{:02}:{:02}Z {msg}",
+            t / 3600,
+            t / 60 % 60,
+            t % 60
+        ));
     }
 
     /// Counts one call of `op` that took `since` and handled `items` things.

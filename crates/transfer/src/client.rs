@@ -1143,3 +1143,27 @@ pub async fn third_party(
         plan,
     })
 }
+
+/// Has a storage node recompute the checksums of `files` where they are.
+pub async fn verify(
+    peer: &Peer,
+    files: Vec<ListedFile>,
+    grant: Option<SignedGrant>,
+    tls: Option<&ClientTls>,
+) -> Result<Vec<wire::control::VerifyResult>, TransferError> {
+    let limits = sys::host_limits();
+    let mut s = conn::connect_control(&peer.host, peer.port, tls, &limits).await?;
+    s.writer
+        .send_request(&Request::Verify { files, grant })
+        .await?;
+    loop {
+        match s.reader.response().await? {
+            Response::Verified(r) => {
+                s.writer.shutdown().await;
+                return Ok(r);
+            }
+            Response::Error(e) => return Err(e.into()),
+            _ => {}
+        }
+    }
+}

@@ -360,6 +360,13 @@ async fn control(
                 writer.send_response(&reply).await?;
             }
             Request::Cancel => {}
+            Request::Verify { files, grant } => {
+                let reply = match verify_files(&ep, files, grant.as_ref()).await {
+                    Ok(r) => Response::Verified(r),
+                    Err(e) => Response::Error(e),
+                };
+                writer.send_response(&reply).await?;
+            }
             Request::OpenSink {
                 session,
                 key,
@@ -861,4 +868,97 @@ async fn source_entries(
         });
     }
     Ok(entries)
+}
+
+/// Recomputes the checksums of replicas on a storage node, two files at a time.
+async fn verify_files(
+    ep: &Arc<Endpoint>,
+    files: Vec<ListedFile>,
+    grant: Option<&SignedGrant>,
+) -> Result<Vec<control::VerifyResult>, ErrorInfo> {
+    let Some(sp) = &ep.cfg.spool else {
+        return Err(ErrorInfo::new(
+            ErrorKind::Unsupported,
+            "only storage nodes verify replicas",
+        ));
+    };
+    let g = spool::check(sp.as_ref(), grant, Operation::Verify)?;
+    let mut jobs = Vec::with_capacity(files.len());
+    for f in files {
+        let id = spool::parse_id(&f.locator)?;
+        g.covers([id])
+            .map_err(|e| ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()))?;
+        jobs.push((f, sp.path_of(id)));
+    }
+    let workers = 2.min(jobs.len().max(1));
+    let jobs = Arc::new(Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>()));
+    let mut handles = Vec::new();
+    for _ in 0..workers {
+        let (jobs, root) = (jobs.clone(), ep.root.clone());
+        handles.push(tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            loop {
+                let next = jobs.lock().expect("jobs lock").pop();
+                let Some((i, (f, path))) = next else {
+                    return out;
+                };
+                out.push((i, checksum_file(&root, &f, &path)));
+            }
+        }));
+    }
+    let mut results = Vec::new();
+    for h in handles {
+        results.extend(
+            h.await
+                .map_err(|e| ErrorInfo::new(ErrorKind::Io, format!("verification failed: {e}")))?,
+        );
+    }
+    results.sort_by_key(|(i, _)| *i);
+    Ok(results.into_iter().map(|(_, r)| r).collect())
+}
+
+fn checksum_file(root: &Root, f: &ListedFile, path: &std::path::Path) -> control::VerifyResult {
+    use std::io::Read;
+    let mut result = control::VerifyResult {
+        locator: f.locator.clone(),
+        size: 0,
+        digests: Vec::new(),
+        error: None,
+    };
+    let mut file = match root.open(path, store::OpenMode::Read) {
+        Ok(file) => file,
+        Err(e) => {
+            result.error = Some(crate::error::io_info(&f.name, &e));
+            return result;
+        }
+    };
+    let mut algos: Vec<wire::checksum::Algorithm> = f.expect.iter().map(|d| d.algorithm).collect();
+    algos.retain(|a| *a != wire::checksum::Algorithm::Crc32c);
+    let mut hasher = wire::checksum::MultiHasher::new(&algos);
+    let mut crc = 0u32;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                crc = wire::checksum::crc32c_append(crc, &buf[..n]);
+                if hasher.needs_bytes() {
+                    hasher.update(&buf[..n]);
+                }
+                result.size += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                result.error = Some(crate::error::io_info(&f.name, &e));
+                return result;
+            }
+        }
+    }
+    result.digests.push(wire::checksum::Digest {
+        algorithm: wire::checksum::Algorithm::Crc32c,
+        value: crc.to_be_bytes().to_vec(),
+    });
+    result.digests.extend(hasher.finish());
+    result.digests.sort_by_key(|d| d.algorithm);
+    result
 }

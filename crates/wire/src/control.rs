@@ -164,6 +164,24 @@ pub enum Request {
         path: String,
     },
     Cancel,
+    /// Storage nodes: recompute the checksums of these replicas where they are (a `Verify`
+    /// grant covers them); answered by `Verified`.
+    Verify {
+        files: Vec<ListedFile>,
+        grant: Option<SignedGrant>,
+    },
+}
+
+/// What a node found when it re-read a replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyResult {
+    pub locator: String,
+    /// Size on disk (0 if missing).
+    pub size: u64,
+    /// Checksums recomputed from the bytes on disk.
+    pub digests: Vec<Digest>,
+    /// Why it could not be read (missing, unreadable).
+    pub error: Option<ErrorInfo>,
 }
 
 /// A file named explicitly in a source request.
@@ -245,6 +263,7 @@ pub enum Response {
     Done(SessionSummary),
     Stat(Option<EntryInfo>),
     Error(ErrorInfo),
+    Verified(Vec<VerifyResult>),
 }
 
 impl Request {
@@ -408,6 +427,10 @@ mod tests {
             },
             Request::Stat { path: "x".into() },
             Request::Cancel,
+            Request::Verify {
+                files: vec![],
+                grant: None,
+            },
         ];
         let mut fb = FrameBuffer::new();
         for r in &reqs {

@@ -1,0 +1,315 @@
+//! `haul replicate`, `haul policy`, `haul verify` and `haul status`: replica management,
+//! done by the metadata server and the nodes; this side shows progress and the outcome.
+
+use crate::args::{GridArgs, PolicyCommand, ReplicateArgs, VerifyArgs};
+use crate::grid_cmd::{connect, target};
+use crate::progress::{self, Progress};
+use api::meta as pb;
+use serde_json::json;
+use std::sync::Arc;
+use transfer::TransferError;
+use transfer::progress::Counters;
+
+fn paths_on_one_meta(
+    paths: &[String],
+) -> Result<(transfer::client::Peer, Vec<String>), TransferError> {
+    let mut peer = None;
+    let mut out = Vec::new();
+    for p in paths {
+        let (m, path) = target(p)?;
+        if peer.as_ref().is_some_and(|q| *q != m) {
+            return Err(TransferError::Usage(
+                "all paths must be on the same metadata server".into(),
+            ));
+        }
+        peer = Some(m);
+        out.push(path);
+    }
+    Ok((
+        peer.ok_or_else(|| TransferError::Usage("no path given".into()))?,
+        out,
+    ))
+}
+
+/// The exit code for per-file failures: 4 when files have no healthy replica or no node
+/// can take them, 5 for permissions, else 1.
+fn failure_code(f: &[pb::FileError]) -> u8 {
+    match f.first().map(|e| e.code.as_str()) {
+        None => 0,
+        Some("permission_denied") => 5,
+        Some("unavailable") => 4,
+        Some(_) => 1,
+    }
+}
+
+pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
+    let (peer, paths) = paths_on_one_meta(&a.p.paths)?;
+    let m = connect(&peer, &a.p.creds).await?;
+    let counters = Arc::new(Counters::default());
+    let (_etx, erx) = tokio::sync::mpsc::unbounded_channel();
+    let bar = Progress::start(progress::wanted(a.progress), counters.clone(), erx);
+    let mut stream = m
+        .files
+        .clone()
+        .replicate(pb::ReplicateRequest {
+            paths,
+            copies: a.copies,
+            sites: a.sites.clone(),
+            recursive: a.recursive,
+        })
+        .await
+        .map_err(grid::client::from_status)?
+        .into_inner();
+    let mut last = None;
+    let interrupted = loop {
+        tokio::select! {
+            msg = stream.message() => match msg.map_err(grid::client::from_status)? {
+                Some(p) => {
+                    Counters::set(&counters.total_bytes, p.bytes_needed);
+                    Counters::set(&counters.bytes_done, p.bytes_done);
+                    Counters::set(&counters.total_files, p.copies_needed);
+                    Counters::set(&counters.files_done, p.copies_made);
+                    let finished = p.finished;
+                    last = Some(p);
+                    if finished {
+                        break false;
+                    }
+                }
+                None => break false,
+            },
+            _ = tokio::signal::ctrl_c() => break true,
+        }
+    };
+    bar.finish().await;
+    if interrupted {
+        return Err(TransferError::Interrupted);
+    }
+    let p = last.ok_or_else(|| {
+        TransferError::Connect("the metadata server ended the replication without a result".into())
+    })?;
+    for f in &p.failures {
+        eprintln!("haul: {}", f.message);
+    }
+    if a.p.json {
+        println!(
+            "{}",
+            json!({
+                "files": p.files, "copies_needed": p.copies_needed, "copies_made": p.copies_made,
+                "already": p.already, "bytes": p.bytes_done, "seconds": p.seconds,
+                "mbit_per_s": p.bytes_done as f64 * 8.0 / p.seconds.max(1e-9) / 1e6,
+                "failures": p.failures.iter().map(|f| json!({"path": f.path, "reason": f.message})).collect::<Vec<_>>(),
+                "nodes": p.nodes.iter().map(|n| json!({"node": n.node, "bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received})).collect::<Vec<_>>(),
+            })
+        );
+    } else {
+        eprintln!(
+            "{} files: {} copies made ({}), {} already as asked, {} failed, {:.1} s, {}",
+            p.files,
+            p.copies_made,
+            wire::units::format_bytes(p.bytes_done),
+            p.already,
+            p.failures.len(),
+            p.seconds,
+            wire::units::format_rate(p.bytes_done as f64 * 8.0 / p.seconds.max(1e-9))
+        );
+    }
+    Ok(failure_code(&p.failures))
+}
+
+pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
+    let (creds, peer, req, json_out) = match &c {
+        PolicyCommand::Set(a) => {
+            let (peer, path) = target(&a.path)?;
+            (
+                a.creds.clone(),
+                peer,
+                Some(pb::PolicyRequest {
+                    path,
+                    copies: a.copies,
+                    sites: a.sites.clone(),
+                    clear: false,
+                }),
+                false,
+            )
+        }
+        PolicyCommand::Clear(a) => {
+            let (peer, path) = target(
+                a.paths
+                    .first()
+                    .ok_or_else(|| TransferError::Usage("no path".into()))?,
+            )?;
+            (
+                a.creds.clone(),
+                peer,
+                Some(pb::PolicyRequest {
+                    path,
+                    clear: true,
+                    ..Default::default()
+                }),
+                a.json,
+            )
+        }
+        PolicyCommand::List(a) => {
+            let s = a.meta.clone().ok_or_else(|| {
+                TransferError::Usage("name the metadata server: haul://META".into())
+            })?;
+            (a.creds.clone(), target(&s)?.0, None, a.json)
+        }
+    };
+    let m = connect(&peer, &creds).await?;
+    let reply = match req {
+        Some(r) => m.files.clone().set_policy(r).await,
+        None => {
+            m.files
+                .clone()
+                .policies(pb::PathRequest { path: "/".into() })
+                .await
+        }
+    }
+    .map_err(grid::client::from_status)?
+    .into_inner();
+    if json_out {
+        println!(
+            "{}",
+            serde_json::Value::Array(
+                reply
+                    .policies
+                    .iter()
+                    .map(|p| json!({"path": p.path, "copies": p.copies, "sites": p.sites}))
+                    .collect()
+            )
+        );
+    } else if matches!(c, PolicyCommand::List(_)) {
+        for p in &reply.policies {
+            println!(
+                "{}  copies={}{}",
+                p.path,
+                p.copies,
+                if p.sites.is_empty() {
+                    String::new()
+                } else {
+                    format!(" sites={}", p.sites.join(","))
+                }
+            );
+        }
+    }
+    Ok(0)
+}
+
+pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
+    let (peer, paths) = paths_on_one_meta(&a.p.paths)?;
+    let m = connect(&peer, &a.p.creds).await?;
+    let mut stream = m
+        .files
+        .clone()
+        .verify(pb::VerifyRequest {
+            paths,
+            recursive: a.recursive,
+            repair: !a.no_repair,
+        })
+        .await
+        .map_err(grid::client::from_status)?
+        .into_inner();
+    let mut last = None;
+    while let Some(p) = stream.message().await.map_err(grid::client::from_status)? {
+        let done = p.finished;
+        last = Some(p);
+        if done {
+            break;
+        }
+    }
+    let p = last.ok_or_else(|| TransferError::Connect("no verification result".into()))?;
+    if a.p.json {
+        println!(
+            "{}",
+            json!({
+                "files": p.files, "replicas": p.replicas, "checked": p.checked,
+                "bytes_checked": p.bytes_checked, "repaired": p.repaired, "seconds": p.seconds,
+                "damaged": p.damaged.iter().map(|d| json!({"path": d.path, "state": d.code, "reason": d.message})).collect::<Vec<_>>(),
+                "failures": p.failures.iter().map(|f| json!({"what": f.path, "reason": f.message})).collect::<Vec<_>>(),
+            })
+        );
+    } else {
+        for d in &p.damaged {
+            eprintln!("haul: {}", d.message);
+        }
+        for f in &p.failures {
+            eprintln!("haul: {}", f.message);
+        }
+        eprintln!(
+            "{} files, {} of {} replicas checked ({}), {} bad, {} repaired, {:.1} s",
+            p.files,
+            p.checked,
+            p.replicas,
+            wire::units::format_bytes(p.bytes_checked),
+            p.damaged.len(),
+            p.repaired,
+            p.seconds
+        );
+    }
+    // Damage found and not (all) repaired is worth a non-zero exit.
+    if !p.failures.is_empty() {
+        return Ok(4);
+    }
+    if !p.damaged.is_empty() && (a.no_repair || (p.repaired as usize) < p.damaged.len()) {
+        return Ok(7);
+    }
+    Ok(0)
+}
+
+pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
+    let s = a
+        .meta
+        .clone()
+        .ok_or_else(|| TransferError::Usage("name the metadata server: haul://META".into()))?;
+    let m = connect(&target(&s)?.0, &a.creds).await?;
+    let st = m
+        .files
+        .clone()
+        .status(pb::Empty {})
+        .await
+        .map_err(grid::client::from_status)?
+        .into_inner();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "policies": st.policies.iter().map(|p| json!({"path": p.path, "copies": p.copies, "sites": p.sites})).collect::<Vec<_>>(),
+                "under_replicated": st.under_replicated, "over_replicated": st.over_replicated,
+                "repairs_running": st.repairs_running, "repairs_done": st.repairs_done,
+                "removals_done": st.removals_done, "nodes_up": st.nodes_up, "nodes_down": st.nodes_down,
+                "last_pass_ms": st.last_pass_ms, "last_pass_seconds": st.last_pass_seconds,
+                "events": st.events,
+            })
+        );
+        return Ok(0);
+    }
+    println!("nodes: {} up, {} down", st.nodes_up, st.nodes_down);
+    println!("policies:");
+    for p in &st.policies {
+        println!(
+            "  {}  copies={}{}",
+            p.path,
+            p.copies,
+            if p.sites.is_empty() {
+                String::new()
+            } else {
+                format!(" sites={}", p.sites.join(","))
+            }
+        );
+    }
+    println!(
+        "reconciler: {} files missing copies, {} surplus copies, {} copies being made; {} made and {} removed so far; last pass {:.1} s",
+        st.under_replicated,
+        st.over_replicated,
+        st.repairs_running,
+        st.repairs_done,
+        st.removals_done,
+        st.last_pass_seconds
+    );
+    println!("recent events:");
+    for e in &st.events {
+        println!("  {e}");
+    }
+    Ok(0)
+}

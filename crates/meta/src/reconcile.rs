@@ -1,0 +1,441 @@
+//! Replica policies and the reconciler that keeps them: a directory (or file) attribute
+//! `haul.policy = "copies=N sites=A,B"` applies to every file below it (the deepest policy
+//! wins). A background pass, every few seconds and whenever something changes (a policy is
+//! set, a node goes down or comes back, files are written), plans what is missing — copies on
+//! nodes that died or were wiped no longer count — makes those copies, and removes surplus ones.
+//! Also the one-shot `replicate` request, which uses the same planner and executor.
+
+use crate::auth::User;
+use crate::perm::{self, Access};
+use crate::replication::{self, ExecOptions, FileState, Progress, Want};
+use crate::state::{Meta, code_of_status, status};
+use api::meta as pb;
+use catalog::{CatalogError, Inode, Kind};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+/// Name of the policy attribute.
+pub const POLICY_XATTR: &str = "haul.policy";
+
+/// What the reconciler did last.
+#[derive(Clone, Debug, Default)]
+pub struct ReconcilerState {
+    pub under_replicated: u64,
+    pub over_replicated: u64,
+    pub running: u64,
+    pub repairs_done: u64,
+    pub removals_done: u64,
+    pub last_pass_ms: i64,
+    pub last_pass_seconds: f64,
+}
+
+/// Every policy: (path, inode, want), shallowest first.
+pub async fn policies(meta: &Meta) -> Result<Vec<(String, Inode, Want)>, CatalogError> {
+    let mut out = Vec::new();
+    for (id, value) in meta.catalog.with_xattr(POLICY_XATTR).await? {
+        let Ok(inode) = meta.catalog.inode(id).await else {
+            continue;
+        };
+        let Ok(path) = meta.catalog.path_of(id).await else {
+            continue;
+        };
+        match Want::parse(&String::from_utf8_lossy(&value)) {
+            Ok(w) => out.push((path, inode, w)),
+            Err(e) => tracing::warn!(%path, error = %e, "ignoring a malformed replica policy"),
+        }
+    }
+    out.sort_by_key(|(p, _, _)| p.matches('/').count());
+    Ok(out)
+}
+
+/// The files below `paths` with their replicas.
+async fn file_states(meta: &Meta, paths: &[String]) -> Result<Vec<FileState>, CatalogError> {
+    let mut files: Vec<(String, Inode)> = Vec::new();
+    for p in paths {
+        files.extend(meta.catalog.files_below(p).await?);
+    }
+    let mut out = Vec::with_capacity(files.len());
+    for chunk in files.chunks(5000) {
+        let ids: Vec<i64> = chunk.iter().map(|(_, i)| i.id).collect();
+        let mut reps = meta.catalog.replicas_of(&ids).await?;
+        for (path, inode) in chunk {
+            out.push(FileState {
+                path: path.clone(),
+                replicas: reps.remove(&inode.id).unwrap_or_default(),
+                inode: inode.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Checks that `want` can be met at all by the registry (known sites).
+fn check_sites(meta: &Meta, want: &Want) -> Result<(), Status> {
+    let nodes = meta.nodes();
+    for s in &want.sites {
+        if !nodes.iter().any(|n| n.node.site == *s) {
+            let mut known: Vec<String> = nodes.iter().map(|n| n.node.site.clone()).collect();
+            known.sort();
+            known.dedup();
+            return Err(Status::invalid_argument(format!(
+                "unknown site {s:?} (sites: {})",
+                if known.is_empty() {
+                    "none registered".into()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Meta {
+    /// Sets (or clears) the policy of `path`.
+    pub async fn set_policy(
+        &self,
+        user: &User,
+        req: &pb::PolicyRequest,
+    ) -> Result<pb::PolicyReply, Status> {
+        let (r, e) = self.existing(user, &req.path).await?;
+        perm::require_owner(user, &e, &r.norm)?;
+        if req.clear {
+            let _ = self.catalog.xattr_remove(&r.norm, POLICY_XATTR).await;
+        } else {
+            let want = Want {
+                copies: req.copies.max(1),
+                sites: req.sites.clone(),
+            };
+            if want.copies > 64 {
+                return Err(Status::invalid_argument("at most 64 copies"));
+            }
+            check_sites(self, &want)?;
+            self.catalog
+                .xattr_set(&r.norm, POLICY_XATTR, want.format().as_bytes())
+                .await
+                .map_err(status)?;
+            self.event(format!("policy {} on {}", want.format(), r.norm));
+        }
+        self.reconcile_now.notify_one();
+        self.policies_reply(user, "/").await
+    }
+
+    pub async fn policies_reply(
+        &self,
+        _user: &User,
+        under: &str,
+    ) -> Result<pb::PolicyReply, Status> {
+        let under = catalog::normalize(under).map_err(status)?;
+        let all = policies(self).await.map_err(status)?;
+        Ok(pb::PolicyReply {
+            policies: all
+                .into_iter()
+                .filter(|(p, _, _)| {
+                    under == "/" || *p == under || p.starts_with(&format!("{under}/"))
+                })
+                .map(|(path, _, w)| pb::Policy {
+                    path,
+                    copies: w.copies,
+                    sites: w.sites,
+                })
+                .collect(),
+        })
+    }
+
+    /// Runs a one-shot replication for `user`, reporting progress on `tx`.
+    pub async fn replicate(
+        self: Arc<Self>,
+        user: User,
+        req: pb::ReplicateRequest,
+        tx: tokio::sync::mpsc::Sender<Result<pb::ReplicateProgress, Status>>,
+    ) {
+        let started = Instant::now();
+        let cancel = CancellationToken::new();
+        let progress = Arc::new(Progress::default());
+        let prepared = async {
+            if req.paths.is_empty() {
+                return Err(Status::invalid_argument(
+                    "name files or directories to replicate",
+                ));
+            }
+            let want = Want {
+                copies: req.copies.max(1),
+                sites: req.sites.clone(),
+            };
+            check_sites(&self, &want)?;
+            let mut paths = Vec::new();
+            let mut refused = Vec::new();
+            for p in &req.paths {
+                let (r, e) = self.existing(&user, p).await?;
+                if e.kind == Kind::Dir && !req.recursive {
+                    return Err(Status::invalid_argument(format!(
+                        "{}: is a directory (use -r)",
+                        r.norm
+                    )));
+                }
+                paths.push(r.norm);
+            }
+            let mut files = file_states(&self, &paths).await.map_err(status)?;
+            files.retain(|f| {
+                let ok = perm::allows(&user, &f.inode, Access::Read);
+                if !ok {
+                    refused.push(pb::FileError {
+                        path: f.path.clone(),
+                        code: "permission_denied".into(),
+                        message: format!(
+                            "{}: permission denied ({} may not read it)",
+                            f.path, user.name
+                        ),
+                    });
+                }
+                ok
+            });
+            Ok((want, files, refused))
+        }
+        .await;
+        let (want, files, refused) = match prepared {
+            Ok(x) => x,
+            Err(s) => {
+                let _ = tx.send(Err(s)).await;
+                return;
+            }
+        };
+        let plan = replication::plan(&files, &self.nodes(), &want, false);
+        {
+            let mut f = progress.failures.lock().expect("failures");
+            f.extend(plan.refused.iter().cloned());
+        }
+        let n_files = files.len() as u64;
+        let already = plan.already;
+        if !plan.tasks.is_empty() {
+            self.event(format!(
+                "{}: replicating {} copies of {} files ({})",
+                user.name,
+                plan.tasks.len(),
+                n_files,
+                want.format()
+            ));
+        }
+        let run = tokio::spawn(replication::execute(
+            self.clone(),
+            plan.tasks,
+            ExecOptions::default(),
+            progress.clone(),
+            cancel.clone(),
+        ));
+        tokio::pin!(run);
+        let snapshot = |finished: bool| {
+            let mut failures: Vec<pb::FileError> = refused.clone();
+            failures.extend(progress.failures.lock().expect("failures").iter().map(|r| {
+                pb::FileError {
+                    path: r.path.clone(),
+                    code: "unavailable".into(),
+                    message: format!("{}: {}", r.path, r.reason),
+                }
+            }));
+            pb::ReplicateProgress {
+                files: n_files,
+                copies_needed: progress.copies_needed.load(Ordering::Relaxed),
+                copies_made: progress.copies_made.load(Ordering::Relaxed),
+                bytes_needed: progress.bytes_needed.load(Ordering::Relaxed),
+                bytes_done: progress.bytes_done.load(Ordering::Relaxed),
+                already,
+                failures,
+                finished,
+                seconds: started.elapsed().as_secs_f64(),
+                sessions: progress.sessions.load(Ordering::Relaxed) as u32,
+                nodes: progress
+                    .nodes
+                    .lock()
+                    .expect("nodes")
+                    .iter()
+                    .map(|(n, (s, r, k))| pb::NodeRate {
+                        node: n.clone(),
+                        bytes_sent: *s,
+                        bytes_received: *r,
+                        sessions: *k,
+                    })
+                    .collect(),
+            }
+        };
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = &mut run => break,
+                _ = tick.tick() => {
+                    if tx.send(Ok(snapshot(false))).await.is_err() {
+                        // The client went away: stop; a rerun finishes what is missing.
+                        cancel.cancel();
+                        let _ = (&mut run).await;
+                        self.event(format!("{}: replication interrupted", user.name));
+                        return;
+                    }
+                }
+            }
+        }
+        let last = snapshot(true);
+        self.event(format!(
+            "{}: replication done: {} copies made, {} failed, {:.1} s",
+            user.name,
+            last.copies_made,
+            last.failures.len(),
+            last.seconds
+        ));
+        let _ = tx.send(Ok(last)).await;
+    }
+}
+
+/// The files below each policy, with the policy that applies (the deepest one).
+async fn governed(meta: &Meta) -> Result<Vec<(Want, Vec<FileState>)>, CatalogError> {
+    let pols = policies(meta).await?;
+    if pols.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Each file under the deepest policy covering it: policies are shallowest first, so
+    // later ones overwrite.
+    let mut chosen: HashMap<i64, usize> = HashMap::new();
+    let mut all: HashMap<i64, FileState> = HashMap::new();
+    for (i, (path, _, _)) in pols.iter().enumerate() {
+        for f in file_states(meta, std::slice::from_ref(path)).await? {
+            chosen.insert(f.inode.id, i);
+            all.insert(f.inode.id, f);
+        }
+    }
+    let mut groups: Vec<(Want, Vec<FileState>)> = pols
+        .iter()
+        .map(|(_, _, w)| (w.clone(), Vec::new()))
+        .collect();
+    for (id, i) in chosen {
+        if let Some(f) = all.remove(&id) {
+            groups[i].1.push(f);
+        }
+    }
+    Ok(groups)
+}
+
+/// One reconciler pass: make missing copies, remove surplus ones.
+pub async fn pass(meta: &Arc<Meta>, cancel: &CancellationToken) -> Result<(), CatalogError> {
+    let started = Instant::now();
+    let groups = governed(meta).await?;
+    let nodes = meta.nodes();
+    let mut tasks = Vec::new();
+    let mut surplus = Vec::new();
+    let mut under = 0u64;
+    for (want, files) in &groups {
+        let p = replication::plan(files, &nodes, want, true);
+        let mut ids: Vec<i64> = p.tasks.iter().map(|t| t.inode.id).collect();
+        ids.dedup();
+        under += ids.len() as u64 + p.refused.len() as u64;
+        tasks.extend(p.tasks);
+        surplus.extend(p.surplus);
+    }
+    {
+        let mut st = meta.reconciler.lock().expect("reconciler");
+        st.under_replicated = under;
+        st.over_replicated = surplus.len() as u64;
+        st.running = tasks.len() as u64;
+    }
+    if !tasks.is_empty() {
+        meta.event(format!("reconciler: making {} missing copies", tasks.len()));
+        let progress = Arc::new(Progress::default());
+        replication::execute(
+            meta.clone(),
+            tasks,
+            ExecOptions::default(),
+            progress.clone(),
+            cancel.clone(),
+        )
+        .await;
+        let made = progress.copies_made.load(Ordering::Relaxed);
+        let failed = progress.failures.lock().expect("failures").len();
+        meta.event(format!(
+            "reconciler: {made} copies made, {failed} failed, {:.1} s",
+            started.elapsed().as_secs_f64()
+        ));
+        meta.reconciler.lock().expect("reconciler").repairs_done += made;
+    }
+    let mut removed = 0;
+    for (id, node, path) in surplus {
+        if meta.catalog.remove_replica(id, &node).await.is_ok() {
+            removed += 1;
+            tracing::info!(%path, %node, "surplus replica removed");
+        }
+    }
+    if removed > 0 {
+        meta.event(format!("reconciler: removed {removed} surplus copies"));
+    }
+    let mut st = meta.reconciler.lock().expect("reconciler");
+    st.removals_done += removed;
+    st.running = 0;
+    st.last_pass_ms = catalog::now_ms();
+    st.last_pass_seconds = started.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// The reconciler: a pass every `every`, or sooner when woken.
+pub async fn run(meta: Arc<Meta>, every: Duration, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+                        _ = meta.reconcile_now.notified() => {
+                // Let a burst of changes (an upload of many files) settle.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            _ = stop.cancelled() => return,
+        }
+        if meta.copy_options().is_none() {
+            continue;
+        }
+        if let Err(e) = pass(&meta, &stop).await {
+            tracing::warn!(error = %e, "reconciler pass failed");
+        }
+    }
+}
+
+/// `haul status`.
+pub async fn status_reply(meta: &Meta) -> Result<pb::StatusReply, Status> {
+    let pols = policies(meta).await.map_err(status)?;
+    let st = meta.reconciler.lock().expect("reconciler").clone();
+    let nodes = meta.nodes();
+    Ok(pb::StatusReply {
+        policies: pols
+            .into_iter()
+            .map(|(path, _, w)| pb::Policy {
+                path,
+                copies: w.copies,
+                sites: w.sites,
+            })
+            .collect(),
+        under_replicated: st.under_replicated,
+        over_replicated: st.over_replicated,
+        repairs_running: st.running,
+        repairs_done: st.repairs_done,
+        removals_done: st.removals_done,
+        events: meta
+            .events
+            .lock()
+            .expect("events")
+            .iter()
+            .rev()
+            .take(20)
+            .cloned()
+            .collect(),
+        nodes_up: nodes.iter().filter(|n| n.node.up).count() as u64,
+        nodes_down: nodes.iter().filter(|n| !n.node.up).count() as u64,
+        last_pass_ms: st.last_pass_ms,
+        last_pass_seconds: st.last_pass_seconds,
+    })
+}
+
+/// Per-file status codes for errors in streams.
+pub fn file_error_of(path: &str, s: &Status) -> pb::FileError {
+    pb::FileError {
+        path: path.to_string(),
+        code: code_of_status(s).into(),
+        message: s.message().to_string(),
+    }
+}

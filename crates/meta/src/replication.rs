@@ -1,0 +1,893 @@
+//! Making replicas: planning which files need copies where (`plan`, pure), and running the
+//! copies (`Executor`): parallel, direct node-to-node third-party transfers (the data never
+//! passes through the metadata server), dispatched dynamically so that every node sends and
+//! receives at most `per_node` sessions at once and a node that delivers faster gets more work
+//! (the load balancing of seed 002 §4.2 and seed 004: one slow node does not set the pace).
+//!
+//! A replica counts only once its destination has verified it against the file's checksum
+//! and reported it (the catalog marks it complete then); until then it is "writing" and a
+//! failed copy's row is removed.
+
+use crate::state::{Meta, NodeEntry};
+use catalog::{Inode, Replica, ReplicaState};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use transfer::TransferError;
+use transfer::client::{CopyOptions, Peer, SinkRequest, SourceRequest};
+use transfer::progress::{Counters, Event};
+use wire::control::ListedFile;
+use wire::grant::Operation;
+
+/// What is wanted of a set of files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Want {
+    /// Complete copies in total.
+    pub copies: u32,
+    /// Sites that must each hold one.
+    pub sites: Vec<String>,
+}
+
+impl Want {
+    /// Parses the `haul.policy` attribute: `copies=2 sites=A,B`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut w = Want {
+            copies: 1,
+            sites: vec![],
+        };
+        for part in s.split_whitespace() {
+            match part.split_once('=') {
+                Some(("copies", v)) => {
+                    w.copies = v
+                        .parse()
+                        .ok()
+                        .filter(|c| *c >= 1 && *c <= 64)
+                        .ok_or_else(|| format!("copies={v}: expected 1 to 64"))?
+                }
+                Some(("sites", v)) => {
+                    w.sites = v
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                }
+                _ => return Err(format!("{part:?}: expected copies=N or sites=A,B")),
+            }
+        }
+        Ok(w)
+    }
+
+    pub fn format(&self) -> String {
+        if self.sites.is_empty() {
+            format!("copies={}", self.copies)
+        } else {
+            format!("copies={} sites={}", self.copies, self.sites.join(","))
+        }
+    }
+
+    /// Copies in total, counting that each listed site needs one.
+    pub fn total(&self) -> u32 {
+        self.copies.max(self.sites.len() as u32)
+    }
+}
+
+/// A file and its replicas, as the planner sees it.
+#[derive(Clone, Debug)]
+pub struct FileState {
+    pub path: String,
+    pub inode: Inode,
+    pub replicas: Vec<Replica>,
+}
+
+/// One replica to make.
+#[derive(Clone, Debug)]
+pub struct Task {
+    pub path: String,
+    pub inode: Inode,
+    /// Nodes with a complete replica on a live node (sources).
+    pub sources: Vec<String>,
+    /// The destination must be at this site.
+    pub site: Option<String>,
+    /// Sites already holding a copy (extra copies prefer other sites).
+    pub held_sites: Vec<String>,
+    /// Nodes that must not receive it (they hold it or are receiving it).
+    pub avoid: HashSet<String>,
+    /// Attempts so far.
+    pub tries: u32,
+}
+
+/// A file that cannot get what was asked, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub path: String,
+    pub reason: String,
+}
+
+/// A plan: replicas to make, files already fine, files that cannot be served.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub tasks: Vec<Task>,
+    pub already: u64,
+    pub refused: Vec<Refusal>,
+    /// Replicas beyond what is wanted: `(inode, node)` that can go.
+    pub surplus: Vec<(i64, String, String)>,
+}
+
+/// Decides which replicas to make (and which are surplus) so that every file has `want`.
+/// Only complete replicas on live nodes count.
+pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus: bool) -> Plan {
+    let by_name: HashMap<&str, &NodeEntry> =
+        nodes.iter().map(|n| (n.node.name.as_str(), n)).collect();
+    let up: Vec<&NodeEntry> = nodes.iter().filter(|n| n.node.up).collect();
+    let mut out = Plan::default();
+    for f in files {
+        let good: Vec<&Replica> = f
+            .replicas
+            .iter()
+            .filter(|r| {
+                r.state == ReplicaState::Complete
+                    && by_name.get(r.node.as_str()).is_some_and(|n| n.node.up)
+            })
+            .collect();
+        if f.inode.size == 0 {
+            // Empty files need no replica.
+            out.already += 1;
+            continue;
+        }
+        if good.is_empty() {
+            out.refused.push(Refusal {
+                path: f.path.clone(),
+                reason: "no healthy replica to copy from (none complete on a live node)".into(),
+            });
+            continue;
+        }
+        let site_of = |node: &str| {
+            by_name
+                .get(node)
+                .map(|n| n.node.site.clone())
+                .unwrap_or_default()
+        };
+        let mut held_sites: Vec<String> = good.iter().map(|r| site_of(&r.node)).collect();
+        let busy: HashSet<String> = f
+            .replicas
+            .iter()
+            .filter(|r| matches!(r.state, ReplicaState::Complete | ReplicaState::Writing))
+            .map(|r| r.node.clone())
+            .collect();
+        let sources: Vec<String> = good.iter().map(|r| r.node.clone()).collect();
+        let mut tasks = Vec::new();
+        let mut refused = None;
+        for s in &want.sites {
+            if held_sites.contains(s) {
+                continue;
+            }
+            let candidates = up
+                .iter()
+                .filter(|n| n.node.site == *s && !busy.contains(&n.node.name))
+                .count();
+            if candidates == 0 {
+                refused = Some(format!("no live node at site {s} can take a copy"));
+                break;
+            }
+            tasks.push(Some(s.clone()));
+            held_sites.push(s.clone());
+        }
+        let total = want.total() as usize;
+        let have = good.len() + tasks.len();
+        if refused.is_none() && have < total {
+            let eligible = up.iter().filter(|n| !busy.contains(&n.node.name)).count();
+            let extra = total - have;
+            if eligible < tasks.len() + extra {
+                refused = Some(format!(
+                    "{} copies asked, but only {} live nodes can hold one ({} already {})",
+                    total,
+                    eligible + good.len(),
+                    good.len(),
+                    if good.len() == 1 { "does" } else { "do" }
+                ));
+            } else {
+                tasks.extend(std::iter::repeat_n(None, extra));
+            }
+        }
+        if let Some(reason) = refused {
+            out.refused.push(Refusal {
+                path: f.path.clone(),
+                reason,
+            });
+            continue;
+        }
+        if tasks.is_empty() {
+            out.already += 1;
+            if find_surplus && good.len() > total {
+                out.surplus.extend(surplus(f, &good, nodes, want));
+            }
+            continue;
+        }
+        for site in tasks {
+            out.tasks.push(Task {
+                path: f.path.clone(),
+                inode: f.inode.clone(),
+                sources: sources.clone(),
+                site,
+                held_sites: held_sites.clone(),
+                avoid: busy.clone(),
+                tries: 0,
+            });
+        }
+    }
+    out
+}
+
+/// Replicas of `f` that can go while keeping `want`: the fullest nodes' first, never the last
+/// copy at a wanted site.
+fn surplus(
+    f: &FileState,
+    good: &[&Replica],
+    nodes: &[NodeEntry],
+    want: &Want,
+) -> Vec<(i64, String, String)> {
+    let info = |name: &str| nodes.iter().find(|n| n.node.name == name);
+    let mut keep: Vec<&Replica> = good.to_vec();
+    // Least free space first: those are removed first.
+    keep.sort_by_key(|r| info(&r.node).map(|n| n.node.free).unwrap_or(0));
+    let mut out = Vec::new();
+    let mut i = 0;
+    while keep.len() > want.total() as usize && i < keep.len() {
+        let r = keep[i];
+        let site = info(&r.node)
+            .map(|n| n.node.site.clone())
+            .unwrap_or_default();
+        let others_at_site = keep
+            .iter()
+            .filter(|o| o.node != r.node && info(&o.node).is_some_and(|n| n.node.site == site))
+            .count();
+        if want.sites.contains(&site) && others_at_site == 0 {
+            i += 1;
+            continue;
+        }
+        out.push((f.inode.id, r.node.clone(), f.path.clone()));
+        keep.remove(i);
+    }
+    out
+}
+
+/// Live figures of a replication run.
+#[derive(Default)]
+pub struct Progress {
+    pub copies_needed: AtomicU64,
+    pub copies_made: AtomicU64,
+    pub bytes_needed: AtomicU64,
+    pub bytes_done: AtomicU64,
+    pub sessions: AtomicU64,
+    pub failures: Mutex<Vec<Refusal>>,
+    /// Per node: bytes sent, bytes received, sessions.
+    pub nodes: Mutex<BTreeMap<String, (u64, u64, u32)>>,
+}
+
+/// How a run goes.
+#[derive(Clone)]
+pub struct ExecOptions {
+    /// Sessions a node sends (and, separately, receives) at once.
+    pub per_node: u32,
+    /// Files per session at most.
+    pub batch_files: usize,
+    /// Attempts per replica.
+    pub max_tries: u32,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        Self {
+            per_node: 2,
+            batch_files: 500,
+            max_tries: 3,
+        }
+    }
+}
+
+struct SessionDone {
+    src: String,
+    dst: String,
+    tasks: Vec<Task>,
+    done: HashSet<i64>,
+    failed: HashMap<i64, TransferError>,
+    session_error: Option<TransferError>,
+    bytes: u64,
+    seconds: f64,
+}
+
+/// Runs replication tasks; returns when all are done or failed (or on cancel).
+pub async fn execute(
+    meta: Arc<Meta>,
+    tasks: Vec<Task>,
+    opts: ExecOptions,
+    progress: Arc<Progress>,
+    cancel: CancellationToken,
+) {
+    let total_bytes: u64 = tasks.iter().map(|t| t.inode.size).sum();
+    progress
+        .copies_needed
+        .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+    progress
+        .bytes_needed
+        .fetch_add(total_bytes, Ordering::Relaxed);
+    let mut queue: VecDeque<Task> = tasks.into();
+    let mut send_busy: HashMap<String, u32> = HashMap::new();
+    let mut recv_busy: HashMap<String, u32> = HashMap::new();
+    // Per file: nodes receiving a copy right now.
+    let mut inflight: HashMap<i64, HashSet<String>> = HashMap::new();
+    // Bytes given to each node in this run, for balance.
+    let mut given: HashMap<String, u64> = HashMap::new();
+    let mut running = tokio::task::JoinSet::new();
+    let node_count = meta.nodes().iter().filter(|n| n.node.up).count().max(1) as u64;
+    let batch_bytes = (total_bytes / (node_count * 2)).clamp(64 << 20, 1 << 30);
+    loop {
+        if cancel.is_cancelled() {
+            break;
+        }
+        // Form as many sessions as the slots allow.
+        let nodes: HashMap<String, NodeEntry> = meta
+            .nodes()
+            .into_iter()
+            .filter(|n| n.node.up && !n.key.is_empty())
+            .map(|n| (n.node.name.clone(), n))
+            .collect();
+        let mut launched = false;
+        let mut i = 0;
+        while i < queue.len() {
+            let t = &queue[i];
+            let Some((src, dst)) = choose(
+                t,
+                &nodes,
+                &send_busy,
+                &recv_busy,
+                &inflight,
+                &given,
+                &meta,
+                opts.per_node,
+            ) else {
+                i += 1;
+                continue;
+            };
+            // Gather more tasks for the same pair.
+            let mut batch = vec![queue.remove(i).expect("index in range")];
+            let mut bytes = batch[0].inode.size;
+            let mut j = i;
+            while j < queue.len() && batch.len() < opts.batch_files && bytes < batch_bytes {
+                let u = &queue[j];
+                let ok = u.sources.contains(&src)
+                    && eligible_dst(u, &nodes[&dst], &inflight)
+                    && !batch.iter().any(|b| b.inode.id == u.inode.id);
+                if ok {
+                    bytes += u.inode.size;
+                    batch.push(queue.remove(j).expect("index in range"));
+                } else {
+                    j += 1;
+                }
+            }
+            *send_busy.entry(src.clone()).or_default() += 1;
+            *recv_busy.entry(dst.clone()).or_default() += 1;
+            *given.entry(dst.clone()).or_default() += bytes;
+            for b in &batch {
+                inflight.entry(b.inode.id).or_default().insert(dst.clone());
+            }
+            progress.sessions.fetch_add(1, Ordering::Relaxed);
+            let (m, p, c) = (meta.clone(), progress.clone(), cancel.clone());
+            let (s, d) = (nodes[&src].clone(), nodes[&dst].clone());
+            running.spawn(async move { run_session(m, s, d, batch, p, c).await });
+            launched = true;
+        }
+        if running.is_empty() {
+            if queue.is_empty() || !launched {
+                // Nothing runs and nothing can start: what is left cannot be placed now.
+                for t in queue.drain(..) {
+                    progress.failures.lock().expect("failures").push(Refusal {
+                        path: t.path.clone(),
+                        reason: match &t.site {
+                            Some(s) => format!("no live node at site {s} can take a copy now"),
+                            None => "no live node can take another copy now".into(),
+                        },
+                    });
+                }
+                break;
+            }
+            continue;
+        }
+        let finished = tokio::select! {
+            r = running.join_next() => r,
+            _ = cancel.cancelled() => break,
+        };
+        let Some(Ok(done)) = finished else { continue };
+        progress.sessions.fetch_sub(1, Ordering::Relaxed);
+        *send_busy.entry(done.src.clone()).or_default() -= 1;
+        *recv_busy.entry(done.dst.clone()).or_default() -= 1;
+        if done.seconds > 0.5 && done.bytes > 0 {
+            meta.note_rate(&done.src, done.bytes as f64 / done.seconds);
+        }
+        {
+            let mut n = progress.nodes.lock().expect("nodes");
+            n.entry(done.src.clone()).or_default().0 += done.bytes;
+            n.entry(done.dst.clone()).or_default().1 += done.bytes;
+        }
+        if let Some(e) = &done.session_error {
+            meta.event(format!(
+                "replication {} -> {} failed ({e}); its files go elsewhere",
+                done.src, done.dst
+            ));
+        }
+        for mut t in done.tasks {
+            if let Some(set) = inflight.get_mut(&t.inode.id) {
+                set.remove(&done.dst);
+            }
+            if done.done.contains(&t.inode.id) {
+                progress.copies_made.fetch_add(1, Ordering::Relaxed);
+                // Sibling tasks of the file must avoid this node now.
+                for q in queue.iter_mut().filter(|q| q.inode.id == t.inode.id) {
+                    q.avoid.insert(done.dst.clone());
+                    q.sources.push(done.dst.clone());
+                }
+                continue;
+            }
+            let err = done
+                .failed
+                .get(&t.inode.id)
+                .cloned()
+                .or(done.session_error.clone())
+                .unwrap_or_else(|| TransferError::Connect("not copied".into()));
+            t.tries += 1;
+            if matches!(err, TransferError::Integrity(_))
+                && err.to_string().contains("replica damaged")
+            {
+                // The source replica is bad: mark it and use another.
+                let _ = meta
+                    .catalog
+                    .mark_replicas(&[(t.inode.id, done.src.clone())], ReplicaState::Damaged)
+                    .await;
+                t.sources.retain(|s| *s != done.src);
+                meta.event(format!("{}: replica on {} is damaged", t.path, done.src));
+            } else if done.session_error.is_some() {
+                // Which end failed is unknown: avoid this pair's destination.
+                t.avoid.insert(done.dst.clone());
+            }
+            if t.tries >= opts.max_tries || t.sources.is_empty() {
+                progress.failures.lock().expect("failures").push(Refusal {
+                    path: t.path.clone(),
+                    reason: format!("copy failed {} times; last: {err}", t.tries),
+                });
+            } else {
+                queue.push_back(t);
+            }
+        }
+    }
+    // Cancelled: stop sessions; their unfinished replicas are dropped by run_session.
+    running.abort_all();
+    while running.join_next().await.is_some() {}
+}
+
+fn eligible_dst(t: &Task, n: &NodeEntry, inflight: &HashMap<i64, HashSet<String>>) -> bool {
+    !t.avoid.contains(&n.node.name)
+        && !t.sources.contains(&n.node.name)
+        && t.site.as_ref().is_none_or(|s| *s == n.node.site)
+        && !inflight
+            .get(&t.inode.id)
+            .is_some_and(|s| s.contains(&n.node.name))
+        && n.node.free > t.inode.size + crate::placement::reserve(&n.view())
+}
+
+/// The best (source, destination) for `t` among nodes with free slots.
+#[allow(clippy::too_many_arguments)]
+fn choose(
+    t: &Task,
+    nodes: &HashMap<String, NodeEntry>,
+    send_busy: &HashMap<String, u32>,
+    recv_busy: &HashMap<String, u32>,
+    inflight: &HashMap<i64, HashSet<String>>,
+    given: &HashMap<String, u64>,
+    meta: &Meta,
+    per_node: u32,
+) -> Option<(String, String)> {
+    let busy = |m: &HashMap<String, u32>, n: &str| *m.get(n).unwrap_or(&0);
+    let src = t
+        .sources
+        .iter()
+        .filter(|s| nodes.contains_key(*s) && busy(send_busy, s) < per_node)
+        .max_by(|a, b| {
+            // Fewest sessions first, then the best measured rate.
+            busy(send_busy, b)
+                .cmp(&busy(send_busy, a))
+                .then(meta.rate_of(a).total_cmp(&meta.rate_of(b)))
+                .then(b.cmp(a))
+        })?
+        .clone();
+    let dst = nodes
+        .values()
+        .filter(|n| busy(recv_busy, &n.node.name) < per_node && eligible_dst(t, n, inflight))
+        .min_by(|a, b| {
+            let new_site = |n: &NodeEntry| t.held_sites.contains(&n.node.site) as u8;
+            // Prefer a site without a copy, then the node given the fewest bytes relative to
+            // its rate, then the most free space.
+            let load = |n: &NodeEntry| {
+                *given.get(&n.node.name).unwrap_or(&0) as f64 / meta.rate_of(&n.node.name).max(1e6)
+            };
+            new_site(a)
+                .cmp(&new_site(b))
+                .then(busy(recv_busy, &a.node.name).cmp(&busy(recv_busy, &b.node.name)))
+                .then(load(a).total_cmp(&load(b)))
+                .then(b.node.free.cmp(&a.node.free))
+                .then(a.node.name.cmp(&b.node.name))
+        })?
+        .node
+        .name
+        .clone();
+    Some((src, dst))
+}
+
+async fn run_session(
+    meta: Arc<Meta>,
+    src: NodeEntry,
+    dst: NodeEntry,
+    tasks: Vec<Task>,
+    progress: Arc<Progress>,
+    cancel: CancellationToken,
+) -> SessionDone {
+    let started = Instant::now();
+    let ids: Vec<i64> = tasks.iter().map(|t| t.inode.id).collect();
+    let mut out = SessionDone {
+        src: src.node.name.clone(),
+        dst: dst.node.name.clone(),
+        tasks: Vec::new(),
+        done: HashSet::new(),
+        failed: HashMap::new(),
+        session_error: None,
+        bytes: 0,
+        seconds: 0.0,
+    };
+    let r = async {
+        let starts: Vec<(i64, String)> = ids.iter().map(|i| (*i, dst.node.name.clone())).collect();
+        meta.catalog
+            .start_replicas(&starts)
+            .await
+            .map_err(|e| TransferError::Local(e.to_string()))?;
+        let read = meta
+            .grant(&src, Operation::Read, ids.clone(), "haul-meta")
+            .map_err(|s| TransferError::Connect(s.message().to_string()))?;
+        let write = meta
+            .grant(&dst, Operation::Write, ids.clone(), "haul-meta")
+            .map_err(|s| TransferError::Connect(s.message().to_string()))?;
+        let opts = meta.copy_options().ok_or_else(|| {
+            TransferError::Usage("the metadata server has no client certificate".into())
+        })?;
+        let files: Vec<ListedFile> = tasks
+            .iter()
+            .map(|t| ListedFile {
+                locator: t.inode.id.to_string(),
+                name: t.inode.id.to_string(),
+                size: t.inode.size,
+                mode: 0o600,
+                mtime: wire::data::Timestamp {
+                    secs: t.inode.mtime_ns.div_euclid(1_000_000_000),
+                    nanos: t.inode.mtime_ns.rem_euclid(1_000_000_000) as u32,
+                },
+                expect: wire::checksum::parse_digests(&t.inode.checksum).unwrap_or_default(),
+            })
+            .collect();
+        let counters = Arc::new(Counters::default());
+        let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+        let c = counters.clone();
+        let p = progress.clone();
+        let ticker_stop = CancellationToken::new();
+        let ts = ticker_stop.clone();
+        let ticker = tokio::spawn(async move {
+            let mut last = 0u64;
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = ts.cancelled() => {}
+                }
+                let now = Counters::get(&c.bytes_done);
+                p.bytes_done
+                    .fetch_add(now.saturating_sub(last), Ordering::Relaxed);
+                last = last.max(now);
+                if ts.is_cancelled() {
+                    return last;
+                }
+            }
+        });
+        let result = transfer::client::third_party(
+            &Peer::parse(&src.node.address)?,
+            SourceRequest {
+                files,
+                grant: Some(wire::grant::SignedGrant {
+                    token: read.token,
+                    mac: read.mac,
+                }),
+                ..Default::default()
+            },
+            &Peer::parse(&dst.node.address)?,
+            SinkRequest {
+                dest: String::new(),
+                grant: Some(wire::grant::SignedGrant {
+                    token: write.token,
+                    mac: write.mac,
+                }),
+            },
+            &opts,
+            opts.session.clone(),
+            counters.clone(),
+            etx,
+            cancel.clone(),
+        )
+        .await;
+        ticker_stop.cancel();
+        let moved = ticker.await.unwrap_or(0);
+        let mut done = HashSet::new();
+        let mut failed = HashMap::new();
+        while let Ok(ev) = erx.try_recv() {
+            match ev {
+                Event::FileDone { path, .. } => {
+                    if let Ok(id) = path.parse::<i64>() {
+                        done.insert(id);
+                    }
+                }
+                Event::FileFailed { path, error } => {
+                    if let Ok(id) = path.parse::<i64>() {
+                        failed.insert(id, TransferError::from(error));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok::<_, TransferError>((result.err(), done, failed, moved))
+    }
+    .await;
+    match r {
+        Ok((err, done, failed, moved)) => {
+            out.session_error = err;
+            out.done = done;
+            out.failed = failed;
+            out.bytes = moved;
+        }
+        Err(e) => out.session_error = Some(e),
+    }
+    // What the destination did not confirm: the catalog may still have it complete (its
+    // report raced the end of the session); otherwise drop the "writing" row.
+    let states = meta.catalog.replicas_of(&ids).await.unwrap_or_default();
+    for id in &ids {
+        if out.done.contains(id) {
+            continue;
+        }
+        let complete = states.get(id).is_some_and(|v| {
+            v.iter()
+                .any(|r| r.node == dst.node.name && r.state == ReplicaState::Complete)
+        });
+        if complete {
+            out.done.insert(*id);
+        } else {
+            let _ = meta.catalog.remove_replica(*id, &dst.node.name).await;
+        }
+    }
+    out.tasks = tasks;
+    out.seconds = started.elapsed().as_secs_f64();
+    out
+}
+
+/// Copy options of the metadata server when it drives node-to-node copies.
+pub fn copy_options(tls: Arc<rustls::ClientConfig>) -> CopyOptions {
+    CopyOptions {
+        recursive: false,
+        range: None,
+        session: wire::control::SessionOptions {
+            stall_timeout_ms: 30_000,
+            ..Default::default()
+        },
+        retry: wire::retry::RetryPolicy {
+            max_attempts: 1,
+            ..Default::default()
+        },
+        tls: Some(transfer::conn::ClientTls { config: tls }),
+        link_bps: 10_000_000_000,
+        checkpoint_interval: Duration::from_secs(5),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use catalog::{Kind, Node};
+
+    fn node(name: &str, site: &str, up: bool) -> NodeEntry {
+        NodeEntry {
+            node: Node {
+                name: name.into(),
+                site: site.into(),
+                address: format!("{name}:1"),
+                capacity: 100 << 30,
+                free: 50 << 30,
+                load: 0.0,
+                heartbeat_ms: 0,
+                registered_ms: 0,
+                up,
+            },
+            key: vec![1],
+            rate: 0,
+            sessions: 0,
+        }
+    }
+
+    fn file(id: i64, on: &[(&str, ReplicaState)]) -> FileState {
+        FileState {
+            path: format!("/f{id}"),
+            inode: Inode {
+                id,
+                parent: 1,
+                name: format!("f{id}"),
+                kind: Kind::File,
+                owner: "a".into(),
+                group: "a".into(),
+                mode: 0o644,
+                size: 100,
+                mtime_ns: 0,
+                checksum: "crc32c:00000001".into(),
+                pending: false,
+            },
+            replicas: on
+                .iter()
+                .map(|(n, s)| Replica {
+                    inode: id,
+                    node: n.to_string(),
+                    state: *s,
+                    checksum: String::new(),
+                    updated_ms: 0,
+                })
+                .collect(),
+        }
+    }
+
+    fn nodes() -> Vec<NodeEntry> {
+        vec![
+            node("a1", "A", true),
+            node("a2", "A", true),
+            node("b1", "B", true),
+            node("b2", "B", false),
+        ]
+    }
+
+    #[test]
+    fn policies_parse_and_print() {
+        let w = Want::parse("copies=2 sites=A,B").unwrap();
+        assert_eq!(
+            w,
+            Want {
+                copies: 2,
+                sites: vec!["A".into(), "B".into()]
+            }
+        );
+        assert_eq!(Want::parse(&w.format()).unwrap(), w);
+        assert!(Want::parse("copies=0").is_err());
+        assert!(Want::parse("replicas=2").is_err());
+        assert_eq!(Want::parse("copies=1 sites=A,B,C").unwrap().total(), 3);
+    }
+
+    #[test]
+    fn sites_first_then_count() {
+        let files = vec![file(1, &[("a1", ReplicaState::Complete)])];
+        let p = plan(
+            &files,
+            &nodes(),
+            &Want {
+                copies: 2,
+                sites: vec!["B".into()],
+            },
+            false,
+        );
+        assert_eq!(p.tasks.len(), 1);
+        assert_eq!(p.tasks[0].site.as_deref(), Some("B"));
+        assert_eq!(p.tasks[0].sources, vec!["a1"]);
+        let p = plan(
+            &files,
+            &nodes(),
+            &Want {
+                copies: 3,
+                sites: vec![],
+            },
+            false,
+        );
+        assert_eq!(p.tasks.len(), 2);
+        assert!(p.tasks.iter().all(|t| t.avoid.contains("a1")));
+    }
+
+    #[test]
+    fn impossible_requests_are_refused_per_file() {
+        let files = vec![file(1, &[("a1", ReplicaState::Complete)])];
+        // b2 is down: only 3 live nodes.
+        let p = plan(
+            &files,
+            &nodes(),
+            &Want {
+                copies: 4,
+                sites: vec![],
+            },
+            false,
+        );
+        assert!(p.tasks.is_empty());
+        assert!(
+            p.refused[0].reason.contains("4 copies asked"),
+            "{:?}",
+            p.refused
+        );
+        let p = plan(
+            &files,
+            &nodes(),
+            &Want {
+                copies: 1,
+                sites: vec!["C".into()],
+            },
+            false,
+        );
+        assert!(p.refused[0].reason.contains("site C"));
+        // A replica on a down node does not count, and a damaged one is no source.
+        let files = vec![file(
+            2,
+            &[
+                ("b2", ReplicaState::Complete),
+                ("a1", ReplicaState::Damaged),
+            ],
+        )];
+        let p = plan(
+            &files,
+            &nodes(),
+            &Want {
+                copies: 2,
+                sites: vec![],
+            },
+            false,
+        );
+        assert!(p.refused[0].reason.contains("no healthy replica"));
+    }
+
+    #[test]
+    fn satisfied_files_and_surplus() {
+        let files = vec![file(
+            1,
+            &[
+                ("a1", ReplicaState::Complete),
+                ("a2", ReplicaState::Complete),
+                ("b1", ReplicaState::Complete),
+            ],
+        )];
+        let p = plan(
+            &files,
+            &nodes(),
+            &Want {
+                copies: 2,
+                sites: vec!["B".into()],
+            },
+            true,
+        );
+        assert_eq!(p.already, 1);
+        assert_eq!(p.surplus.len(), 1);
+        assert_ne!(p.surplus[0].1, "b1", "the only copy at a wanted site stays");
+        // A writing replica is not a source but blocks its node.
+        let files = vec![file(
+            3,
+            &[
+                ("a1", ReplicaState::Complete),
+                ("b1", ReplicaState::Writing),
+            ],
+        )];
+        let p = plan(
+            &files,
+            &nodes(),
+            &Want {
+                copies: 2,
+                sites: vec![],
+            },
+            false,
+        );
+        assert_eq!(p.tasks.len(), 1);
+        assert!(p.tasks[0].avoid.contains("b1"));
+    }
+}
