@@ -90,7 +90,7 @@ async fn batch_creates(c: &Catalog) {
     // Stale pending files are found by age.
     assert!(c.stale_pending(0, 10).await.unwrap().is_empty());
     let stale = c.stale_pending(crate::now_ms() + 1, 10).await.unwrap();
-    assert_eq!(stale, vec![r_id(&c, "/batch/data").await]);
+    assert_eq!(stale, vec![r_id(c, "/batch/data").await]);
 }
 
 async fn r_id(c: &Catalog, path: &str) -> i64 {

@@ -235,10 +235,10 @@ pub async fn rm(a: RmArgs) -> Result<u8, TransferError> {
 pub async fn mv(a: MvArgs) -> Result<u8, TransferError> {
     let (m, paths) = connect_for(&[a.from.clone(), a.to.clone()], &a.creds).await?;
     let (from, mut to) = (paths[0].clone(), paths[1].clone());
-    if let Some(d) = m.lookup(&to).await? {
-        if d.is_dir {
-            to = format!("{}/{}", to.trim_end_matches('/'), name_of(&from));
-        }
+    if let Some(d) = m.lookup(&to).await?
+        && d.is_dir
+    {
+        to = format!("{}/{}", to.trim_end_matches('/'), name_of(&from));
     }
     m.rename(&from, &to).await?;
     Ok(0)

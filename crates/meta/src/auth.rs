@@ -234,7 +234,7 @@ impl Identities {
             .to_string();
         Ok(Caller::User(User {
             groups: self.groups.of(&name),
-            admin: self.admins.iter().any(|a| *a == name),
+            admin: self.admins.contains(&name),
             name,
         }))
     }

@@ -1078,7 +1078,7 @@ pub async fn third_party(
             recursive: source.recursive,
             range: source.range,
             options: session.clone(),
-            push: Some(push),
+            push: Some(Box::new(push)),
             files: source.files,
             grant: source.grant,
         })

@@ -621,12 +621,12 @@ pub async fn start_control(
     let io = match tls {
         Some(t) => {
             let io = t.handshake(tcp, host, &addr).await?;
-            if let Io::Tls(s) = &io {
-                if s.get_ref().1.alpn_protocol() == Some(tls::ALPN_GRPC) {
-                    return Err(TransferError::IsMetadataServer(format!(
-                        "{addr} is a metadata server (grid namespace), not a data endpoint"
-                    )));
-                }
+            if let Io::Tls(s) = &io
+                && s.get_ref().1.alpn_protocol() == Some(tls::ALPN_GRPC)
+            {
+                return Err(TransferError::IsMetadataServer(format!(
+                    "{addr} is a metadata server (grid namespace), not a data endpoint"
+                )));
             }
             io
         }

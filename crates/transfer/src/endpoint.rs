@@ -411,7 +411,7 @@ async fn control(
                     entries,
                     range,
                     options,
-                    push,
+                    push.map(|p| *p),
                 )
                 .await?;
             }

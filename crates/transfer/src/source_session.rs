@@ -321,13 +321,14 @@ impl Shared {
             // A replica that does not match its catalog checksum is damaged: the destination
             // must not commit it (the reader fails over to another replica).
             let expect = &self.expects[job.file as usize];
-            if !expect.is_empty() && !self.is_range {
-                if let Err(why) = wire::checksum::digests_match(&digests, expect) {
-                    return Err(ErrorInfo::new(
-                        ErrorKind::Integrity,
-                        format!("{path}: replica damaged ({why})"),
-                    ));
-                }
+            if !expect.is_empty()
+                && !self.is_range
+                && let Err(why) = wire::checksum::digests_match(&digests, expect)
+            {
+                return Err(ErrorInfo::new(
+                    ErrorKind::Integrity,
+                    format!("{path}: replica damaged ({why})"),
+                ));
             }
             Ok(digests)
         })();

@@ -154,7 +154,7 @@ pub enum Request {
         recursive: bool,
         range: Option<(u64, u64)>,
         options: SessionOptions,
-        push: Option<PushTarget>,
+        push: Option<Box<PushTarget>>,
         /// Send exactly these files instead of enumerating `path` (storage nodes: locators are
         /// file ids, covered by `grant`).
         files: Vec<ListedFile>,
@@ -405,7 +405,7 @@ mod tests {
                     protect: Protect::Private,
                     ..Default::default()
                 },
-                push: Some(PushTarget {
+                push: Some(Box::new(PushTarget {
                     addr: "198.18.0.2:2811".into(),
                     server_name: "b".into(),
                     session: [3; 16],
@@ -414,7 +414,7 @@ mod tests {
                         tcp_rmem_max: 6 << 20,
                         ..Default::default()
                     },
-                }),
+                })),
                 files: vec![ListedFile {
                     locator: "42".into(),
                     name: "run1.nc".into(),
