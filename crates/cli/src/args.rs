@@ -96,6 +96,9 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Replica policies, the reconciler's progress, nodes and recent events.
     Status(GridArgs),
+    /// Run a command once per grid file on a node holding it: haul run PATH... -- CMD {}
+    #[command(after_help = RUN_HELP)]
+    Run(RunArgs),
     /// Emulated long fat networks for tests and benchmarks (`haul netlab --help`).
     #[command(disable_help_flag = true)]
     Netlab {
@@ -585,6 +588,55 @@ pub struct ReplicateArgs {
     pub progress: ProgressArg,
     #[command(flatten)]
     pub p: PathsArgs,
+}
+
+const RUN_HELP: &str = "\
+Placeholders in CMD:
+  {}       the replica's path on the node
+  {name}   the grid file's name        {path}  its grid path
+  {out}    the task's output (and working) directory; with --output, every file left
+           there is registered under that grid directory, on the node that wrote it
+Tasks run as the local account of the same name as your grid identity (never as root), with
+HAUL_INPUT, HAUL_OUTPUT, HAUL_GRID_PATH, HAUL_NODE and HAUL_TASK set. Each task's stdout is
+printed when it ends (stderr too); the first 64 KiB of each are kept. A task whose node fails
+runs again on another node holding the file.
+
+Examples:
+  haul run /cmip/tas -- md5sum {}
+  haul run --output /cmip/means --parallel 4 /cmip/tas -- sh -c 'cdo timmean {} {out}/{name}'
+
+Exit codes: 0 every task exited 0; 1 some task failed (summary on stderr); 3, 4, 5 as for
+other grid commands when nothing could run.";
+
+/// `haul run`.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Tasks at once on each node.
+    #[arg(short = 'P', long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub parallel: u32,
+    /// Grid directory (existing, writable) where the files tasks write to {out} are registered.
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<String>,
+    /// Kill a task after this long (e.g. 30s, 10m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    /// Prefer nodes of this site when a file has replicas at several [default: $HAUL_SITE].
+    #[arg(long, env = "HAUL_SITE", value_name = "NAME")]
+    pub site: Option<String>,
+    /// Do not print the tasks' output as they end (the summary still is).
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Print a JSON report of every task on stdout instead of their output.
+    #[arg(long)]
+    pub json: bool,
+    /// Grid files or directories (every file below), then -- and the command.
+    #[arg(value_name = "PATH", required = true)]
+    pub paths: Vec<String>,
+    /// The command and its arguments (after --).
+    #[arg(last = true, value_name = "CMD", required = true)]
+    pub command: Vec<String>,
+    #[command(flatten)]
+    pub creds: CredArgs,
 }
 
 #[derive(Subcommand, Debug)]

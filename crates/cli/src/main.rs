@@ -12,6 +12,7 @@ mod node_cmd;
 mod pki;
 mod progress;
 mod repl_cmd;
+mod run_cmd;
 mod serve;
 
 use std::process::ExitCode;
@@ -102,6 +103,7 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Policy(c) => repl_cmd::policy(c).await,
         args::Command::Verify(a) => repl_cmd::verify(a).await,
         args::Command::Status(a) => repl_cmd::status(a).await,
+        args::Command::Run(a) => run_cmd::run(a).await,
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),
         args::Command::Netlab { args } => {

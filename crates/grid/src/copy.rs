@@ -771,6 +771,7 @@ async fn open_source(
             client_site: opts.site.clone().unwrap_or_default(),
             recursive: opts.copy.recursive,
             exclude_nodes: exclude.to_vec(),
+            ..Default::default()
         })
         .await?;
     if reply.files.is_empty() && top.size == 0 && !top.is_dir && reply.errors.is_empty() {

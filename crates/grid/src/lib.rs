@@ -4,5 +4,6 @@
 
 pub mod client;
 pub mod copy;
+pub mod run;
 
 pub use client::{DEFAULT_META_PORT, MetaClient};

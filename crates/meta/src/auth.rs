@@ -239,6 +239,15 @@ impl Identities {
         }))
     }
 
+    /// The user named `name` (as the mapfile maps to it), with groups and admin rights.
+    pub fn user_named(&self, name: &str) -> User {
+        User {
+            groups: self.groups.of(name),
+            admin: self.admins.iter().any(|a| a == name),
+            name: name.to_string(),
+        }
+    }
+
     /// The caller of a request (its connection's certificate).
     pub fn of_request<T>(&self, req: &tonic::Request<T>) -> Result<Caller, Status> {
         let peer = req

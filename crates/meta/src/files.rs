@@ -39,6 +39,17 @@ impl Meta {
         user: &User,
         req: &pb::CreateFilesRequest,
     ) -> Result<pb::CreateFilesReply, Status> {
+        self.create_files_on(user, req, None).await
+    }
+
+    /// [`Self::create_files`], with every replica on node `pin` when given (outputs of a run,
+    /// registered on the node that wrote them).
+    pub async fn create_files_on(
+        &self,
+        user: &User,
+        req: &pb::CreateFilesRequest,
+        pin: Option<&str>,
+    ) -> Result<pb::CreateFilesReply, Status> {
         if req.files.len() > MAX_BATCH {
             return Err(Status::invalid_argument(format!(
                 "at most {MAX_BATCH} files per request"
@@ -130,6 +141,7 @@ impl Meta {
             .nodes()
             .into_iter()
             .filter(|n| !n.key.is_empty() && !req.exclude_nodes.contains(&n.node.name))
+            .filter(|n| pin.is_none_or(|p| p == n.node.name))
             .collect();
         let views: Vec<NodeView> = nodes.iter().map(|n| n.view()).collect();
         let site = (!req.client_site.is_empty()).then_some(req.client_site.as_str());
@@ -190,6 +202,23 @@ impl Meta {
         req: &pb::OpenReadRequest,
     ) -> Result<pb::OpenReadReply, Status> {
         let mut reply = pb::OpenReadReply::default();
+        let op = if req.run {
+            if !req.output.is_empty() {
+                // Outputs will be created there: fail before anything runs.
+                let (r, dir) = self.existing(user, &req.output).await?;
+                if dir.kind != Kind::Dir {
+                    return Err(Status::failed_precondition(format!(
+                        "{}: not a directory",
+                        r.norm
+                    )));
+                }
+                perm::require(user, &dir, Access::Write, &r.norm)?;
+                perm::require(user, &dir, Access::Search, &r.norm)?;
+            }
+            Operation::Run
+        } else {
+            Operation::Read
+        };
         let mut files: Vec<(String, Inode)> = Vec::new();
         for p in &req.paths {
             let (r, e) = match self.existing(user, p).await {
@@ -327,7 +356,7 @@ impl Meta {
                 node: node.clone(),
                 site: n.node.site.clone(),
                 address: n.node.address.clone(),
-                capability: Some(self.grant(n, Operation::Read, ids, &user.name)?),
+                capability: Some(self.grant(n, op, ids, &user.name)?),
             });
         }
         Ok(reply)

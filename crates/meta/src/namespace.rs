@@ -68,6 +68,53 @@ impl Meta {
         }
     }
 
+    /// Creates directory `path` for `user` (with `parents`, missing parents too; an existing
+    /// directory is then fine).
+    pub async fn mkdir_as(
+        &self,
+        user: &User,
+        path: &str,
+        mode: u32,
+        parents: bool,
+    ) -> Result<pb::Entry, Status> {
+        let r = self.resolve(user, path).await?;
+        if let Some(e) = r.entry() {
+            if parents && e.kind == Kind::Dir {
+                return Ok(entry(&r.norm, e));
+            }
+            return Err(Status::already_exists(format!(
+                "{}: already exists",
+                r.norm
+            )));
+        }
+        // The deepest existing directory is where something gets created.
+        let base = r.chain.last().expect("root").clone();
+        if base.kind != Kind::Dir {
+            return Err(Status::failed_precondition(format!(
+                "{}: not a directory",
+                base.name
+            )));
+        }
+        let shown = {
+            let names: Vec<&str> = r.chain.iter().skip(1).map(|i| i.name.as_str()).collect();
+            format!("/{}", names.join("/"))
+        };
+        perm::require(user, &base, Access::Write, &shown)?;
+        perm::require(user, &base, Access::Search, &shown)?;
+        let e = NewEntry {
+            owner: user.name.clone(),
+            group: self.new_group(user, &base),
+            mode: if mode == 0 { 0o755 } else { mode & 0o7777 },
+            mtime_ns: now_ns(),
+        };
+        let d = self
+            .catalog
+            .mkdir(&r.norm, &e, parents)
+            .await
+            .map_err(status)?;
+        Ok(entry(&r.norm, &d))
+    }
+
     /// The directory `path` must be in: existing, a directory, writable and searchable.
     pub async fn writable_parent(&self, user: &User, path: &str) -> Result<Inode, Status> {
         let (parent, _) = parent_and_name(path).map_err(status)?;
@@ -176,42 +223,7 @@ impl Namespace for NamespaceService {
         let r = async {
             let user = m.ids.user(&req)?;
             let q = req.get_ref();
-            let r = m.resolve(&user, &q.path).await?;
-            if let Some(e) = r.entry() {
-                if q.parents && e.kind == Kind::Dir {
-                    return Ok(entry(&r.norm, e));
-                }
-                return Err(Status::already_exists(format!(
-                    "{}: already exists",
-                    r.norm
-                )));
-            }
-            // The deepest existing directory is where something gets created.
-            let base = r.chain.last().expect("root").clone();
-            if base.kind != Kind::Dir {
-                return Err(Status::failed_precondition(format!(
-                    "{}: not a directory",
-                    base.name
-                )));
-            }
-            let shown = {
-                let names: Vec<&str> = r.chain.iter().skip(1).map(|i| i.name.as_str()).collect();
-                format!("/{}", names.join("/"))
-            };
-            perm::require(&user, &base, Access::Write, &shown)?;
-            perm::require(&user, &base, Access::Search, &shown)?;
-            let e = NewEntry {
-                owner: user.name.clone(),
-                group: m.new_group(&user, &base),
-                mode: if q.mode == 0 { 0o755 } else { q.mode & 0o7777 },
-                mtime_ns: now_ns(),
-            };
-            let d = m
-                .catalog
-                .mkdir(&r.norm, &e, q.parents)
-                .await
-                .map_err(status)?;
-            Ok(entry(&r.norm, &d))
+            m.mkdir_as(&user, &q.path, q.mode, q.parents).await
         }
         .await;
         timed(m, "mkdir", t, r)

@@ -3,14 +3,16 @@
 //! report each replica they have written and verified, which is what makes a new file visible.
 //! Every call must come from the node it names (its host certificate's CN).
 
-use crate::state::{Meta, status};
+use crate::state::{Meta, code_of_status, status};
 use api::meta as pb;
 use api::meta::node_service_server::NodeService;
 use catalog::CatalogError;
+use catalog::normalize;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 use tonic::{Request, Response, Status};
+use wire::grant::{Operation, SignedGrant};
 
 /// The node service.
 pub struct NodeServiceImpl {
@@ -185,5 +187,128 @@ impl NodeService for NodeServiceImpl {
             .await
             .map_err(status)?;
         Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn register_outputs(
+        &self,
+        req: Request<pb::RegisterOutputsRequest>,
+    ) -> Result<Response<pb::RegisterOutputsReply>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let caller = m.ids.node(&req)?;
+        let q = req.into_inner();
+        same_node(&caller, &q.node)?;
+        let n = q.files.len() as u64;
+        let r = m.register_outputs(q).await;
+        m.record("register_outputs", t, n, r.is_ok());
+        r.map(Response::new)
+    }
+}
+
+impl Meta {
+    /// Registers the files a task of `haul run` wrote on a node: as the run's user (from the
+    /// run's capability), under the run's output directory, each a pending replica on that
+    /// node until the node reports it written.
+    pub async fn register_outputs(
+        &self,
+        q: pb::RegisterOutputsRequest,
+    ) -> Result<pb::RegisterOutputsReply, Status> {
+        let node = self.node(&q.node).ok_or_else(|| {
+            Status::failed_precondition(format!("node {} is not registered", q.node))
+        })?;
+        let cap = q.capability.ok_or_else(|| {
+            Status::permission_denied("registering outputs needs the run's capability")
+        })?;
+        let signed = SignedGrant {
+            token: cap.token,
+            mac: cap.mac,
+        };
+        // A task may end after its capability's hour: its outputs are taken for a day more.
+        let g = signed
+            .verify(&node.key, &q.node, Operation::Run, 0)
+            .map_err(|e| Status::permission_denied(e.to_string()))?;
+        if catalog::now_ms() > g.expires_ms + 86_400_000 {
+            return Err(Status::permission_denied(
+                "the run's capability has expired",
+            ));
+        }
+        let user = self.ids.user_named(&g.user);
+        let dir = normalize(&q.dir).map_err(status)?;
+        let mut results: Vec<pb::OutputResult> = q
+            .files
+            .iter()
+            .map(|f| pb::OutputResult {
+                name: f.name.clone(),
+                ..Default::default()
+            })
+            .collect();
+        let mut want = Vec::new();
+        let mut index = HashMap::new();
+        let mut made: HashMap<String, Result<(), Status>> = HashMap::new();
+        for (i, f) in q.files.iter().enumerate() {
+            let fail = |code: &str, message: String| pb::FileError {
+                path: f.name.clone(),
+                code: code.into(),
+                message,
+            };
+            let full = match normalize(&format!("{dir}/{}", f.name)) {
+                Ok(p) if p.starts_with(&format!("{}/", dir.trim_end_matches('/'))) => p,
+                _ => {
+                    results[i].error = Some(fail(
+                        "invalid",
+                        format!("{}: not a name inside {dir}", f.name),
+                    ));
+                    continue;
+                }
+            };
+            let (parent, _) = catalog::parent_and_name(&full).map_err(status)?;
+            if parent != dir {
+                let r = match made.get(&parent) {
+                    Some(r) => r.clone(),
+                    None => {
+                        let r = self.mkdir_as(&user, &parent, 0, true).await.map(|_| ());
+                        made.insert(parent.clone(), r.clone());
+                        r
+                    }
+                };
+                if let Err(s) = r {
+                    results[i].error = Some(fail(code_of_status(&s), s.message().to_string()));
+                    continue;
+                }
+            }
+            index.insert(full.clone(), i);
+            want.push(pb::NewFile {
+                path: full,
+                size: f.size,
+                mode: f.mode,
+                mtime_ns: f.mtime_ns,
+            });
+        }
+        if !want.is_empty() {
+            let req = pb::CreateFilesRequest {
+                files: want,
+                ..Default::default()
+            };
+            let reply = self.create_files_on(&user, &req, Some(&q.node)).await?;
+            for p in reply.placements {
+                for (path, id) in p.paths.iter().zip(p.ids) {
+                    if let Some(&i) = index.get(path) {
+                        results[i].id = id;
+                    }
+                }
+            }
+            // Empty files are complete at once and need no replica.
+            for e in reply.created {
+                if let Some(&i) = index.get(&e.path) {
+                    results[i].id = -1;
+                }
+            }
+            for e in reply.errors {
+                if let Some(&i) = index.get(&e.path) {
+                    results[i].error = Some(e);
+                }
+            }
+        }
+        Ok(pb::RegisterOutputsReply { results })
     }
 }

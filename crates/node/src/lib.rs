@@ -112,6 +112,70 @@ impl Spool for NodeSpool {
             .retryable(true)),
         }
     }
+
+    fn register_outputs(
+        &self,
+        grant: &wire::grant::SignedGrant,
+        dir: &str,
+        files: &[transfer::run::OutputFile],
+    ) -> Result<Vec<Result<i64, ErrorInfo>>, ErrorInfo> {
+        let Some(meta) = self.meta.read().expect("meta lock").clone() else {
+            return Err(ErrorInfo::new(
+                ErrorKind::Connect,
+                "this node has no connection to its metadata server",
+            ));
+        };
+        let req = pb::RegisterOutputsRequest {
+            node: self.name.clone(),
+            capability: Some(pb::Capability {
+                token: grant.token.clone(),
+                mac: grant.mac.clone(),
+            }),
+            dir: dir.to_string(),
+            files: files
+                .iter()
+                .map(|f| pb::OutputFile {
+                    name: f.name.clone(),
+                    size: f.size,
+                    mode: f.mode,
+                    mtime_ns: f.mtime.secs * 1_000_000_000 + f.mtime.nanos as i64,
+                })
+                .collect(),
+        };
+        let r = self.runtime.block_on(async move {
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                meta.nodes.clone().register_outputs(req),
+            )
+            .await
+        });
+        let reply = match r {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(s)) => {
+                return Err(ErrorInfo::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "metadata server refused the outputs: {}",
+                        grid::client::from_status(s)
+                    ),
+                ));
+            }
+            Err(_) => {
+                return Err(ErrorInfo::new(
+                    ErrorKind::Connect,
+                    "metadata server did not answer within 60 s",
+                ));
+            }
+        };
+        Ok(reply
+            .results
+            .into_iter()
+            .map(|r| match r.error {
+                Some(e) => Err(ErrorInfo::new(ErrorKind::Invalid, e.message)),
+                None => Ok(r.id),
+            })
+            .collect())
+    }
 }
 
 /// Why a node stopped.

@@ -1167,3 +1167,36 @@ pub async fn verify(
         }
     }
 }
+
+/// An open run on a storage node: send `Task`s on `writer`, read `TaskDone`s on `reader`.
+pub struct RunChannel {
+    pub user: String,
+    pub slots: u32,
+    pub reader: crate::conn::ControlReader,
+    pub writer: crate::conn::ControlWriter,
+}
+
+/// Opens a run of `spec` on `peer` (a storage node).
+pub async fn start_run(
+    peer: &Peer,
+    spec: wire::control::RunSpec,
+    tls: Option<&ClientTls>,
+) -> Result<RunChannel, TransferError> {
+    let limits = sys::host_limits();
+    let mut s = conn::connect_control(&peer.host, peer.port, tls, &limits).await?;
+    s.writer.send_request(&Request::Run(Box::new(spec))).await?;
+    loop {
+        match s.reader.response().await? {
+            Response::RunReady { user, slots } => {
+                return Ok(RunChannel {
+                    user,
+                    slots,
+                    reader: s.reader,
+                    writer: s.writer,
+                });
+            }
+            Response::Error(e) => return Err(e.into()),
+            _ => {}
+        }
+    }
+}

@@ -360,6 +360,20 @@ async fn control(
                 writer.send_response(&reply).await?;
             }
             Request::Cancel => {}
+            Request::Run(spec) => match &ep.cfg.spool {
+                Some(sp) => {
+                    crate::run::serve(sp.clone(), &ep.cfg.root, &mut reader, &mut writer, *spec)
+                        .await?
+                }
+                None => {
+                    let e = ErrorInfo::new(ErrorKind::Unsupported, "only storage nodes run tasks");
+                    writer.send_response(&Response::Error(e)).await?;
+                }
+            },
+            Request::Task(_) | Request::RunEnd => {
+                let e = ErrorInfo::new(ErrorKind::Protocol, "no run is open on this connection");
+                writer.send_response(&Response::Error(e)).await?;
+            }
             Request::Verify { files, grant } => {
                 let reply = match verify_files(&ep, files, grant.as_ref()).await {
                     Ok(r) => Response::Verified(r),

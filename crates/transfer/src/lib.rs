@@ -14,6 +14,7 @@ pub mod faults;
 pub mod pki;
 pub mod pool;
 pub mod progress;
+pub mod run;
 pub mod sink_session;
 pub mod source_session;
 pub mod spool;

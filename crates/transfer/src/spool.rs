@@ -29,6 +29,20 @@ pub trait Spool: Send + Sync {
         digests: &[Digest],
         mtime: Timestamp,
     ) -> Result<(), ErrorInfo>;
+    /// Registers files a task of a run (`grant`) wrote, under grid directory `dir`: each gets a
+    /// file id and a pending replica on this node, or the reason it was refused. Blocking.
+    fn register_outputs(
+        &self,
+        grant: &SignedGrant,
+        dir: &str,
+        files: &[crate::run::OutputFile],
+    ) -> Result<Vec<Result<i64, ErrorInfo>>, ErrorInfo> {
+        let _ = (grant, dir, files);
+        Err(ErrorInfo::new(
+            ErrorKind::Unsupported,
+            "this node cannot register outputs",
+        ))
+    }
 }
 
 /// Checks a request's capability for `op`.

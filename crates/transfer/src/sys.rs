@@ -288,6 +288,62 @@ pub fn cpu_seconds() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// A local account from the password database.
+pub struct LocalUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub home: std::path::PathBuf,
+}
+
+/// Looks `name` up in the password database (getpwnam_r: libc has no safe wrapper in std).
+pub fn lookup_user(name: &str) -> Option<LocalUser> {
+    use std::ffi::{CStr, CString};
+    let cname = CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: passwd is plain data; getpwnam_r writes into it and `buf`, both outliving the
+    // call, and sets `result` to null or to `pw`.
+    unsafe {
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwnam_r(
+            cname.as_ptr(),
+            &mut pw,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        );
+        if rc != 0 || result.is_null() {
+            return None;
+        }
+        let home = if pw.pw_dir.is_null() {
+            std::path::PathBuf::from("/")
+        } else {
+            std::path::PathBuf::from(CStr::from_ptr(pw.pw_dir).to_string_lossy().into_owned())
+        };
+        Some(LocalUser {
+            uid: pw.pw_uid,
+            gid: pw.pw_gid,
+            home,
+        })
+    }
+}
+
+/// This process's effective uid.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+/// Kills every process left in process group `pgid` (a finished task's children).
+pub fn kill_group(pgid: u32) {
+    if pgid > 1 {
+        // SAFETY: kill takes plain integers; a group that no longer exists gives ESRCH.
+        unsafe {
+            libc::kill(-(pgid as i32), libc::SIGKILL);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -170,6 +170,58 @@ pub enum Request {
         files: Vec<ListedFile>,
         grant: Option<SignedGrant>,
     },
+    /// Storage nodes: start running `argv` on replicas, at most `parallel` processes at a time,
+    /// as the user a `Run` grant names; answered by `RunReady`, then one `TaskDone` per `Task`,
+    /// then `RunDone` after `RunEnd`.
+    Run(Box<RunSpec>),
+    /// One task of the running `Run`: the command on one replica.
+    Task(RunTask),
+    /// No more tasks: answer `RunDone` when the running ones have finished.
+    RunEnd,
+}
+
+/// A command to run on replicas where they are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// Program and arguments; `{}` becomes the replica's local path, `{name}` the grid file's
+    /// name, `{path}` its grid path, `{out}` the task's output directory.
+    pub argv: Vec<String>,
+    /// Grid directory where files written to `{out}` are registered (empty: none).
+    pub output: String,
+    pub parallel: u32,
+    /// Seconds a task may run before it is killed (0: no limit).
+    pub timeout_s: u32,
+    pub grant: Option<SignedGrant>,
+}
+
+/// One task: the command on one file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunTask {
+    pub task: u64,
+    /// The replica (locator: file id; name: grid path). An empty locator runs on an empty
+    /// input (empty files have no replicas).
+    pub file: ListedFile,
+}
+
+/// How a task ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskResult {
+    pub task: u64,
+    /// Exit status, if the process exited.
+    pub exit: Option<i32>,
+    /// Signal that killed it, if one did.
+    pub signal: Option<i32>,
+    /// The first bytes of its standard output and error.
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Bytes of output beyond what was kept.
+    pub truncated: u64,
+    /// From start to exit, on the node.
+    pub micros: u64,
+    /// Output files registered in the grid: (grid path, size).
+    pub outputs: Vec<(String, u64)>,
+    /// The task could not run, or its outputs could not be registered.
+    pub error: Option<ErrorInfo>,
 }
 
 /// What a node found when it re-read a replica.
@@ -264,6 +316,13 @@ pub enum Response {
     Stat(Option<EntryInfo>),
     Error(ErrorInfo),
     Verified(Vec<VerifyResult>),
+    /// A `Run` was accepted: tasks run as `user`, at most `slots` at a time.
+    RunReady {
+        user: String,
+        slots: u32,
+    },
+    TaskDone(Box<TaskResult>),
+    RunDone,
 }
 
 impl Request {
@@ -431,6 +490,14 @@ mod tests {
                 files: vec![],
                 grant: None,
             },
+            Request::Run(Box::new(RunSpec {
+                argv: vec!["wc".into(), "-l".into(), "{}".into()],
+                output: "/out".into(),
+                parallel: 4,
+                timeout_s: 0,
+                grant: None,
+            })),
+            Request::RunEnd,
         ];
         let mut fb = FrameBuffer::new();
         for r in &reqs {
@@ -440,11 +507,23 @@ mod tests {
             let (h, body) = fb.next_frame(limits).unwrap().unwrap();
             assert_eq!(&decode_request(h, &body).unwrap(), r);
         }
-        let resp = Response::Error(ErrorInfo::new(ErrorKind::Unmapped, "who are you"));
-        fb.extend(&resp.encode());
-        let (h, body) = fb.next_frame(limits).unwrap().unwrap();
-        assert_eq!(decode_response(h, &body).unwrap(), resp);
-        assert!(decode_request(h, &body).is_err());
+        let resps = [
+            Response::TaskDone(Box::new(TaskResult {
+                task: 3,
+                exit: Some(1),
+                stdout: b"12 x\n".to_vec(),
+                outputs: vec![("/out/x.txt".into(), 5)],
+                ..Default::default()
+            })),
+            Response::RunDone,
+            Response::Error(ErrorInfo::new(ErrorKind::Unmapped, "who are you")),
+        ];
+        for resp in resps {
+            fb.extend(&resp.encode());
+            let (h, body) = fb.next_frame(limits).unwrap().unwrap();
+            assert_eq!(decode_response(h, &body).unwrap(), resp);
+            assert!(decode_request(h, &body).is_err());
+        }
     }
 
     #[test]

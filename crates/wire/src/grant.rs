@@ -17,6 +17,9 @@ pub enum Operation {
     Write,
     /// Recompute checksums of replicas (verification).
     Verify,
+    /// Run the grant's user's command on replicas (file-affinity computing), and register the
+    /// files it writes in the output directory.
+    Run,
 }
 
 /// The content of a capability.

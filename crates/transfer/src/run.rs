@@ -1,0 +1,707 @@
+//! File-affinity computing on a storage node ("owner computes", seed 000): runs a user's
+//! command on replicas held here, as the local account the grid identity maps to (never root),
+//! collects each task's exit status and the head of its output, and registers the files a task
+//! leaves in its output directory with the metadata server as new replicas on this node.
+//!
+//! One `Run` request opens a run on a control connection; the client then streams `Task`s and
+//! receives a `TaskDone` for each as it finishes, so the client keeps every node's slots full
+//! without a round trip per scheduling decision.
+
+use crate::TransferError;
+use crate::conn::{ControlReader, ControlWriter};
+use crate::spool::{self, Spool};
+use cap_std::fs::Dir;
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{Semaphore, mpsc};
+use wire::checksum::Digest;
+use wire::control::{Request, Response, RunSpec, RunTask, TaskResult};
+use wire::data::Timestamp;
+use wire::error::{ErrorInfo, ErrorKind};
+use wire::grant::{Grant, Operation, SignedGrant};
+
+/// Bytes of each of stdout and stderr kept per task.
+pub const OUTPUT_KEPT: usize = 64 * 1024;
+/// Most processes a node runs at once for one run.
+pub const MAX_SLOTS: u32 = 256;
+/// Where task directories live, under the node's root.
+pub const RUN_DIR: &str = ".run";
+
+/// A file a task left in its output directory, to register.
+#[derive(Clone, Debug)]
+pub struct OutputFile {
+    /// Path relative to the output directory (`/`-separated).
+    pub name: String,
+    pub size: u64,
+    pub digests: Vec<Digest>,
+    pub mtime: Timestamp,
+    pub mode: u32,
+}
+
+/// A local account tasks run as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Account {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+/// Looks up the local account `name`; refuses root and accounts this process cannot become.
+pub fn account(name: &str, node: &str) -> Result<Account, ErrorInfo> {
+    let denied = |m: String| ErrorInfo::new(ErrorKind::PermissionDenied, m);
+    let acct = crate::sys::lookup_user(name).ok_or_else(|| {
+        denied(format!(
+            "node {node} has no local account {name:?} to run tasks as (the grid identity maps to the local account of the same name)"
+        ))
+    })?;
+    if acct.uid == 0 {
+        return Err(denied(format!(
+            "node {node} never runs tasks as root: map the certificate to an unprivileged account"
+        )));
+    }
+    let me = crate::sys::effective_uid();
+    if me != 0 && me != acct.uid {
+        return Err(denied(format!(
+            "node {node} runs as uid {me} and cannot start processes as {name} (uid {}); run the node as root to run tasks for other users",
+            acct.uid
+        )));
+    }
+    Ok(Account {
+        name: name.to_string(),
+        uid: acct.uid,
+        gid: acct.gid,
+        home: acct.home,
+    })
+}
+
+/// What a run needs to start tasks.
+struct RunCtx {
+    spool: Arc<dyn Spool>,
+    root: PathBuf,
+    run_id: String,
+    spec: RunSpec,
+    grant: Grant,
+    signed: SignedGrant,
+    account: Account,
+}
+
+/// Serves one `Run` on a control connection until `RunEnd` and the last task.
+pub async fn serve(
+    spool: Arc<dyn Spool>,
+    root: &Path,
+    reader: &mut ControlReader,
+    writer: &mut ControlWriter,
+    spec: RunSpec,
+) -> Result<(), TransferError> {
+    let ctx = match prepare(spool, root, spec) {
+        Ok(c) => Arc::new(c),
+        Err(e) => return writer.send_response(&Response::Error(e)).await,
+    };
+    let slots = ctx.spec.parallel.clamp(1, MAX_SLOTS);
+    writer
+        .send_response(&Response::RunReady {
+            user: ctx.account.name.clone(),
+            slots,
+        })
+        .await?;
+    tracing::info!(run = %ctx.run_id, user = %ctx.account.name, slots, argv = ?ctx.spec.argv, "run started");
+    let (task_tx, mut task_rx) = mpsc::unbounded_channel::<RunTask>();
+    let stop = tokio_util::sync::CancellationToken::new();
+    // Requests are read in their own future (never cancelled mid-frame) while results are
+    // written by the other.
+    let read = async {
+        let r = loop {
+            match reader.request().await {
+                Ok(Some(Request::Task(t))) => {
+                    if task_tx.send(t).is_err() {
+                        break Ok(());
+                    }
+                }
+                Ok(Some(Request::RunEnd)) => break Ok(()),
+                Ok(Some(Request::Cancel)) | Ok(None) => {
+                    stop.cancel();
+                    break Ok(());
+                }
+                Ok(Some(other)) => {
+                    stop.cancel();
+                    break Err(TransferError::Protocol(format!(
+                        "unexpected request during a run: {other:?}"
+                    )));
+                }
+                Err(e) => {
+                    stop.cancel();
+                    break Err(e);
+                }
+            }
+        };
+        drop(task_tx);
+        r
+    };
+    let run = async {
+        let sem = Arc::new(Semaphore::new(slots as usize));
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<TaskResult>();
+        let mut running = 0usize;
+        let mut open = true;
+        let mut failed: Option<TransferError> = None;
+        loop {
+            tokio::select! {
+                t = task_rx.recv(), if open => match t {
+                    Some(t) => {
+                        running += 1;
+                        let (ctx, sem, done, stop) = (ctx.clone(), sem.clone(), done_tx.clone(), stop.clone());
+                        tokio::spawn(async move {
+                            let _permit = sem.acquire_owned().await;
+                            let r = tokio::select! {
+                                r = run_task(&ctx, &t) => r,
+                                _ = stop.cancelled() => TaskResult {
+                                    task: t.task,
+                                    error: Some(ErrorInfo::new(ErrorKind::Cancelled, "run cancelled")),
+                                    ..Default::default()
+                                },
+                            };
+                            let _ = done.send(r);
+                        });
+                    }
+                    None => open = false,
+                },
+                r = done_rx.recv(), if running > 0 => {
+                    let Some(r) = r else { break };
+                    running -= 1;
+                    if failed.is_none()
+                        && let Err(e) = writer.send_response(&Response::TaskDone(Box::new(r))).await
+                    {
+                        stop.cancel();
+                        failed = Some(e);
+                    }
+                }
+                else => break,
+            }
+            if !open && running == 0 {
+                break;
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => writer.send_response(&Response::RunDone).await,
+        }
+    };
+    let (r1, r2) = tokio::join!(read, run);
+    cleanup_run_dir(&ctx);
+    tracing::info!(run = %ctx.run_id, "run finished");
+    r1.and(r2)
+}
+
+fn prepare(spool: Arc<dyn Spool>, root: &Path, spec: RunSpec) -> Result<RunCtx, ErrorInfo> {
+    let signed = spec.grant.clone().ok_or_else(|| {
+        ErrorInfo::new(
+            ErrorKind::PermissionDenied,
+            "a run needs a capability from the metadata server (use haul run)",
+        )
+    })?;
+    let grant = spool::check(spool.as_ref(), Some(&signed), Operation::Run)?;
+    if spec.argv.is_empty() || spec.argv[0].is_empty() {
+        return Err(ErrorInfo::new(ErrorKind::Invalid, "no command to run"));
+    }
+    let account = account(&grant.user, &spool.node())?;
+    let root = std::fs::canonicalize(root).map_err(|e| crate::error::io_info("node root", &e))?;
+    let run_id = format!("{:016x}", rand::random::<u64>());
+    let base = root.join(RUN_DIR);
+    for d in [base.clone(), base.join(&run_id)] {
+        match std::fs::create_dir(&d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(crate::error::io_info(&d.display().to_string(), &e)),
+        }
+        // Others may pass through to their own task directories, not list them.
+        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711));
+    }
+    Ok(RunCtx {
+        spool,
+        root,
+        run_id,
+        spec,
+        grant,
+        signed,
+        account,
+    })
+}
+
+fn cleanup_run_dir(ctx: &RunCtx) {
+    let _ = std::fs::remove_dir_all(ctx.root.join(RUN_DIR).join(&ctx.run_id));
+}
+
+/// `{}` → input, `{name}`, `{path}`, `{out}`.
+pub fn substitute(argv: &[String], input: &str, grid_path: &str, out: &str) -> Vec<String> {
+    let name = grid_path.rsplit('/').next().unwrap_or(grid_path);
+    argv.iter()
+        .map(|a| {
+            a.replace("{}", input)
+                .replace("{name}", name)
+                .replace("{path}", grid_path)
+                .replace("{out}", out)
+        })
+        .collect()
+}
+
+/// Runs one task. Only a missing replica is worth trying on another node (the error is
+/// marked retryable); a task that ran, timed out or could not start is final.
+async fn run_task(ctx: &RunCtx, t: &RunTask) -> TaskResult {
+    let mut r = run_task_here(ctx, t).await;
+    if let Some(e) = &mut r.error {
+        e.retryable = e.retryable && e.kind == ErrorKind::NotFound;
+    }
+    r
+}
+
+async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
+    let mut result = TaskResult {
+        task: t.task,
+        ..Default::default()
+    };
+    let node = ctx.spool.node();
+    // The replica this task reads.
+    let input = if t.file.locator.is_empty() {
+        PathBuf::from("/dev/null")
+    } else {
+        let id = match spool::parse_id(&t.file.locator) {
+            Ok(id) => id,
+            Err(e) => {
+                result.error = Some(e);
+                return result;
+            }
+        };
+        if let Err(e) = ctx.grant.covers([id]) {
+            result.error = Some(ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()));
+            return result;
+        }
+        let p = ctx.root.join(ctx.spool.path_of(id));
+        if !p.is_file() {
+            result.error = Some(
+                ErrorInfo::new(
+                    ErrorKind::NotFound,
+                    format!("{}: replica missing on node {node}", t.file.name),
+                )
+                .retryable(true),
+            );
+            return result;
+        }
+        p
+    };
+    let task_rel = PathBuf::from(RUN_DIR)
+        .join(&ctx.run_id)
+        .join(format!("t{}", t.task));
+    let task_dir = ctx.root.join(&task_rel);
+    if let Err(e) = make_task_dir(&task_dir, &ctx.account) {
+        result.error = Some(crate::error::io_info("task directory", &e));
+        return result;
+    }
+    let argv = substitute(
+        &ctx.spec.argv,
+        &input.to_string_lossy(),
+        &t.file.name,
+        &task_dir.to_string_lossy(),
+    );
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", &ctx.account.home)
+        .env("USER", &ctx.account.name)
+        .env("LOGNAME", &ctx.account.name)
+        .env("HAUL_INPUT", &input)
+        .env("HAUL_OUTPUT", &task_dir)
+        .env("HAUL_GRID_PATH", &t.file.name)
+        .env("HAUL_NODE", &node)
+        .env("HAUL_TASK", t.task.to_string())
+        .current_dir(&task_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if crate::sys::effective_uid() == 0 {
+        // std drops supplementary groups when it changes the uid as root.
+        cmd.uid(ctx.account.uid).gid(ctx.account.gid);
+    }
+    let started = Instant::now();
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let (kind, why) = match e.kind() {
+                std::io::ErrorKind::NotFound => (ErrorKind::NotFound, "command not found"),
+                std::io::ErrorKind::PermissionDenied => {
+                    (ErrorKind::PermissionDenied, "permission denied")
+                }
+                _ => (ErrorKind::Io, "cannot start"),
+            };
+            result.error = Some(ErrorInfo::new(
+                kind,
+                format!("{}: {why} on node {node} ({e})", argv[0]),
+            ));
+            let _ = std::fs::remove_dir_all(&task_dir);
+            return result;
+        }
+    };
+    let pgid = child.id();
+    let (out, err) = (child.stdout.take(), child.stderr.take());
+    let collect = async {
+        let (a, b) = tokio::join!(read_head(out), read_head(err));
+        let status = child.wait().await;
+        (a, b, status)
+    };
+    let timeout = match ctx.spec.timeout_s {
+        0 => Duration::MAX,
+        s => Duration::from_secs(s as u64),
+    };
+    let outcome = tokio::time::timeout(timeout, collect).await;
+    // Whatever the task left running in its process group ends with it.
+    if let Some(pg) = pgid {
+        crate::sys::kill_group(pg);
+    }
+    result.micros = started.elapsed().as_micros() as u64;
+    match outcome {
+        Err(_) => {
+            result.error = Some(ErrorInfo::new(
+                ErrorKind::Stalled,
+                format!(
+                    "{}: killed after {} s on node {node}",
+                    t.file.name, ctx.spec.timeout_s
+                ),
+            ));
+        }
+        Ok(((out, t1), (err, t2), status)) => {
+            result.stdout = out;
+            result.stderr = err;
+            result.truncated = t1 + t2;
+            match status {
+                Ok(s) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    result.exit = s.code();
+                    result.signal = s.signal();
+                }
+                Err(e) => result.error = Some(crate::error::io_info("waiting for the task", &e)),
+            }
+        }
+    }
+    if !ctx.spec.output.is_empty() && result.error.is_none() {
+        let (root, rel, spool, signed, output, uid) = (
+            ctx.root.clone(),
+            task_rel.clone(),
+            ctx.spool.clone(),
+            ctx.signed.clone(),
+            ctx.spec.output.clone(),
+            ctx.account.uid,
+        );
+        let r = tokio::task::spawn_blocking(move || {
+            register_outputs(&root, &rel, spool.as_ref(), &signed, &output, uid)
+        })
+        .await;
+        match r {
+            Ok(Ok((outs, notes))) => {
+                result.outputs = outs;
+                for n in notes {
+                    result
+                        .stderr
+                        .extend_from_slice(format!("haul: {n}\n").as_bytes());
+                }
+            }
+            Ok(Err(e)) => result.error = Some(e),
+            Err(e) => {
+                result.error = Some(ErrorInfo::new(
+                    ErrorKind::Io,
+                    format!("registering outputs failed: {e}"),
+                ))
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&task_dir);
+    result
+}
+
+fn make_task_dir(dir: &Path, acct: &Account) -> std::io::Result<()> {
+    std::fs::create_dir(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    if crate::sys::effective_uid() == 0 {
+        std::os::unix::fs::chown(dir, Some(acct.uid), Some(acct.gid))?;
+    }
+    Ok(())
+}
+
+/// Reads a task's stream, keeping its first [`OUTPUT_KEPT`] bytes; returns them and how many
+/// more there were.
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(r: Option<R>) -> (Vec<u8>, u64) {
+    let Some(mut r) = r else {
+        return (Vec::new(), 0);
+    };
+    let mut kept = Vec::new();
+    let mut extra = 0u64;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return (kept, extra),
+            Ok(n) => {
+                let room = OUTPUT_KEPT.saturating_sub(kept.len()).min(n);
+                kept.extend_from_slice(&buf[..room]);
+                extra += (n - room) as u64;
+            }
+        }
+    }
+}
+
+/// Output files registered (grid path, size), and notes on files that were not.
+type Registered = (Vec<(String, u64)>, Vec<String>);
+
+/// Moves the files a task left under `task_rel` into the spool and registers them under
+/// `output` in the grid. Files are first renamed into a directory only the node can reach, so
+/// the task's account can no longer swap them for links, and must be regular files with one
+/// link owned by that account.
+fn register_outputs(
+    root: &Path,
+    task_rel: &Path,
+    spool: &dyn Spool,
+    grant: &SignedGrant,
+    output: &str,
+    uid: u32,
+) -> Result<Registered, ErrorInfo> {
+    use cap_std::fs::MetadataExt;
+    let io = |what: &str, e: std::io::Error| crate::error::io_info(what, &e);
+    let root_dir = Dir::open_ambient_dir(root, cap_std::ambient_authority())
+        .map_err(|e| io("node root", e))?;
+    let task_dir = root_dir
+        .open_dir(task_rel)
+        .map_err(|e| io("task directory", e))?;
+    let stage_rel = task_rel.with_extension("stage");
+    root_dir
+        .create_dir(&stage_rel)
+        .map_err(|e| io("staging directory", e))?;
+    let stage = root_dir
+        .open_dir(&stage_rel)
+        .map_err(|e| io("staging directory", e))?;
+    let mut notes = Vec::new();
+    let mut staged: Vec<(String, String)> = Vec::new();
+    collect(&task_dir, "", &stage, &mut staged, &mut notes, 0)?;
+    let mut files = Vec::new();
+    let mut kept = Vec::new();
+    for (name, sname) in staged {
+        let m = match stage.symlink_metadata(&sname) {
+            Ok(m) => m,
+            Err(e) => {
+                notes.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        if !m.is_file() || m.nlink() != 1 || (crate::sys::effective_uid() == 0 && m.uid() != uid) {
+            notes.push(format!(
+                "{name}: not registered (not a regular file with one link owned by the task's account)"
+            ));
+            continue;
+        }
+        // The replica belongs to the node from now on.
+        let f = stage.open(&sname).map_err(|e| io(&name, e))?.into_std();
+        if crate::sys::effective_uid() == 0 {
+            let _ = std::os::unix::fs::fchown(&f, Some(0), Some(0));
+        }
+        let mode = m.mode() & 0o777;
+        let _ = f.set_permissions(std::fs::Permissions::from_mode(0o644));
+        let (size, digests) = checksum(f).map_err(|e| io(&name, e))?;
+        let mtime = m
+            .modified()
+            .ok()
+            .and_then(|t| t.into_std().duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| Timestamp {
+                secs: d.as_secs() as i64,
+                nanos: d.subsec_nanos(),
+            })
+            .unwrap_or_default();
+        files.push(OutputFile {
+            name: name.clone(),
+            size,
+            digests,
+            mtime,
+            mode,
+        });
+        kept.push(sname);
+    }
+    let mut registered = Vec::new();
+    if !files.is_empty() {
+        let ids = spool.register_outputs(grant, output, &files)?;
+        for ((f, sname), id) in files.iter().zip(&kept).zip(ids) {
+            let grid_path = format!("{}/{}", output.trim_end_matches('/'), f.name);
+            let id = match id {
+                Ok(id) => id,
+                Err(e) => {
+                    notes.push(format!("{grid_path}: not registered: {}", e.message));
+                    continue;
+                }
+            };
+            if id < 0 {
+                // An empty file: complete in the catalog, no replica to keep.
+                let _ = stage.remove_file(sname);
+                registered.push((grid_path, 0));
+                continue;
+            }
+            let dest = spool.path_of(id);
+            if let Some(parent) = dest.parent() {
+                root_dir
+                    .create_dir_all(parent)
+                    .map_err(|e| io("spool directory", e))?;
+            }
+            stage
+                .rename(sname, &root_dir, &dest)
+                .map_err(|e| io(&grid_path, e))?;
+            match spool.committed(id, f.size, &f.digests, f.mtime) {
+                Ok(()) => registered.push((grid_path, f.size)),
+                Err(e) => {
+                    let _ = root_dir.remove_file(&dest);
+                    notes.push(format!("{grid_path}: not registered: {}", e.message));
+                }
+            }
+        }
+    }
+    let _ = root_dir.remove_dir_all(&stage_rel);
+    Ok((registered, notes))
+}
+
+/// Renames every regular file below `dir` into `stage` (flat names), depth-first.
+fn collect(
+    dir: &Dir,
+    prefix: &str,
+    stage: &Dir,
+    staged: &mut Vec<(String, String)>,
+    notes: &mut Vec<String>,
+    depth: usize,
+) -> Result<(), ErrorInfo> {
+    const MAX_OUTPUTS: usize = 10_000;
+    let entries = dir
+        .entries()
+        .map_err(|e| crate::error::io_info("task directory", &e))?;
+    let mut names: Vec<(String, cap_std::fs::FileType)> = Vec::new();
+    for e in entries.flatten() {
+        let Ok(ft) = e.file_type() else { continue };
+        match e.file_name().into_string() {
+            Ok(n) => names.push((n, ft)),
+            Err(n) => notes.push(format!("{n:?}: not registered (name is not UTF-8)")),
+        }
+    }
+    names.sort_by(|a, b| a.0.cmp(&b.0));
+    for (n, ft) in names {
+        let rel = if prefix.is_empty() {
+            n.clone()
+        } else {
+            format!("{prefix}/{n}")
+        };
+        if ft.is_dir() && depth < 16 {
+            if let Ok(sub) = dir.open_dir(&n) {
+                collect(&sub, &rel, stage, staged, notes, depth + 1)?;
+            }
+        } else if ft.is_file() {
+            if staged.len() >= MAX_OUTPUTS {
+                notes.push(format!(
+                    "{rel}: not registered (more than {MAX_OUTPUTS} outputs)"
+                ));
+                continue;
+            }
+            let sname = format!("{}", staged.len());
+            match dir.rename(&n, stage, &sname) {
+                Ok(()) => staged.push((rel, sname)),
+                Err(e) => notes.push(format!("{rel}: {e}")),
+            }
+        } else {
+            notes.push(format!("{rel}: not registered (not a regular file)"));
+        }
+    }
+    Ok(())
+}
+
+fn checksum(mut f: std::fs::File) -> std::io::Result<(u64, Vec<Digest>)> {
+    let mut crc = 0u32;
+    let mut size = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                crc = wire::checksum::crc32c_append(crc, &buf[..n]);
+                size += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((
+        size,
+        vec![Digest {
+            algorithm: wire::checksum::Algorithm::Crc32c,
+            value: crc.to_be_bytes().to_vec(),
+        }],
+    ))
+}
+
+/// Counts tasks by how they ended (for summaries).
+pub fn tally(results: &[TaskResult]) -> HashMap<&'static str, usize> {
+    let mut m = HashMap::new();
+    for r in results {
+        let k = if r.error.is_some() {
+            "error"
+        } else if r.exit == Some(0) {
+            "ok"
+        } else {
+            "failed"
+        };
+        *m.entry(k).or_insert(0) += 1;
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_substituted_everywhere() {
+        let argv: Vec<String> = ["sh", "-c", "wc -c {} > {out}/{name}.n", "{path}"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let got = substitute(&argv, "/n/data/01/02/x", "/cmip/tas/a.nc", "/n/.run/r/t1");
+        assert_eq!(
+            got,
+            [
+                "sh",
+                "-c",
+                "wc -c /n/data/01/02/x > /n/.run/r/t1/a.nc.n",
+                "/cmip/tas/a.nc"
+            ]
+        );
+    }
+
+    #[test]
+    fn root_is_refused_and_unknown_accounts_are_named() {
+        let e = account("root", "n1").unwrap_err();
+        assert!(
+            e.message.contains("never runs tasks as root"),
+            "{}",
+            e.message
+        );
+        let e = account("no-such-user-xyz", "n1").unwrap_err();
+        assert!(e.message.contains("no local account"), "{}", e.message);
+    }
+
+    #[test]
+    fn only_the_head_of_a_stream_is_kept() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let data = vec![b'x'; OUTPUT_KEPT + 100];
+        let (kept, extra) = rt.block_on(read_head(Some(&data[..])));
+        assert_eq!(kept.len(), OUTPUT_KEPT);
+        assert_eq!(extra, 100);
+    }
+}
