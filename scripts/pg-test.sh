@@ -24,6 +24,6 @@ if ! su postgres -c "$B/pg_ctl -D $DATA status" >/dev/null 2>&1; then
   rm -rf "$DATA"
   mkdir -p "$DATA" && chown postgres "$DATA"
   su postgres -c "$B/initdb -D $DATA -A trust -U haul --no-instructions" >/dev/null
-  su postgres -c "$B/pg_ctl -D $DATA -l $DATA/log -o '-p $PORT -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200' -w start" >/dev/null
+  su postgres -c "$B/pg_ctl -D $DATA -l $DATA/log -o '-p $PORT -k /tmp -c listen_addresses=127.0.0.1 -c fsync=${HAUL_PG_FSYNC:-off} -c max_connections=200' -w start" >/dev/null
 fi
 echo "postgres://haul@127.0.0.1:$PORT/postgres"

@@ -16,8 +16,9 @@ Exit codes:
        the exported root)
   7    data did not verify against the source checksum (after all retries)
   8    transfer stalled: no data moved for --stall-timeout (after all retries)
-    9    protocol error (malformed data from the peer, version mismatch)
+  9    protocol error (malformed data from the peer, version mismatch)
   130  interrupted
+  141  standard output was closed before everything was printed (| head)
 
 In the grid (haul://META/path): 3 no such file or directory; 4 metadata server,
 storage node or catalog database unreachable, or no healthy replica; 5 permission

@@ -123,7 +123,7 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
         Err(e) => {
             if a.json {
                 let v = serde_json::json!({ "error": e.to_string(), "exit_code": e.exit_code() });
-                println!("{v}");
+                out!("{v}");
             }
             Err(e)
         }
@@ -180,7 +180,7 @@ fn print_json(r: &CopyReport, code: u8) {
     if let Some(obj) = v.as_object_mut() {
         obj.insert("exit_code".into(), code.into());
     }
-    println!("{v}");
+    out!("{v}");
 }
 
 fn summary_line(r: &CopyReport) -> String {

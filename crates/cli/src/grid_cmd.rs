@@ -133,9 +133,9 @@ pub async fn ls(a: LsArgs) -> Result<u8, TransferError> {
         }
         if many {
             if i > 0 {
-                println!();
+                out!();
             }
-            println!("{p}:");
+            out!("{p}:");
         }
         for e in &entries {
             if a.long {
@@ -144,7 +144,7 @@ pub async fn ls(a: LsArgs) -> Result<u8, TransferError> {
                 } else {
                     e.size.to_string()
                 };
-                println!(
+                out!(
                     "{} {:<8} {:<8} {:>12} {} {}",
                     mode_string(e),
                     e.owner,
@@ -154,12 +154,12 @@ pub async fn ls(a: LsArgs) -> Result<u8, TransferError> {
                     name_of(&e.path)
                 );
             } else {
-                println!("{}", name_of(&e.path));
+                out!("{}", name_of(&e.path));
             }
         }
     }
     if a.p.json {
-        println!("{}", serde_json::Value::Array(all));
+        out!("{}", serde_json::Value::Array(all));
     }
     Ok(0)
 }
@@ -172,28 +172,28 @@ pub async fn stat(a: PathsArgs) -> Result<u8, TransferError> {
         if a.json {
             out.push(entry_json(&e));
         } else {
-            println!("  path: {}", e.path);
-            println!(
+            out!("  path: {}", e.path);
+            out!(
                 "  type: {}   id: {}",
                 if e.is_dir { "directory" } else { "file" },
                 e.id
             );
-            println!("  size: {} ({})", e.size, wire::units::format_bytes(e.size));
-            println!(
+            out!("  size: {} ({})", e.size, wire::units::format_bytes(e.size));
+            out!(
                 "  mode: {:04o} ({})   owner: {}   group: {}",
                 e.mode,
                 mode_string(&e),
                 e.owner,
                 e.group
             );
-            println!("  mtime: {}", when(e.mtime_ns));
+            out!("  mtime: {}", when(e.mtime_ns));
             if !e.checksum.is_empty() {
-                println!("  checksum: {}", e.checksum);
+                out!("  checksum: {}", e.checksum);
             }
         }
     }
     if a.json {
-        println!("{}", serde_json::Value::Array(out));
+        out!("{}", serde_json::Value::Array(out));
     }
     Ok(0)
 }
@@ -227,7 +227,7 @@ pub async fn rm(a: RmArgs) -> Result<u8, TransferError> {
         total += m.remove(p, a.recursive).await?;
     }
     if a.p.json {
-        println!("{}", json!({ "removed": total }));
+        out!("{}", json!({ "removed": total }));
     }
     Ok(0)
 }
@@ -275,7 +275,7 @@ pub async fn xattr(c: XattrCommand) -> Result<u8, TransferError> {
             let (m, p) = connect_for(std::slice::from_ref(&a.path), &a.creds).await?;
             match m.xattr_get(&p[0], &a.name).await? {
                 Some(v) => {
-                    println!("{}", String::from_utf8_lossy(&v));
+                    out!("{}", String::from_utf8_lossy(&v));
                     Ok(0)
                 }
                 None => Err(TransferError::NotFound(format!(
@@ -307,12 +307,12 @@ pub async fn xattr(c: XattrCommand) -> Result<u8, TransferError> {
                     out.insert(p.clone(), obj.into());
                 } else {
                     for x in attrs {
-                        println!("{}={}", x.name, String::from_utf8_lossy(&x.value));
+                        out!("{}={}", x.name, String::from_utf8_lossy(&x.value));
                     }
                 }
             }
             if a.json {
-                println!("{}", serde_json::Value::Object(out));
+                out!("{}", serde_json::Value::Object(out));
             }
             Ok(0)
         }
@@ -335,9 +335,9 @@ pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
             }));
             continue;
         }
-        println!("{} ({} bytes, {})", e.path, e.size, e.checksum);
+        out!("{} ({} bytes, {})", e.path, e.size, e.checksum);
         if w.replicas.is_empty() {
-            println!(
+            out!(
                 "  no replicas{}",
                 if e.size == 0 && !e.is_dir {
                     " (empty file)"
@@ -347,7 +347,7 @@ pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
             );
         }
         for r in &w.replicas {
-            println!(
+            out!(
                 "  {:<16} {:<10} {:<9} {:<5} {}",
                 r.node,
                 r.site,
@@ -358,7 +358,7 @@ pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
         }
     }
     if a.json {
-        println!("{}", serde_json::Value::Array(out));
+        out!("{}", serde_json::Value::Array(out));
     }
     Ok(0)
 }
@@ -382,7 +382,7 @@ pub async fn df(a: GridArgs) -> Result<u8, TransferError> {
     let m = connect(&meta_of(&a)?, &a.creds).await?;
     let d = m.df().await?;
     if a.json {
-        println!(
+        out!(
             "{}",
             json!({
                 "nodes": d.nodes.iter().map(node_json).collect::<Vec<_>>(),
@@ -401,12 +401,18 @@ pub async fn df(a: GridArgs) -> Result<u8, TransferError> {
             cap.saturating_sub(free) as f64 * 100.0 / cap as f64
         }
     };
-    println!(
+    out!(
         "{:<16} {:<10} {:>10} {:>10} {:>10} {:>5} {:>9}  state",
-        "node", "site", "size", "used", "free", "use%", "replicas"
+        "node",
+        "site",
+        "size",
+        "used",
+        "free",
+        "use%",
+        "replicas"
     );
     for n in &d.nodes {
-        println!(
+        out!(
             "{:<16} {:<10} {:>10} {:>10} {:>10} {:>4.0}% {:>9}  {}",
             n.name,
             n.site,
@@ -418,13 +424,17 @@ pub async fn df(a: GridArgs) -> Result<u8, TransferError> {
             if n.up { "up" } else { "DOWN" }
         );
     }
-    println!();
-    println!(
+    out!();
+    out!(
         "{:<16} {:>10} {:>10} {:>10} {:>5}  nodes up",
-        "site", "size", "used", "free", "use%"
+        "site",
+        "size",
+        "used",
+        "free",
+        "use%"
     );
     for s in &d.sites {
-        println!(
+        out!(
             "{:<16} {:>10} {:>10} {:>10} {:>4.0}%  {}/{}",
             s.site,
             wire::units::format_bytes(s.capacity),
@@ -442,7 +452,7 @@ pub async fn nodes(a: GridArgs) -> Result<u8, TransferError> {
     let m = connect(&meta_of(&a)?, &a.creds).await?;
     let nodes = m.nodes().await?;
     if a.json {
-        println!(
+        out!(
             "{}",
             serde_json::Value::Array(nodes.iter().map(node_json).collect())
         );
@@ -452,12 +462,19 @@ pub async fn nodes(a: GridArgs) -> Result<u8, TransferError> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
-    println!(
+    out!(
         "{:<16} {:<10} {:<22} {:<5} {:>10} {:>6} {:>9} {:>10}",
-        "node", "site", "address", "state", "free", "load", "replicas", "heartbeat"
+        "node",
+        "site",
+        "address",
+        "state",
+        "free",
+        "load",
+        "replicas",
+        "heartbeat"
     );
     for n in &nodes {
-        println!(
+        out!(
             "{:<16} {:<10} {:<22} {:<5} {:>10} {:>6.2} {:>9} {:>8.1}s",
             n.name,
             n.site,
@@ -476,12 +493,12 @@ pub async fn whoami(a: GridArgs) -> Result<u8, TransferError> {
     let m = connect(&meta_of(&a)?, &a.creds).await?;
     let id = m.who_am_i().await?;
     if a.json {
-        println!(
+        out!(
             "{}",
             json!({ "user": id.user, "groups": id.groups, "subject": id.subject })
         );
     } else {
-        println!(
+        out!(
             "{} (groups: {}) as {}",
             id.user,
             id.groups.join(","),

@@ -1,6 +1,18 @@
 //! `haul`: the one longhaul binary. Thin over the library crates: parses the command line,
 //! sets up logging and signals, runs the command, and maps errors to documented exit codes.
 
+/// Prints a line on stdout. A closed stdout (`haul ls | head`) ends the program quietly with
+/// status 141, as for tools killed by SIGPIPE, instead of a panic.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let mut o = std::io::stdout().lock();
+        if writeln!(o, $($t)*).is_err() {
+            std::process::exit(141);
+        }
+    }};
+}
+
 mod args;
 mod config;
 mod cp;

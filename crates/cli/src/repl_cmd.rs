@@ -91,7 +91,7 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
         eprintln!("haul: {}", f.message);
     }
     if a.p.json {
-        println!(
+        out!(
             "{}",
             json!({
                 "files": p.files, "copies_needed": p.copies_needed, "copies_made": p.copies_made,
@@ -169,7 +169,7 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
     .map_err(grid::client::from_status)?
     .into_inner();
     if json_out {
-        println!(
+        out!(
             "{}",
             serde_json::Value::Array(
                 reply
@@ -181,7 +181,7 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
         );
     } else if matches!(c, PolicyCommand::List(_)) {
         for p in &reply.policies {
-            println!(
+            out!(
                 "{}  copies={}{}",
                 p.path,
                 p.copies,
@@ -220,7 +220,7 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
     }
     let p = last.ok_or_else(|| TransferError::Connect("no verification result".into()))?;
     if a.p.json {
-        println!(
+        out!(
             "{}",
             json!({
                 "files": p.files, "replicas": p.replicas, "checked": p.checked,
@@ -271,7 +271,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
         .map_err(grid::client::from_status)?
         .into_inner();
     if a.json {
-        println!(
+        out!(
             "{}",
             json!({
                 "policies": st.policies.iter().map(|p| json!({"path": p.path, "copies": p.copies, "sites": p.sites})).collect::<Vec<_>>(),
@@ -284,10 +284,10 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
         );
         return Ok(0);
     }
-    println!("nodes: {} up, {} down", st.nodes_up, st.nodes_down);
-    println!("policies:");
+    out!("nodes: {} up, {} down", st.nodes_up, st.nodes_down);
+    out!("policies:");
     for p in &st.policies {
-        println!(
+        out!(
             "  {}  copies={}{}",
             p.path,
             p.copies,
@@ -298,7 +298,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
             }
         );
     }
-    println!(
+    out!(
         "reconciler: {} files missing copies, {} surplus copies, {} copies being made; {} made and {} removed so far; last pass {:.1} s",
         st.under_replicated,
         st.over_replicated,
@@ -307,9 +307,9 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
         st.removals_done,
         st.last_pass_seconds
     );
-    println!("recent events:");
+    out!("recent events:");
     for e in &st.events {
-        println!("  {e}");
+        out!("  {e}");
     }
     Ok(0)
 }

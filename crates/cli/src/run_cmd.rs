@@ -66,10 +66,7 @@ pub async fn run(a: RunArgs) -> Result<u8, TransferError> {
     };
     let summary = grid::run::run(&meta, &paths, &opts, &show).await?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&summary).expect("serializable")
-        );
+        out!("{}", serde_json::to_string(&summary).expect("serializable"));
     }
     let outputs: usize = summary.tasks.iter().map(|t| t.outputs.len()).sum();
     eprintln!(

@@ -546,10 +546,10 @@ async fn upload(
     let mut exclude: Vec<String> = Vec::new();
     let max_rounds = opts.copy.retry.max_attempts.max(1);
     for round in 1..=max_rounds {
-        tally.attempts = round;
         if todo.is_empty() || cancel.is_cancelled() {
             break;
         }
+        tally.attempts = round;
         let mut jobs = Vec::new();
         let mut all_ids = Vec::new();
         for chunk in todo.chunks(SESSION_FILES) {
@@ -1128,10 +1128,10 @@ async fn within(
     let mut failed_sources: HashSet<String> = HashSet::new();
     let max_rounds = opts.copy.retry.max_attempts.max(1);
     for round in 1..=max_rounds {
-        tally.attempts = round;
         if todo.is_empty() || cancel.is_cancelled() {
             break;
         }
+        tally.attempts = round;
         let by_target: HashMap<String, ReadFile> = todo.iter().cloned().collect();
         let mut jobs = Vec::new();
         for chunk in todo.chunks(SESSION_FILES) {

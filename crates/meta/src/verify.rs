@@ -228,19 +228,30 @@ pub async fn verify_files(
     let mut groups: BTreeMap<u32, Vec<FileState>> = BTreeMap::new();
     let ids: Vec<i64> = bad_files.iter().copied().collect();
     let reps = meta.catalog.replicas_of(&ids).await.unwrap_or_default();
+    let node_list = meta.nodes();
+    let up: std::collections::HashSet<&str> = node_list
+        .iter()
+        .filter(|n| n.node.up)
+        .map(|n| n.node.name.as_str())
+        .collect();
     for f in files
         .into_iter()
         .filter(|f| bad_files.contains(&f.inode.id))
     {
         let replicas = reps.get(&f.inode.id).cloned().unwrap_or_default();
-        let copies = replicas.len() as u32;
+        // Replicas on down nodes are not repaired here (the policy reconciler counts them
+        // out when their node is lost); the damaged ones on live nodes are replaced.
+        let copies = replicas
+            .iter()
+            .filter(|r| up.contains(r.node.as_str()))
+            .count()
+            .max(1) as u32;
         groups
             .entry(copies)
             .or_default()
             .push(FileState { replicas, ..f });
     }
     let progress = Arc::new(Progress::default());
-    let node_list = meta.nodes();
     for (copies, fs) in groups {
         let plan = replication::plan(
             &fs,

@@ -282,15 +282,24 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
             return result;
         }
         let p = ctx.root.join(ctx.spool.path_of(id));
-        if !p.is_file() {
-            result.error = Some(
-                ErrorInfo::new(
-                    ErrorKind::NotFound,
-                    format!("{}: replica missing on node {node}", t.file.name),
-                )
-                .retryable(true),
-            );
-            return result;
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_file() => {
+                // Tasks read replicas in place as the caller's account: a replica made by
+                // a transfer may be owner-only, so it becomes readable (0644), as uploads are.
+                if m.permissions().mode() & 0o004 == 0 {
+                    let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644));
+                }
+            }
+            _ => {
+                result.error = Some(
+                    ErrorInfo::new(
+                        ErrorKind::NotFound,
+                        format!("{}: replica missing on node {node}", t.file.name),
+                    )
+                    .retryable(true),
+                );
+                return result;
+            }
         }
         p
     };

@@ -1,0 +1,870 @@
+//! haul-gridbench: benchmarks of the grid side of longhaul on loopback, each measured in this
+//! run: metadata operations (creates and stats with 8 clients, batched and one at a time,
+//! their latency, SQLite and PostgreSQL), a 1,000,000-file catalog (listing a 10,000-entry
+//! directory, stat latency, the metadata server's memory), `haul run` scheduling overhead over
+//! 1,000 files on 4 nodes, and the time a 2-copy policy takes to restore copies after one of
+//! 4 nodes stops. Writes bench/results/<date>-grid.{md,json}. Run it through `bench/grid`.
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// The haul binary (a release build).
+    #[arg(long)]
+    haul: PathBuf,
+    /// Where results go.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Scratch directory (on disk: the catalog's speed depends on it).
+    #[arg(long, default_value = "/var/tmp/haul-gridbench")]
+    work: PathBuf,
+    /// PostgreSQL URL for the PostgreSQL rows (bench/grid starts a private server).
+    #[arg(long)]
+    postgres: Option<String>,
+    /// Smaller sizes (a check that everything works, not a measurement).
+    #[arg(long)]
+    quick: bool,
+    /// Only these parts: meta, catalog, run, restore (comma separated).
+    #[arg(long)]
+    only: Option<String>,
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Grid {
+    dir: PathBuf,
+    haul: PathBuf,
+    meta: Option<Proc>,
+    meta_addr: String,
+    nodes: Vec<(String, Proc)>,
+}
+
+impl Grid {
+    fn pki(dir: &Path, haul: &Path, nodes: &[&str]) -> Result<()> {
+        let run = |args: &[&str]| -> Result<()> {
+            let st = Command::new(haul)
+                .args(args)
+                .current_dir(dir)
+                .stdout(Stdio::null())
+                .status()?;
+            if !st.success() {
+                bail!("haul {args:?} failed");
+            }
+            Ok(())
+        };
+        run(&["ca", "init", "--dir", "ca"])?;
+        run(&[
+            "cert",
+            "issue",
+            "--ca",
+            "ca",
+            "--out",
+            "meta",
+            "--host",
+            "meta",
+            "--host",
+            "127.0.0.1",
+        ])?;
+        for n in nodes {
+            run(&[
+                "cert",
+                "issue",
+                "--ca",
+                "ca",
+                "--out",
+                n,
+                "--host",
+                n,
+                "--host",
+                "127.0.0.1",
+            ])?;
+        }
+        run(&[
+            "cert", "issue", "--ca", "ca", "--out", "user", "--user", "bench",
+        ])?;
+        // Tasks of `haul run` need an unprivileged local account: `nobody`.
+        std::fs::write(
+            dir.join("mapfile"),
+            "\"/O=longhaul/OU=users/CN=bench\" nobody\n",
+        )?;
+        Ok(())
+    }
+
+    fn start(
+        dir: &Path,
+        haul: &Path,
+        db: Option<&str>,
+        nodes: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Result<Self> {
+        let names: Vec<&str> = nodes.iter().map(|n| n.0).collect();
+        if !dir.join("ca/ca.pem").exists() {
+            std::fs::create_dir_all(dir)?;
+            Self::pki(dir, haul, &names)?;
+        }
+        let mut cmd = Command::new(haul);
+        cmd.args([
+            "meta",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--cert",
+            "meta.pem",
+            "--key",
+            "meta.key",
+            "--ca",
+            "ca/ca.pem",
+            "--mapfile",
+            "mapfile",
+            "--print-addr",
+            "--heartbeat",
+            "500ms",
+            "--node-timeout",
+            "3s",
+            "--reconcile-every",
+            "1s",
+        ])
+        .args(extra)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("meta.log"))?);
+        match db {
+            Some(url) => cmd.args(["--db", url]),
+            None => cmd.args(["--data", "meta-data"]),
+        };
+        let mut child = cmd.spawn().context("starting haul meta serve")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        let meta_addr = line
+            .split_whitespace()
+            .next()
+            .context("meta printed no address (see meta.log)")?
+            .to_string();
+        let mut g = Grid {
+            dir: dir.to_path_buf(),
+            haul: haul.to_path_buf(),
+            meta: Some(Proc(child)),
+            meta_addr,
+            nodes: Vec::new(),
+        };
+        for (n, site) in nodes {
+            g.start_node(n, site)?;
+        }
+        if !nodes.is_empty() {
+            g.wait_nodes(nodes.len())?;
+        }
+        Ok(g)
+    }
+
+    fn start_node(&mut self, n: &str, site: &str) -> Result<()> {
+        let root = self.dir.join("nodes").join(n);
+        std::fs::create_dir_all(&root)?;
+        let child = Command::new(&self.haul)
+            .args(["node", "serve", "--meta"])
+            .arg(format!("haul://{}", self.meta_addr))
+            .args(["--site", site, "--root"])
+            .arg(&root)
+            .args(["--listen", "127.0.0.1:0", "--capacity", "50G", "--cert"])
+            .arg(format!("{n}.pem"))
+            .arg("--key")
+            .arg(format!("{n}.key"))
+            .args(["--ca", "ca/ca.pem"])
+            .current_dir(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join(format!("{n}.log")))?)
+            .spawn()?;
+        self.nodes.push((n.to_string(), Proc(child)));
+        Ok(())
+    }
+
+    fn wait_nodes(&self, want: usize) -> Result<()> {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(30) {
+            if let Ok(v) = self.json(&["nodes", "--json"])
+                && v.as_array()
+                    .map(|a| a.iter().filter(|n| n["up"] == true).count())
+                    .unwrap_or(0)
+                    >= want
+            {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!(
+            "nodes did not come up within 30 s (see {}/*.log)",
+            self.dir.display()
+        )
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.haul);
+        c.args(args)
+            .current_dir(&self.dir)
+            .env("HAUL_CERT", self.dir.join("user.pem"))
+            .env("HAUL_KEY", self.dir.join("user.key"))
+            .env("HAUL_CA", self.dir.join("ca/ca.pem"))
+            .env("HAUL_META", format!("haul://{}", self.meta_addr));
+        c
+    }
+
+    fn ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.cmd(args).output()?;
+        if !out.status.success() {
+            bail!(
+                "haul {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn json(&self, args: &[&str]) -> Result<Value> {
+        Ok(serde_json::from_str(&self.ok(args)?)?)
+    }
+
+    fn meta_rss_mib(&self) -> f64 {
+        let pid = self.meta.as_ref().map(|p| p.0.id()).unwrap_or(0);
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            })
+            .map(|kib| kib / 1024.0)
+            .unwrap_or(0.0)
+    }
+
+    async fn client(&self) -> Result<grid::MetaClient> {
+        let creds = transfer::tls::Credentials::load(&transfer::tls::CredentialPaths {
+            cert: self.dir.join("user.pem"),
+            key: self.dir.join("user.key"),
+            ca: self.dir.join("ca/ca.pem"),
+        })?;
+        let peer = transfer::client::Peer::parse(&self.meta_addr)?;
+        Ok(grid::MetaClient::connect(&peer, transfer::tls::client_config(&creds)?).await?)
+    }
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+const CLIENTS: usize = 8;
+const BATCH: usize = 1000;
+
+/// Creates `per_client` empty files under /bench/<tag>/cN with batched CreateFiles, 8 clients.
+async fn batch_creates(g: &Grid, tag: &str, per_client: usize) -> Result<(f64, Vec<Vec<String>>)> {
+    let c0 = g.client().await?;
+    c0.mkdir(&format!("/bench/{tag}"), 0o755, true).await?;
+    let mut paths = Vec::new();
+    for c in 0..CLIENTS {
+        let dir = format!("/bench/{tag}/c{c}");
+        c0.mkdir(&dir, 0o755, true).await?;
+        paths.push(
+            (0..per_client)
+                .map(|i| format!("{dir}/f{i:07}"))
+                .collect::<Vec<_>>(),
+        );
+    }
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for p in paths.clone() {
+        let m = g.client().await?;
+        tasks.push(tokio::spawn(async move {
+            for chunk in p.chunks(BATCH) {
+                let r = m
+                    .create_files(api::meta::CreateFilesRequest {
+                        files: chunk
+                            .iter()
+                            .map(|p| api::meta::NewFile {
+                                path: p.clone(),
+                                size: 0,
+                                mode: 0o644,
+                                mtime_ns: 0,
+                            })
+                            .collect(),
+                        ..Default::default()
+                    })
+                    .await?;
+                if !r.errors.is_empty() {
+                    anyhow::bail!("create failed: {}", r.errors[0].message);
+                }
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let n = (per_client * CLIENTS) as f64;
+    Ok((n / t.elapsed().as_secs_f64(), paths))
+}
+
+async fn batch_stats(g: &Grid, paths: &[Vec<String>]) -> Result<f64> {
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for p in paths {
+        let p = p.clone();
+        let m = g.client().await?;
+        tasks.push(tokio::spawn(async move {
+            for chunk in p.chunks(BATCH) {
+                let r = m.stat_many(chunk.to_vec()).await?;
+                if r.results.iter().any(|x| x.entry.is_none()) {
+                    anyhow::bail!("stat failed");
+                }
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let n: usize = paths.iter().map(|p| p.len()).sum();
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// One operation per request, 8 clients: rate and latency (ms) p50, p99.
+async fn single_ops(g: &Grid, tag: &str, per_client: usize, op: &str) -> Result<(f64, f64, f64)> {
+    let c0 = g.client().await?;
+    c0.mkdir(&format!("/bench/{tag}"), 0o755, true).await?;
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let m = g.client().await?;
+        let (tag, op) = (tag.to_string(), op.to_string());
+        if op == "create" {
+            m.mkdir(&format!("/bench/{tag}/c{c}"), 0o755, true).await?;
+        }
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per_client);
+            for i in 0..per_client {
+                let t = Instant::now();
+                match op.as_str() {
+                    "create" => {
+                        let r = m
+                            .create_files(api::meta::CreateFilesRequest {
+                                files: vec![api::meta::NewFile {
+                                    path: format!("/bench/{tag}/c{c}/f{i:07}"),
+                                    size: 0,
+                                    mode: 0o644,
+                                    mtime_ns: 0,
+                                }],
+                                ..Default::default()
+                            })
+                            .await?;
+                        if !r.errors.is_empty() {
+                            anyhow::bail!("{}", r.errors[0].message);
+                        }
+                    }
+                    _ => {
+                        m.stat(&format!("/bench/{tag}/c{c}/f{:07}", i % per_client))
+                            .await?;
+                    }
+                }
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            Ok(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let rate = all.len() as f64 / t.elapsed().as_secs_f64();
+    let p50 = pct(&mut all, 0.5);
+    let p99 = pct(&mut all, 0.99);
+    Ok((rate, p50, p99))
+}
+
+async fn meta_suite(g: &Grid, quick: bool) -> Result<Value> {
+    let c = g.client().await?;
+    c.mkdir("/bench", 0o755, true).await?;
+    let per = if quick { 2_000 } else { 25_000 };
+    let (create_rate, paths) = batch_creates(g, "batch", per).await?;
+    let stat_rate = batch_stats(g, &paths).await?;
+    let single = if quick { 200 } else { 1_000 };
+    let (c1, c50, c99) = single_ops(g, "single", single, "create").await?;
+    let (s1, s50, s99) = single_ops(g, "single", single, "stat").await?;
+    Ok(json!({
+        "files": per * CLIENTS,
+        "batched_creates_per_s": create_rate,
+        "batched_stats_per_s": stat_rate,
+        "single_creates_per_s": c1, "single_create_p50_ms": c50, "single_create_p99_ms": c99,
+        "single_stats_per_s": s1, "single_stat_p50_ms": s50, "single_stat_p99_ms": s99,
+        "meta_rss_mib": g.meta_rss_mib(),
+    }))
+}
+
+/// Fills the catalog to `total` files (10,000 per directory), then times a listing of one
+/// 10,000-entry directory, stats, and reads the metadata server's memory.
+async fn catalog_suite(g: &Grid, total: usize) -> Result<Value> {
+    let c = g.client().await?;
+    c.mkdir("/big", 0o755, true).await?;
+    let dirs = total / 10_000;
+    let t = Instant::now();
+    let mut next = 0usize;
+    while next < dirs {
+        let mut tasks = Vec::new();
+        for d in next..(next + CLIENTS).min(dirs) {
+            let m = g.client().await?;
+            tasks.push(tokio::spawn(async move {
+                let dir = format!("/big/d{d:04}");
+                m.mkdir(&dir, 0o755, true).await?;
+                for b in 0..10 {
+                    let files = (0..BATCH)
+                        .map(|i| api::meta::NewFile {
+                            path: format!("{dir}/f{:05}", b * BATCH + i),
+                            size: 0,
+                            mode: 0o644,
+                            mtime_ns: 0,
+                        })
+                        .collect();
+                    let r = m
+                        .create_files(api::meta::CreateFilesRequest {
+                            files,
+                            ..Default::default()
+                        })
+                        .await?;
+                    if !r.errors.is_empty() {
+                        anyhow::bail!("{}", r.errors[0].message);
+                    }
+                }
+                Ok(())
+            }));
+        }
+        next = (next + CLIENTS).min(dirs);
+        for t in tasks {
+            t.await??;
+        }
+    }
+    let fill_s = t.elapsed().as_secs_f64();
+    // Listing, through the client library and through the command line.
+    let mut ls = Vec::new();
+    for i in 0..5 {
+        let t = Instant::now();
+        let n = c.list(&format!("/big/d{:04}", i * 7 % dirs)).await?.len();
+        ls.push(t.elapsed().as_secs_f64() * 1000.0);
+        if n != 10_000 {
+            bail!("listing gave {n} entries, not 10,000");
+        }
+    }
+    let t = Instant::now();
+    let out = g.ok(&["ls", "-l", "/big/d0001"])?;
+    let cli_ls_ms = t.elapsed().as_secs_f64() * 1000.0;
+    if out.lines().count() < 10_000 {
+        bail!("haul ls -l listed {} lines", out.lines().count());
+    }
+    let mut st = Vec::new();
+    for i in 0..2000usize {
+        let p = format!("/big/d{:04}/f{:05}", (i * 31) % dirs, (i * 7919) % 10_000);
+        let t = Instant::now();
+        c.stat(&p).await?;
+        st.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(json!({
+        "files": dirs * 10_000,
+        "fill_seconds": fill_s,
+        "list_10k_p50_ms": pct(&mut ls.clone(), 0.5),
+        "list_10k_max_ms": pct(&mut ls, 1.0),
+        "cli_ls_l_10k_ms": cli_ls_ms,
+        "stat_p50_ms": pct(&mut st.clone(), 0.5),
+        "stat_p99_ms": pct(&mut st, 0.99),
+        "meta_rss_mib": g.meta_rss_mib(),
+    }))
+}
+
+fn run_suite(work: &Path, haul: &Path, files: usize) -> Result<Value> {
+    let dir = work.join("run");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let nodes = [("n1", "A"), ("n2", "A"), ("n3", "B"), ("n4", "B")];
+    let g = Grid::start(&dir, haul, None, &nodes, &[])?;
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src)?;
+    for i in 0..files {
+        std::fs::write(src.join(format!("f{i:05}")), format!("{i}\n"))?;
+    }
+    g.ok(&["mkdir", "/in"])?;
+    g.ok(&[
+        "cp",
+        "-r",
+        &src.to_string_lossy(),
+        &format!("haul://{}/in/", g.meta_addr),
+    ])?;
+    // Spread the replicas over the 4 nodes as a dataset would be.
+    g.ok(&[
+        "replicate",
+        "-r",
+        "--copies",
+        "2",
+        "--site",
+        "B",
+        "--progress",
+        "never",
+        "/in",
+    ])?;
+    let mut rows = Vec::new();
+    for parallel in [1u32, 4] {
+        let t = Instant::now();
+        let out = g
+            .cmd(&[
+                "run",
+                "--json",
+                "-P",
+                &parallel.to_string(),
+                "/in",
+                "--",
+                "true",
+            ])
+            .output()?;
+        let wall = t.elapsed().as_secs_f64();
+        if !out.status.success() {
+            bail!("haul run: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        let tasks = v["tasks"].as_array().map(|a| a.len()).unwrap_or(0);
+        rows.push(json!({
+            "parallel": parallel,
+            "tasks": tasks,
+            "succeeded": v["succeeded"],
+            "slots": v["slots"],
+            "seconds": v["seconds"],
+            "command_seconds": wall,
+            "mean_task_ms": v["mean_task_ms"],
+            "overhead_ms_per_task": v["overhead_ms_per_task"],
+            "nodes": v["nodes"].as_array().map(|a| a.iter().map(|n| json!({"node": n["node"], "tasks": n["tasks"]})).collect::<Vec<_>>()),
+        }));
+    }
+    Ok(json!(rows))
+}
+
+fn restore_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<Value> {
+    let dir = work.join("restore");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let nodes = [("n1", "A"), ("n2", "A"), ("n3", "B"), ("n4", "B")];
+    let mut g = Grid::start(&dir, haul, None, &nodes, &[])?;
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src)?;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..files {
+        let mut f = std::fs::File::create(src.join(format!("f{i:04}")))?;
+        let mut buf = vec![0u8; size];
+        for b in buf.chunks_mut(8) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            b.copy_from_slice(&seed.to_le_bytes()[..b.len()]);
+        }
+        f.write_all(&buf)?;
+    }
+    g.ok(&["mkdir", "/ds"])?;
+    g.ok(&["policy", "set", "/ds", "--copies", "2"])?;
+    g.ok(&[
+        "cp",
+        "-r",
+        &src.to_string_lossy(),
+        &format!("haul://{}/ds/", g.meta_addr),
+    ])?;
+    let uploaded_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    // A reconciler pass after the upload found nothing missing.
+    let copies_ok = |g: &Grid| -> Result<bool> {
+        let v = g.json(&["status", "--json"])?;
+        Ok(v["last_pass_ms"].as_i64().unwrap_or(0) > uploaded_ms
+            && v["under_replicated"].as_u64() == Some(0)
+            && v["repairs_running"].as_u64() == Some(0))
+    };
+    let t = Instant::now();
+    while !copies_ok(&g)? {
+        if t.elapsed() > Duration::from_secs(300) {
+            bail!("policy did not reach 2 copies within 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The node holding the most replicas stops.
+    let v = g.json(&["nodes", "--json"])?;
+    let victim = v
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .max_by_key(|n| n["replicas"].as_u64().unwrap_or(0))
+                .cloned()
+        })
+        .context("no nodes")?;
+    let name = victim["name"].as_str().context("node name")?.to_string();
+    let held = victim["replicas"].as_u64().unwrap_or(0);
+    let idx = g
+        .nodes
+        .iter()
+        .position(|(n, _)| *n == name)
+        .context("victim")?;
+    let stopped = Instant::now();
+    g.nodes.remove(idx);
+    // Down after --node-timeout, then copies are made until every file has 2 again.
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0)
+    };
+    let mut detected: Option<(f64, i64)> = None;
+    loop {
+        if stopped.elapsed() > Duration::from_secs(240) {
+            bail!("copies not restored within 240 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if detected.is_none() {
+            let v = g.json(&["nodes", "--json"])?;
+            let down = v.as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|n| n["name"] == name.as_str() && n["up"] == false)
+            });
+            if down {
+                detected = Some((stopped.elapsed().as_secs_f64(), now_ms()));
+            }
+            continue;
+        }
+        let v = g.json(&["status", "--json"])?;
+        let pass_after =
+            v["last_pass_ms"].as_i64().unwrap_or(0) > detected.map(|d| d.1).unwrap_or(0);
+        if pass_after
+            && v["under_replicated"].as_u64() == Some(0)
+            && v["repairs_running"].as_u64() == Some(0)
+        {
+            break;
+        }
+    }
+    let detected = detected.map(|d| d.0);
+    let restored = stopped.elapsed().as_secs_f64();
+    // Every file: 2 complete replicas on live nodes.
+    let mut complete = 0;
+    for i in 0..files {
+        let w = g.ok(&["where", &format!("/ds/src/f{i:04}")])?;
+        let n = w
+            .lines()
+            .filter(|l| {
+                l.contains("complete") && l.contains(" up ") && !l.contains(&format!(" {name} "))
+            })
+            .count();
+        if n >= 2 {
+            complete += 1;
+        }
+    }
+    Ok(json!({
+        "files": files,
+        "file_bytes": size,
+        "node_stopped": name,
+        "replicas_on_it": held,
+        "node_timeout_s": 3,
+        "seconds_to_detect": detected,
+        "seconds_to_restore": restored,
+        "files_with_2_live_copies": complete,
+    }))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let haul = std::fs::canonicalize(&args.haul).context("haul binary")?;
+    let only: Vec<String> = args
+        .only
+        .as_deref()
+        .unwrap_or("meta,catalog,run,restore")
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
+    let want = |p: &str| only.iter().any(|o| o == p);
+    let _ = std::fs::remove_dir_all(&args.work);
+    std::fs::create_dir_all(&args.work)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let mut results = serde_json::Map::new();
+    let started = chrono_like_now();
+    if want("meta") {
+        for (label, db) in [("sqlite", None), ("postgresql", args.postgres.clone())] {
+            if label == "postgresql" && db.is_none() {
+                results.insert(
+                    "meta_postgresql".into(),
+                    json!({"skipped": "no --postgres URL"}),
+                );
+                continue;
+            }
+            eprintln!("gridbench: metadata operations, {label}");
+            let dir = args.work.join(format!("meta-{label}"));
+            let g = Grid::start(&dir, &haul, db.as_deref(), &[], &[])?;
+            let v = rt.block_on(meta_suite(&g, args.quick))?;
+            eprintln!("gridbench: {v}");
+            results.insert(format!("meta_{label}"), v);
+        }
+    }
+    if want("catalog") {
+        let total = if args.quick { 50_000 } else { 1_000_000 };
+        eprintln!("gridbench: {total}-file catalog (SQLite)");
+        let dir = args.work.join("catalog");
+        let g = Grid::start(&dir, &haul, None, &[], &[])?;
+        let v = rt.block_on(catalog_suite(&g, total))?;
+        eprintln!("gridbench: {v}");
+        results.insert("catalog".into(), v);
+    }
+    if want("run") {
+        let n = if args.quick { 200 } else { 1000 };
+        eprintln!("gridbench: haul run over {n} files on 4 nodes");
+        let v = run_suite(&args.work, &haul, n)?;
+        eprintln!("gridbench: {v}");
+        results.insert("run".into(), v);
+    }
+    if want("restore") {
+        let (n, size) = if args.quick {
+            (20, 1 << 20)
+        } else {
+            (100, 8 << 20)
+        };
+        eprintln!("gridbench: node loss with a 2-copy policy ({n} files of {size} bytes)");
+        let v = restore_suite(&args.work, &haul, n, size)?;
+        eprintln!("gridbench: {v}");
+        results.insert("restore".into(), v);
+    }
+    let doc = json!({
+        "started": started,
+        "quick": args.quick,
+        "haul": haul,
+        "results": results,
+    });
+    std::fs::create_dir_all(&args.out)?;
+    let base = format!(
+        "{}-grid{}",
+        &started[..10],
+        if args.quick { "-quick" } else { "" }
+    );
+    std::fs::write(
+        args.out.join(format!("{base}.json")),
+        serde_json::to_string_pretty(&doc)?,
+    )?;
+    let md = markdown(&doc);
+    std::fs::write(args.out.join(format!("{base}.md")), &md)?;
+    print!("{md}");
+    if !args.quick {
+        let _ = std::fs::remove_dir_all(&args.work);
+    }
+    Ok(())
+}
+
+fn chrono_like_now() -> String {
+    let out = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    out.unwrap_or_else(|| "unknown".into())
+}
+
+fn f(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) if x >= 100.0 => format!("{x:.0}"),
+        Some(x) => format!("{x:.2}"),
+        None => v.to_string(),
+    }
+}
+
+fn markdown(doc: &Value) -> String {
+    let r = &doc["results"];
+    let mut s = format!(
+        "# longhaul grid benchmark, {}\n\nGenerated by `bench/grid{}`; loopback, 2 cores shared by everything (metadata server, clients, nodes). Numbers as measured.\n\n",
+        doc["started"].as_str().unwrap_or(""),
+        if doc["quick"] == true { " --quick" } else { "" }
+    );
+    for db in ["sqlite", "postgresql"] {
+        let m = &r[format!("meta_{db}")];
+        if m.is_null() {
+            continue;
+        }
+        if m.get("skipped").is_some() {
+            s += &format!(
+                "Metadata operations on {db}: skipped ({}).\n\n",
+                m["skipped"]
+            );
+            continue;
+        }
+        s += &format!(
+            "## Metadata operations, {db} catalog, {} clients\n\n| operation | rate (ops/s) | p50 latency (ms) | p99 latency (ms) |\n|---|---|---|---|\n| create, batched ({BATCH} per request, {} files) | {} | | |\n| stat, batched ({BATCH} per request) | {} | | |\n| create, one per request | {} | {} | {} |\n| stat, one per request | {} | {} | {} |\n\nmetadata server RSS after the run: {} MiB\n\n",
+            CLIENTS,
+            m["files"],
+            f(&m["batched_creates_per_s"]),
+            f(&m["batched_stats_per_s"]),
+            f(&m["single_creates_per_s"]),
+            f(&m["single_create_p50_ms"]),
+            f(&m["single_create_p99_ms"]),
+            f(&m["single_stats_per_s"]),
+            f(&m["single_stat_p50_ms"]),
+            f(&m["single_stat_p99_ms"]),
+            f(&m["meta_rss_mib"]),
+        );
+    }
+    let c = &r["catalog"];
+    if !c.is_null() {
+        s += &format!(
+            "## A {}-file catalog (SQLite)\n\n| | |\n|---|---|\n| filled in | {} s |\n| list a 10,000-entry directory (client library), p50 / max | {} / {} ms |\n| `haul ls -l` of a 10,000-entry directory, whole command | {} ms |\n| stat, p50 / p99 | {} / {} ms |\n| metadata server RSS | {} MiB |\n\n",
+            c["files"],
+            f(&c["fill_seconds"]),
+            f(&c["list_10k_p50_ms"]),
+            f(&c["list_10k_max_ms"]),
+            f(&c["cli_ls_l_10k_ms"]),
+            f(&c["stat_p50_ms"]),
+            f(&c["stat_p99_ms"]),
+            f(&c["meta_rss_mib"]),
+        );
+    }
+    if let Some(rows) = r["run"].as_array() {
+        s += "## `haul run -- true` over files on 4 nodes\n\n| tasks per node (-P) | tasks | succeeded | slots | seconds | mean task on the node (ms) | scheduling overhead per task (ms) |\n|---|---|---|---|---|---|---|\n";
+        for row in rows {
+            s += &format!(
+                "| {} | {} | {} | {} | {} | {} | {} |\n",
+                row["parallel"],
+                row["tasks"],
+                row["succeeded"],
+                row["slots"],
+                f(&row["seconds"]),
+                f(&row["mean_task_ms"]),
+                f(&row["overhead_ms_per_task"]),
+            );
+        }
+        s += "\nOverhead = (seconds x min(slots, tasks) - sum of task run times) / tasks: slot time not spent running tasks.\n\n";
+    }
+    let x = &r["restore"];
+    if !x.is_null() {
+        s += &format!(
+            "## Node loss with a 2-copy policy\n\n{} files of {} bytes on 4 nodes (2 sites); node {} (holding {} replicas) stopped; node timeout 3 s, reconciler every 1 s.\n\n| | |\n|---|---|\n| seconds until meta saw missing copies | {} |\n| seconds until 2 copies of every file were restored | {} |\n| files with 2 complete copies on live nodes afterwards | {} of {} |\n\n",
+            x["files"],
+            x["file_bytes"],
+            x["node_stopped"],
+            x["replicas_on_it"],
+            f(&x["seconds_to_detect"]),
+            f(&x["seconds_to_restore"]),
+            x["files_with_2_live_copies"],
+            x["files"],
+        );
+    }
+    s
+}

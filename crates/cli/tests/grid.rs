@@ -1,0 +1,1388 @@
+//! The grid as real processes on loopback: a metadata server and four storage nodes at two
+//! sites, with a PKI made by `haul ca init` and `haul cert issue`. Uploads, listings, replica
+//! placement, downloads, copies within the grid, permissions and bad inputs, replication and
+//! policies healing the loss of a node, verification and repair of a damaged replica, a
+//! metadata server restart, and reads failing over to another replica.
+//!
+//! Every test starts its own grid in a temporary directory; every process is killed when the
+//! grid is dropped (also when a test panics), every client command and every wait is bounded.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Longest a single client command may take.
+const CMD_TIMEOUT: Duration = Duration::from_secs(90);
+/// Longest a server may take to print its address.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest to wait for the grid to notice something (nodes up or down, replicas made).
+const SETTLE: Duration = Duration::from_secs(30);
+/// The storage nodes: name (also the CN of its host certificate) and site.
+const NODES: [(&str, &str); 4] = [("a1", "A"), ("a2", "A"), ("b1", "B"), ("b2", "B")];
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A `haul` command with no credentials, grid or configuration from the environment.
+fn haul_clean() -> Command {
+    let mut c = haul();
+    for v in [
+        "HAUL_META",
+        "HAUL_SITE",
+        "HAUL_CONFIG",
+        "HAUL_META_DB",
+        "HAUL_MAPFILE",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
+/// Runs `cmd` to completion and returns its output; kills it and fails after `timeout`.
+fn run_bounded(mut cmd: Command, timeout: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn haul");
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for haul") {
+            break s;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            let e = err.join().unwrap_or_default();
+            panic!(
+                "{what} did not finish within {timeout:?}; stderr: {}",
+                String::from_utf8_lossy(&e)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// A server process (metadata server or storage node); killed when dropped.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` with stderr to `log`, waits (bounded) for the first line it prints on stdout
+    /// (`--print-addr`) and returns it. Stdout keeps being drained so later prints cannot fail.
+    fn start(mut cmd: Command, log: &Path) -> (Proc, String) {
+        let what = format!("{cmd:?}");
+        let child = cmd
+            .env("HAUL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(File::create(log).expect("create log"))
+            .spawn()
+            .expect("spawn haul server");
+        let mut p = Proc {
+            child,
+            log: log.to_path_buf(),
+        };
+        let stdout = p.child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            let _ = std::io::copy(&mut r, &mut std::io::sink());
+        });
+        let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
+        if line.trim().is_empty() {
+            p.kill();
+            panic!("{what} did not start:\n{}", p.log_text());
+        }
+        (p, line.trim().to_string())
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grid
+
+struct Node {
+    name: String,
+    site: String,
+    root: PathBuf,
+    addr: String,
+    proc: Option<Proc>,
+}
+
+/// A metadata server and four storage nodes (a1, a2 at site A; b1, b2 at site B) on loopback,
+/// with TLS and a PKI of their own. The users are alice and bob (group atlas) and mallory (not
+/// in the mapfile).
+struct Grid {
+    // Fields drop in order: the processes before the directory they work in.
+    nodes: Vec<Node>,
+    meta: Option<Proc>,
+    /// The API address (`127.0.0.1:PORT`), kept across restarts.
+    meta_addr: String,
+    dir: tempfile::TempDir,
+}
+
+impl Grid {
+    fn start() -> Grid {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        make_pki(&pki);
+        let mut g = Grid {
+            nodes: Vec::new(),
+            meta: None,
+            meta_addr: String::new(),
+            dir,
+        };
+        g.start_meta("127.0.0.1:0");
+        for (name, site) in NODES {
+            let root = g.path().join("nodes").join(name);
+            let mut n = Node {
+                name: name.into(),
+                site: site.into(),
+                root,
+                addr: String::new(),
+                proc: None,
+            };
+            g.start_node(&mut n);
+            g.nodes.push(n);
+        }
+        g.wait_nodes_up(0);
+        g
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn pki(&self, file: &str) -> PathBuf {
+        self.path().join("pki").join(file)
+    }
+
+    fn start_meta(&mut self, listen: &str) {
+        let mut cmd = haul_clean();
+        cmd.args(["meta", "serve", "--data"])
+            .arg(self.path().join("meta-data"))
+            .args(["--listen", listen, "--http", "127.0.0.1:0", "--print-addr"])
+            .arg("--cert")
+            .arg(self.pki("meta.pem"))
+            .arg("--key")
+            .arg(self.pki("meta.key"))
+            .arg("--ca")
+            .arg(self.pki("ca/ca.pem"))
+            .arg("--mapfile")
+            .arg(self.pki("mapfile"))
+            .arg("--groups")
+            .arg(self.pki("groups"))
+            .args(["--heartbeat", "300ms", "--node-timeout", "2s"])
+            .args(["--reconcile-every", "1s"]);
+        let n = std::fs::read_dir(self.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("meta")
+            })
+            .count();
+        let (p, line) = Proc::start(cmd, &self.path().join(format!("meta{n}.log")));
+        // "ADDR http://HTTP/"
+        let addr = line.split_whitespace().next().unwrap().to_string();
+        assert!(addr.starts_with("127.0.0.1:"), "meta address: {line:?}");
+        self.meta_addr = addr;
+        self.meta = Some(p);
+    }
+
+    fn start_node(&self, n: &mut Node) {
+        std::fs::create_dir_all(&n.root).unwrap();
+        let mut cmd = haul_clean();
+        cmd.args([
+            "node",
+            "serve",
+            "--meta",
+            &format!("haul://{}", self.meta_addr),
+        ])
+        .args(["--site", &n.site, "--root"])
+        .arg(&n.root)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "10G",
+            "--print-addr",
+        ])
+        .arg("--cert")
+        .arg(self.pki(&format!("{}.pem", n.name)))
+        .arg("--key")
+        .arg(self.pki(&format!("{}.key", n.name)))
+        .arg("--ca")
+        .arg(self.pki("ca/ca.pem"));
+        let (p, addr) = Proc::start(cmd, &self.path().join(format!("{}.log", n.name)));
+        assert!(addr.starts_with("127.0.0.1:"), "node address: {addr:?}");
+        n.addr = addr;
+        n.proc = Some(p);
+    }
+
+    fn node(&self, name: &str) -> &Node {
+        self.nodes.iter().find(|n| n.name == name).unwrap()
+    }
+
+    fn kill_node(&mut self, name: &str) {
+        let n = self.nodes.iter_mut().find(|n| n.name == name).unwrap();
+        n.proc.take().expect("node running").kill();
+    }
+
+    fn kill_meta(&mut self) {
+        self.meta.take().expect("meta running").kill();
+    }
+
+    /// All server logs, for failure messages.
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for e in std::fs::read_dir(self.path()).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "log") {
+                s += &format!(
+                    "==== {}\n{}",
+                    p.display(),
+                    std::fs::read_to_string(&p).unwrap_or_default()
+                );
+            }
+        }
+        s
+    }
+
+    /// `haul://127.0.0.1:PORT/path`
+    fn url(&self, path: &str) -> String {
+        format!("haul://{}/{}", self.meta_addr, path.trim_start_matches('/'))
+    }
+
+    /// A client command as `user`, with `HAUL_META` set so grid paths can be written `/path`.
+    fn cmd(&self, user: &str, args: &[&str]) -> Command {
+        let mut c = haul_clean();
+        c.env("HAUL_CERT", self.pki(&format!("{user}.pem")))
+            .env("HAUL_KEY", self.pki(&format!("{user}.key")))
+            .env("HAUL_CA", self.pki("ca/ca.pem"))
+            .env("HAUL_META", format!("haul://{}", self.meta_addr))
+            .current_dir(self.path())
+            .args(args);
+        c
+    }
+
+    fn run(&self, user: &str, args: &[&str]) -> Output {
+        run_bounded(self.cmd(user, args), CMD_TIMEOUT)
+    }
+
+    /// Runs as `user`, asserts success, returns the output.
+    #[track_caller]
+    fn ok(&self, user: &str, args: &[&str]) -> Output {
+        let out = self.run(user, args);
+        assert_ok(&out);
+        out
+    }
+
+    /// `haul cp --json --progress never ARGS` as `user`.
+    fn cp(&self, user: &str, args: &[&str]) -> Output {
+        let mut a = vec!["cp", "--json", "--progress", "never"];
+        a.extend_from_slice(args);
+        self.run(user, &a)
+    }
+
+    /// Whole JSON document on stdout of a successful command.
+    #[track_caller]
+    fn json(&self, user: &str, args: &[&str]) -> Value {
+        let out = self.ok(user, args);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "no JSON from {args:?} ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    fn nodes_json(&self) -> Vec<Value> {
+        let out = self.run("alice", &["nodes", "--json"]);
+        if !out.status.success() {
+            return Vec::new();
+        }
+        serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    /// Waits until every running node is registered and up, with a heartbeat at or after
+    /// `since_ms` (milliseconds since the epoch; 0 for any).
+    fn wait_nodes_up(&self, since_ms: u64) {
+        let running: Vec<&str> = self
+            .nodes
+            .iter()
+            .filter(|n| n.proc.is_some())
+            .map(|n| n.name.as_str())
+            .collect();
+        let ok = wait_for(SETTLE, || {
+            let list = self.nodes_json();
+            let r = running.iter().all(|name| {
+                list.iter().any(|n| {
+                    n["name"] == *name
+                        && n["up"] == true
+                        && n["heartbeat_ms"].as_u64().unwrap_or(0) >= since_ms
+                })
+            });
+            if !r {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r
+        });
+        assert!(
+            ok,
+            "nodes {running:?} not all up: {:?}\n{}",
+            self.nodes_json(),
+            self.logs()
+        );
+    }
+
+    /// Waits until the metadata server considers `name` down.
+    fn wait_node_down(&self, name: &str) {
+        let ok = wait_for(SETTLE, || {
+            let r = self
+                .nodes_json()
+                .iter()
+                .any(|n| n["name"] == name && n["up"] == false);
+            if !r {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r
+        });
+        assert!(ok, "node {name} never marked down: {:?}", self.nodes_json());
+    }
+
+    /// `haul where --json PATHS`: one object per file.
+    fn where_(&self, paths: &[String]) -> Vec<Value> {
+        let mut args = vec!["where", "--json"];
+        args.extend(paths.iter().map(String::as_str));
+        let v = self.json("alice", &args);
+        v.as_array().cloned().expect("where --json gives an array")
+    }
+
+    /// The catalog id of a grid file.
+    fn file_id(&self, path: &str) -> u64 {
+        let v = self.json("alice", &["stat", "--json", path]);
+        v[0]["id"].as_u64().expect("id")
+    }
+
+    /// The file holding `path`'s replica on node `node` (named by its id in hex).
+    fn replica_file(&self, node: &str, path: &str) -> PathBuf {
+        let name = format!("{:016x}", self.file_id(path));
+        let root = &self.node(node).root;
+        let found: Vec<PathBuf> = walk(root)
+            .into_iter()
+            .filter(|p| p.is_file() && p.file_name().unwrap().to_string_lossy() == name)
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "replica {name} of {path} on {node}: {found:?} in {:?}",
+            walk(root)
+        );
+        found.into_iter().next().unwrap()
+    }
+}
+
+impl Drop for Grid {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut p) = n.proc.take() {
+                p.kill();
+            }
+        }
+        if let Some(mut p) = self.meta.take() {
+            p.kill();
+        }
+    }
+}
+
+/// CA, host certificates for the metadata server and each node (name and 127.0.0.1), users
+/// alice, bob and mallory, a mapfile with alice and bob, and the group atlas.
+fn make_pki(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let run = |args: &[&str]| {
+        let mut c = haul_clean();
+        c.args(args).current_dir(dir);
+        assert_ok(&run_bounded(c, CMD_TIMEOUT));
+    };
+    run(&["ca", "init", "--dir", "ca"]);
+    run(&[
+        "cert",
+        "issue",
+        "--ca",
+        "ca",
+        "--host",
+        "127.0.0.1",
+        "--host",
+        "localhost",
+        "--out",
+        "meta",
+    ]);
+    for (name, _) in NODES {
+        run(&[
+            "cert",
+            "issue",
+            "--ca",
+            "ca",
+            "--host",
+            name,
+            "--host",
+            "127.0.0.1",
+            "--out",
+            name,
+        ]);
+    }
+    for user in ["alice", "bob", "mallory", "runner"] {
+        run(&["cert", "issue", "--ca", "ca", "--user", user, "--out", user]);
+    }
+    std::fs::write(
+        dir.join("mapfile"),
+        "\"/O=longhaul/OU=users/CN=alice\" alice\n\"/O=longhaul/OU=users/CN=bob\" bob\n\
+         \"/O=longhaul/OU=users/CN=runner\" nobody\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("groups"), "atlas: alice bob\n").unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data and checks
+
+/// A small tree `DIR/tree`: files of different sizes, an empty file, nested directories.
+/// Returns its path and the relative paths of its files with their sizes.
+fn sample_tree(dir: &Path) -> (PathBuf, Vec<(&'static str, usize)>) {
+    let root = dir.join("src").join("tree");
+    let files = vec![
+        ("big.bin", 3 * (1 << 20) + 17),
+        ("small.txt", 1000),
+        ("empty", 0),
+        ("sub/one.txt", 1),
+        ("sub/deep/mid.bin", 200_000),
+    ];
+    for (i, (rel, len)) in files.iter().enumerate() {
+        write_file(&root.join(rel), 100 + i as u64, *len);
+    }
+    (root, files)
+}
+
+/// Grid paths of the non-empty files (those that have replicas) below grid dir `base`.
+fn grid_files(base: &str, files: &[(&str, usize)]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(_, len)| *len > 0)
+        .map(|(rel, _)| format!("{base}/{rel}"))
+        .collect()
+}
+
+/// Complete replicas on live nodes, leaving out the nodes in `dead`: (node, site).
+fn live_complete(file: &Value, dead: &[&str]) -> Vec<(String, String)> {
+    file["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["state"] == "complete"
+                && r["node_up"] == true
+                && !dead.contains(&r["node"].as_str().unwrap())
+        })
+        .map(|r| {
+            (
+                r["node"].as_str().unwrap().to_string(),
+                r["site"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every file has exactly `n` complete replicas on distinct live nodes (not in `dead`).
+fn all_have(files: &[Value], n: usize, dead: &[&str]) -> bool {
+    files.iter().all(|f| {
+        let mut nodes: Vec<String> = live_complete(f, dead).into_iter().map(|r| r.0).collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes.len() == n && live_complete(f, dead).len() == n
+    })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Uploads the sample tree as alice into `/alice/tree` at site A; returns the local tree, its
+/// files, and the grid paths of its non-empty files.
+fn upload_sample(g: &Grid) -> (PathBuf, Vec<(&'static str, usize)>, Vec<String>) {
+    let (src, files) = sample_tree(g.path());
+    g.ok("alice", &["mkdir", "/alice"]);
+    let out = g.cp(
+        "alice",
+        &["-r", src.to_str().unwrap(), &g.url("/alice"), "--site", "A"],
+    );
+    assert_ok(&out);
+    let j = json(&out);
+    assert_eq!(j["files"], files.len(), "{j}");
+    assert_eq!(j["files_failed"], 0, "{j}");
+    let paths = grid_files("/alice/tree", &files);
+    (src, files, paths)
+}
+
+/// Downloads grid dir `path` into a new local dir and checks it equals `src`.
+#[track_caller]
+fn assert_download_same(g: &Grid, user: &str, path: &str, src: &Path, extra: &[&str]) {
+    let dl = tempfile::tempdir_in(g.path()).unwrap();
+    let mut args = vec!["-r", path, dl.path().to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = g.cp(user, &args);
+    assert_ok(&out);
+    assert_eq!(json(&out)["files_failed"], 0);
+    let name = path.rsplit('/').next().unwrap();
+    assert_same_tree(src, &dl.path().join(name));
+    assert!(partials(dl.path()).is_empty(), "{:?}", partials(dl.path()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+#[test]
+fn upload_list_where_download_and_copy_to_another_site() {
+    let g = Grid::start();
+    let (src, files, paths) = upload_sample(&g);
+
+    // ls -l: mode, owner, group, size, name.
+    let out = g.ok("alice", &["ls", "-l", "/alice/tree"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for name in ["big.bin", "small.txt", "empty", "sub"] {
+        assert!(
+            text.lines()
+                .any(|l| l.ends_with(name) && l.contains("alice") && l.contains("atlas")),
+            "ls -l lacks {name}: {text}"
+        );
+    }
+    let big = text.lines().find(|l| l.ends_with("big.bin")).unwrap();
+    assert!(big.starts_with("-rw"), "{big}");
+    assert!(big.contains(&(3 * (1 << 20) + 17).to_string()), "{big}");
+    assert!(
+        text.lines()
+            .find(|l| l.ends_with(" sub"))
+            .unwrap()
+            .starts_with('d'),
+        "{text}"
+    );
+    // ls --json: sizes of what was uploaded.
+    let list = g.json("alice", &["ls", "--json", "/alice/tree"]);
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 4, "{list:?}");
+    for (rel, len) in files.iter().filter(|(r, _)| !r.contains('/')) {
+        let e = list
+            .iter()
+            .find(|e| e["path"] == format!("/alice/tree/{rel}"))
+            .unwrap_or_else(|| panic!("{rel} not listed: {list:?}"));
+        assert_eq!(e["size"], *len);
+        assert_eq!(e["type"], "file");
+        assert_eq!(e["owner"], "alice");
+    }
+
+    // where: every non-empty file has its replicas at site A, complete, matching the catalog.
+    let site_a: Vec<&str> = g
+        .nodes
+        .iter()
+        .filter(|n| n.site == "A")
+        .map(|n| n.name.as_str())
+        .collect();
+    let w = g.where_(&paths);
+    assert_eq!(w.len(), paths.len());
+    for f in &w {
+        let reps = f["replicas"].as_array().unwrap();
+        assert!(!reps.is_empty(), "{f}");
+        for r in reps {
+            assert_eq!(r["site"], "A", "{f}");
+            assert!(site_a.contains(&r["node"].as_str().unwrap()), "{f}");
+            assert_eq!(r["state"], "complete", "{f}");
+            assert_eq!(r["node_up"], true, "{f}");
+            assert_eq!(r["checksum"], f["checksum"], "{f}");
+        }
+    }
+    // The empty file exists but needs no replica.
+    let e = g.where_(&["/alice/tree/empty".to_string()]);
+    assert_eq!(e[0]["size"], 0);
+    assert_eq!(e[0]["replicas"].as_array().unwrap().len(), 0);
+
+    // Download: byte-identical, the empty file and the nested directories included.
+    assert_download_same(&g, "alice", &g.url("/alice/tree"), &src, &[]);
+
+    // Copy within the grid to a new path, with the new replicas at site B.
+    let out = g.cp(
+        "alice",
+        &[
+            "-r",
+            &g.url("/alice/tree"),
+            &g.url("/alice/copyB"),
+            "--site",
+            "B",
+        ],
+    );
+    assert_ok(&out);
+    assert_eq!(json(&out)["files_failed"], 0);
+    let copies = g.where_(&grid_files("/alice/copyB", &files));
+    for (f, orig) in copies.iter().zip(&w) {
+        assert_eq!(f["checksum"], orig["checksum"]);
+        assert_eq!(f["size"], orig["size"]);
+        let reps = f["replicas"].as_array().unwrap();
+        assert!(!reps.is_empty(), "{f}");
+        for r in reps {
+            assert_eq!(r["site"], "B", "{f}");
+            assert_eq!(r["state"], "complete", "{f}");
+        }
+    }
+    // The original is untouched, the copy reads back identical (preferring site B).
+    assert_eq!(g.where_(&paths), w);
+    assert_download_same(&g, "alice", &g.url("/alice/copyB"), &src, &["--site", "B"]);
+}
+
+#[test]
+fn permissions_and_bad_inputs() {
+    let g = Grid::start();
+    let small = g.path().join("small.txt");
+    write_file(&small, 7, 5000);
+    let small = small.to_str().unwrap();
+
+    // An identity not in the mapfile is refused, with the subject to add.
+    let out = g.run("mallory", &["ls", "/"]);
+    assert_exit(&out, 5, "CN=mallory");
+    assert!(stderr(&out).contains("mapfile"), "{}", stderr(&out));
+    assert_exit(&g.run("mallory", &["whoami"]), 5, "mapfile");
+    assert_exit(&g.cp("mallory", &[small, &g.url("/m.txt")]), 5, "mapfile");
+    let who = g.json("bob", &["whoami", "--json"]);
+    assert_eq!(who["user"], "bob");
+    assert_eq!(who["groups"], serde_json::json!(["atlas"]));
+
+    // alice's private (0700) and public (0755) directories.
+    g.ok("alice", &["mkdir", "-m", "700", "/private"]);
+    g.ok("alice", &["mkdir", "-m", "755", "/pub"]);
+    assert_ok(&g.cp("alice", &[small, &g.url("/pub/a.txt"), "--site", "A"]));
+    assert_ok(&g.cp("alice", &[small, &g.url("/private/a.txt"), "--site", "A"]));
+    assert_exit(&g.run("bob", &["ls", "/private"]), 5, "permission denied");
+    let down = g.path().join("bob-got.txt");
+    let down = down.to_str().unwrap();
+    assert_exit(
+        &g.cp("bob", &[&g.url("/private/a.txt"), down]),
+        5,
+        "permission denied",
+    );
+    assert!(!Path::new(down).exists());
+    assert_exit(
+        &g.cp("bob", &[small, &g.url("/private/b.txt")]),
+        5,
+        "permission denied",
+    );
+    assert_exit(
+        &g.cp("bob", &[small, &g.url("/pub/b.txt")]),
+        5,
+        "permission denied",
+    );
+    assert_exit(
+        &g.run("bob", &["mkdir", "/pub/bdir"]),
+        5,
+        "permission denied",
+    );
+    assert_exit(&g.run("bob", &["rm", "/pub/a.txt"]), 5, "permission denied");
+    assert_exit(
+        &g.run("bob", &["chmod", "777", "/pub"]),
+        5,
+        "permission denied",
+    );
+    // What bob may do: list and read the public directory.
+    let out = g.ok("bob", &["ls", "/pub"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("a.txt"));
+    assert_ok(&g.cp("bob", &[&g.url("/pub/a.txt"), down]));
+    assert_same_file(Path::new(small), Path::new(down));
+    // Nothing of bob's attempts is left behind.
+    let names: Vec<Value> = g
+        .json("alice", &["ls", "--json", "/pub", "/private"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].clone())
+        .collect();
+    assert_eq!(
+        names,
+        vec![Value::from("/pub/a.txt"), Value::from("/private/a.txt")],
+        "leftovers"
+    );
+
+    // Missing paths, existing paths, non-empty directories.
+    assert_exit(
+        &g.run("alice", &["ls", "/nope"]),
+        3,
+        "no such file or directory",
+    );
+    assert_exit(
+        &g.run("alice", &["stat", "/pub/nope"]),
+        3,
+        "no such file or directory",
+    );
+    let nowhere = g.path().join("nowhere");
+    assert_exit(
+        &g.cp("alice", &[&g.url("/nope.dat"), nowhere.to_str().unwrap()]),
+        3,
+        "no such file",
+    );
+    assert_exit(&g.run("alice", &["mkdir", "/pub"]), 6, "already exists");
+    assert_exit(&g.run("alice", &["rm", "/pub"]), 6, "not empty");
+    g.ok("alice", &["ls", "/pub/a.txt"]);
+    g.ok("alice", &["rm", "-r", "/pub"]);
+    assert_exit(&g.run("alice", &["ls", "/pub"]), 3, "no such file");
+
+    // Nobody listens at this address.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let dead = format!("haul://127.0.0.1:{port}/");
+    assert_exit(&g.run("alice", &["ls", &dead]), 4, "unreachable");
+
+    // More copies than there are nodes: refused, naming the file.
+    let out = g.run(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "9",
+            "--progress",
+            "never",
+            "/private/a.txt",
+        ],
+    );
+    assert!(!out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("/private/a.txt") && err.contains("9 copies"),
+        "{err}"
+    );
+    let out = g.run(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "9",
+            "--progress",
+            "never",
+            "--json",
+            "/private/a.txt",
+        ],
+    );
+    assert!(!out.status.success());
+    let j = json(&out);
+    assert_eq!(j["failures"][0]["path"], "/private/a.txt", "{j}");
+    assert_eq!(j["copies_made"], 0, "{j}");
+    // Nothing was made.
+    let w = g.where_(&["/private/a.txt".to_string()]);
+    assert_eq!(w[0]["replicas"].as_array().unwrap().len(), 1, "{w:?}");
+}
+
+#[test]
+fn replicas_at_another_site_and_a_policy_heals_the_loss_of_a_node() {
+    let mut g = Grid::start();
+    let (src, _files, paths) = upload_sample(&g);
+
+    let j = g.json(
+        "alice",
+        &[
+            "replicate",
+            "-r",
+            "/alice/tree",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "--json",
+        ],
+    );
+    assert_eq!(j["failures"].as_array().unwrap().len(), 0, "{j}");
+    assert_eq!(j["copies_made"], paths.len(), "{j}");
+    let w = g.where_(&paths);
+    for f in &w {
+        let live = live_complete(f, &[]);
+        assert_eq!(live.len(), 2, "{f}");
+        assert_ne!(live[0].0, live[1].0, "{f}");
+        let mut sites: Vec<&str> = live.iter().map(|r| r.1.as_str()).collect();
+        sites.sort();
+        assert_eq!(sites, ["A", "B"], "{f}");
+    }
+    // Asking again changes nothing.
+    let j = g.json(
+        "alice",
+        &[
+            "replicate",
+            "-r",
+            "/alice/tree",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "--json",
+        ],
+    );
+    assert_eq!(j["copies_made"], 0, "{j}");
+    assert_eq!(g.where_(&paths), w);
+
+    g.ok("alice", &["policy", "set", "/alice/tree", "--copies", "2"]);
+    let pol = g.json("alice", &["policy", "list", "--json"]);
+    assert!(
+        pol.as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["path"] == "/alice/tree" && p["copies"] == 2),
+        "{pol}"
+    );
+
+    // Lose the node holding the most replicas.
+    let mut count: Vec<(usize, String)> = g
+        .nodes
+        .iter()
+        .map(|n| {
+            let k = w
+                .iter()
+                .filter(|f| live_complete(f, &[]).iter().any(|r| r.0 == n.name))
+                .count();
+            (k, n.name.clone())
+        })
+        .collect();
+    count.sort();
+    let (held, victim) = count.pop().unwrap();
+    assert!(held > 0);
+    g.kill_node(&victim);
+    let t = Instant::now();
+    let mut last = Vec::new();
+    let healed = wait_for(SETTLE, || {
+        last = g.where_(&paths);
+        let ok = all_have(&last, 2, &[&victim]);
+        if !ok {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        ok
+    });
+    assert!(
+        healed,
+        "not healed after {:?} without {victim}: {last:?}\n{}",
+        t.elapsed(),
+        g.logs()
+    );
+    g.wait_node_down(&victim);
+    let st = g.json("alice", &["status", "--json"]);
+    assert_eq!(st["nodes_down"], 1, "{st}");
+    assert_eq!(st["nodes_up"], 3, "{st}");
+    assert!(
+        st["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["path"] == "/alice/tree"),
+        "{st}"
+    );
+    // The new copies are good.
+    assert_download_same(&g, "bob", &g.url("/alice/tree"), &src, &[]);
+    let v = g.json(
+        "alice",
+        &["verify", "-r", "--no-repair", "--json", "/alice/tree"],
+    );
+    assert_eq!(v["damaged"].as_array().unwrap().len(), 0, "{v}");
+}
+
+#[test]
+fn verify_finds_and_repairs_a_damaged_replica() {
+    let g = Grid::start();
+    let (src, _files, paths) = upload_sample(&g);
+    let j = g.json(
+        "alice",
+        &[
+            "replicate",
+            "-r",
+            "/alice/tree",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "--json",
+        ],
+    );
+    assert_eq!(j["failures"].as_array().unwrap().len(), 0, "{j}");
+
+    // All good to begin with.
+    let v = g.json("alice", &["verify", "-r", "--json", "/alice/tree"]);
+    assert_eq!(v["damaged"].as_array().unwrap().len(), 0, "{v}");
+    assert_eq!(v["checked"], 2 * paths.len(), "{v}");
+
+    // Damage the site-A replica of big.bin on disk, keeping its size.
+    let target = "/alice/tree/big.bin";
+    let w = g.where_(&[target.to_string()]);
+    let bad_node = live_complete(&w[0], &[])
+        .into_iter()
+        .find(|r| r.1 == "A")
+        .unwrap()
+        .0;
+    let file = g.replica_file(&bad_node, target);
+    let mut bytes = std::fs::read(&file).unwrap();
+    assert_eq!(bytes, data(100, 3 * (1 << 20) + 17), "replica is the data");
+    for b in &mut bytes[1_000_000..1_000_016] {
+        *b = !*b;
+    }
+    std::fs::write(&file, &bytes).unwrap();
+
+    // Report only: the damaged replica is named and marked.
+    let out = g.run(
+        "alice",
+        &["verify", "-r", "--no-repair", "--json", "/alice/tree"],
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    let v = json(&out);
+    let damaged = v["damaged"].as_array().unwrap();
+    assert_eq!(damaged.len(), 1, "{v}");
+    assert_eq!(damaged[0]["path"], target, "{v}");
+    let reason = damaged[0]["reason"].as_str().unwrap();
+    assert!(reason.contains(&bad_node), "{reason}");
+    assert_eq!(v["repaired"], 0, "{v}");
+    let w = g.where_(&[target.to_string()]);
+    let states: Vec<(&str, &str)> = w[0]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["node"].as_str().unwrap(), r["state"].as_str().unwrap()))
+        .collect();
+    assert!(
+        states.contains(&(bad_node.as_str(), "damaged")),
+        "{states:?}"
+    );
+    // Reads avoid the damaged replica, even preferring its site.
+    assert_download_same(&g, "alice", &g.url("/alice/tree"), &src, &["--site", "A"]);
+
+    // Repair: reported, then two good copies again.
+    let out = g.run("alice", &["verify", "-r", "--json", "/alice/tree"]);
+    let v = json(&out);
+    assert_ok(&out);
+    assert_eq!(v["damaged"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["damaged"][0]["path"], target, "{v}");
+    assert_eq!(v["repaired"], 1, "{v}");
+    assert_eq!(v["failures"].as_array().unwrap().len(), 0, "{v}");
+    let mut last = Vec::new();
+    let repaired = wait_for(SETTLE, || {
+        last = g.where_(&paths);
+        let ok = all_have(&last, 2, &[])
+            && last
+                .iter()
+                .all(|f| f["replicas"].as_array().unwrap().len() == 2);
+        if !ok {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        ok
+    });
+    assert!(repaired, "not repaired: {last:?}");
+    let v = g.json(
+        "alice",
+        &["verify", "-r", "--no-repair", "--json", "/alice/tree"],
+    );
+    assert_eq!(v["damaged"].as_array().unwrap().len(), 0, "{v}");
+    assert_eq!(v["checked"], 2 * paths.len(), "{v}");
+    // Every replica of big.bin on disk is the data.
+    for (node, _) in live_complete(&g.where_(&[target.to_string()])[0], &[]) {
+        assert_same_file(&g.replica_file(&node, target), &src.join("big.bin"));
+    }
+    assert_download_same(&g, "alice", &g.url("/alice/tree"), &src, &["--site", "A"]);
+}
+
+#[test]
+fn metadata_server_restart_keeps_the_namespace_and_nodes_come_back() {
+    let mut g = Grid::start();
+    let (src, _files, paths) = upload_sample(&g);
+    let before_ls = g.json("alice", &["ls", "--json", "/alice/tree", "/alice/tree/sub"]);
+    let before_where = g.where_(&paths);
+
+    g.kill_meta();
+    assert_exit(&g.run("alice", &["ls", "/alice"]), 4, "unreachable");
+
+    let restarted = now_ms();
+    let addr = g.meta_addr.clone();
+    g.start_meta(&addr);
+    assert_eq!(g.meta_addr, addr);
+    // Every node reports to the new server.
+    g.wait_nodes_up(restarted);
+
+    assert_eq!(
+        g.json("alice", &["ls", "--json", "/alice/tree", "/alice/tree/sub"]),
+        before_ls
+    );
+    assert_eq!(g.where_(&paths), before_where);
+    assert_download_same(&g, "alice", &g.url("/alice/tree"), &src, &[]);
+
+    // New writes work too, and go to the site asked for.
+    let f = g.path().join("after.bin");
+    write_file(&f, 55, 777_777);
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            f.to_str().unwrap(),
+            &g.url("/alice/after.bin"),
+            "--site",
+            "B",
+        ],
+    ));
+    let w = g.where_(&["/alice/after.bin".to_string()]);
+    let live = live_complete(&w[0], &[]);
+    assert!(!live.is_empty() && live.iter().all(|r| r.1 == "B"), "{w:?}");
+    let back = g.path().join("after.back");
+    assert_ok(&g.cp(
+        "alice",
+        &[&g.url("/alice/after.bin"), back.to_str().unwrap()],
+    ));
+    assert_same_file(&f, &back);
+}
+
+#[test]
+fn download_fails_over_to_another_replica() {
+    let mut g = Grid::start();
+    let (src, _files, paths) = upload_sample(&g);
+    let j = g.json(
+        "alice",
+        &[
+            "replicate",
+            "-r",
+            "/alice/tree",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "--json",
+        ],
+    );
+    assert_eq!(j["failures"].as_array().unwrap().len(), 0, "{j}");
+    let w = g.where_(&paths);
+    assert!(all_have(&w, 2, &[]), "{w:?}");
+
+    // Kill the site-A node holding big.bin, and read at once preferring site A: the
+    // metadata server still thinks the node is up.
+    let target = "/alice/tree/big.bin";
+    let wt = g.where_(&[target.to_string()]);
+    let reps = live_complete(&wt[0], &[]);
+    let a = reps.iter().find(|r| r.1 == "A").unwrap().0.clone();
+    let b = reps.iter().find(|r| r.1 == "B").unwrap().0.clone();
+    g.kill_node(&a);
+    assert_download_same(&g, "alice", &g.url("/alice/tree"), &src, &["--site", "A"]);
+    let one = g.path().join("big.once");
+    let out = g.cp(
+        "alice",
+        &[&g.url(target), one.to_str().unwrap(), "--site", "A"],
+    );
+    assert_ok(&out);
+    assert_same_file(&src.join("big.bin"), &one);
+
+    // Once the node is known to be down, reads go straight to the other replica.
+    g.wait_node_down(&a);
+    assert_download_same(&g, "bob", &g.url("/alice/tree"), &src, &["--site", "A"]);
+
+    // With both replica holders gone, the read fails cleanly: no healthy replica.
+    g.kill_node(&b);
+    g.wait_node_down(&b);
+    let lost = g.path().join("lost.bin");
+    let out = g.cp("alice", &[&g.url(target), lost.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains(target), "{}", stderr(&out));
+    assert!(!lost.exists());
+    assert!(partials(g.path()).is_empty(), "{:?}", partials(g.path()));
+}
+
+/// A clean upload or copy within the grid needs one round and no retries, and says so.
+#[test]
+fn clean_grid_copies_report_no_retries() {
+    let g = Grid::start();
+    let (_src, _files, _paths) = upload_sample(&g);
+    let f = g.path().join("one.bin");
+    write_file(&f, 9, 100_000);
+    let up = g.cp(
+        "alice",
+        &[f.to_str().unwrap(), &g.url("/alice/one.bin"), "--site", "A"],
+    );
+    assert_ok(&up);
+    let within = g.cp(
+        "alice",
+        &[
+            &g.url("/alice/one.bin"),
+            &g.url("/alice/two.bin"),
+            "--site",
+            "B",
+        ],
+    );
+    assert_ok(&within);
+    let back = g.path().join("one.back");
+    let down = g.cp("alice", &[&g.url("/alice/one.bin"), back.to_str().unwrap()]);
+    assert_ok(&down);
+    for (what, out) in [("download", &down), ("upload", &up), ("within", &within)] {
+        let j = json(out);
+        assert_eq!(j["attempts"], 1, "{what}: {j}");
+        assert_eq!(j["retries"], 0, "{what}: {j}");
+    }
+}
+
+/// Repairing a damaged replica while a node holding another replica is down: the live good
+/// replica is a source, the damaged replica's node a target, so two good live copies can be had
+/// again.
+#[test]
+fn verify_repairs_while_another_replica_holder_is_down() {
+    let mut g = Grid::start();
+    let f = g.path().join("f.bin");
+    write_file(&f, 21, 1 << 20);
+    g.ok("alice", &["mkdir", "/alice"]);
+    assert_ok(&g.cp(
+        "alice",
+        &[f.to_str().unwrap(), &g.url("/alice/f.bin"), "--site", "A"],
+    ));
+    let j = g.json(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "3",
+            "--progress",
+            "never",
+            "--json",
+            "/alice/f.bin",
+        ],
+    );
+    assert_eq!(j["failures"].as_array().unwrap().len(), 0, "{j}");
+    let w = g.where_(&["/alice/f.bin".to_string()]);
+    let holders: Vec<String> = live_complete(&w[0], &[]).into_iter().map(|r| r.0).collect();
+    assert_eq!(holders.len(), 3, "{w:?}");
+    let spare = g
+        .nodes
+        .iter()
+        .find(|n| !holders.contains(&n.name))
+        .unwrap()
+        .name
+        .clone();
+    let (down, good, bad) = (&holders[0], &holders[1], &holders[2]);
+    // Two nodes down: one holding a replica, the one holding none.
+    g.kill_node(down);
+    g.kill_node(&spare);
+    g.wait_node_down(down);
+    g.wait_node_down(&spare);
+    // Damage the replica on a live node.
+    let file = g.replica_file(bad, "/alice/f.bin");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[4096] ^= 0xff;
+    std::fs::write(&file, &bytes).unwrap();
+
+    let out = g.run("alice", &["verify", "--json", "/alice/f.bin"]);
+    let v = json(&out);
+    assert_eq!(v["damaged"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["failures"].as_array().unwrap().len(), 0, "{v}");
+    assert_eq!(v["repaired"], 1, "{v}");
+    assert_ok(&out);
+    let mut last = Vec::new();
+    let ok = wait_for(SETTLE, || {
+        last = g.where_(&["/alice/f.bin".to_string()]);
+        let mut live: Vec<String> = live_complete(&last[0], &[])
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
+        live.sort();
+        let mut want = vec![good.clone(), bad.clone()];
+        want.sort();
+        let r = live == want;
+        if !r {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        r
+    });
+    assert!(ok, "two good live copies expected: {last:?}");
+    let back = g.path().join("f.back");
+    assert_ok(&g.cp("alice", &[&g.url("/alice/f.bin"), back.to_str().unwrap()]));
+    assert_same_file(&f, &back);
+}
+
+/// `haul run` runs tasks as the local account the certificate maps to (here `nobody`, so the
+/// nodes must run as root), on nodes holding the files, registers their outputs, reports
+/// failures by file, and moves the tasks of a node that dies to another holder.
+#[test]
+fn run_tasks_where_the_data_is() {
+    let me = std::process::Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&me.stdout).trim() != "0" {
+        eprintln!("SKIPPED: haul run needs the nodes to run as root to switch to `nobody`");
+        return;
+    }
+    let g = Grid::start();
+    // Tasks run as nobody: the node roots must be reachable by it.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(g.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (src, files) = sample_tree(g.path());
+    g.ok("runner", &["mkdir", "/r"]);
+    assert_ok(&g.cp(
+        "runner",
+        &["-r", src.to_str().unwrap(), &g.url("/r"), "--site", "A"],
+    ));
+    g.ok(
+        "runner",
+        &[
+            "replicate",
+            "-r",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "/r",
+        ],
+    );
+    g.ok("runner", &["mkdir", "/r/out"]);
+
+    // Every file once, as nobody, with its outputs registered in the grid.
+    let out = g.ok(
+        "runner",
+        &[
+            "run",
+            "--json",
+            "-P",
+            "2",
+            "--output",
+            "/r/out",
+            "/r/tree",
+            "--",
+            "sh",
+            "-c",
+            "wc -c < {} > {out}/{name}.n; id -u",
+        ],
+    );
+    let j = json(&out);
+    assert_eq!(j["succeeded"], files.len() as u64, "{j}");
+    let tasks = j["tasks"].as_array().unwrap();
+    let nobody = std::process::Command::new("id")
+        .args(["-u", "nobody"])
+        .output()
+        .unwrap();
+    let nobody = String::from_utf8_lossy(&nobody.stdout).trim().to_string();
+    for t in tasks {
+        assert_eq!(t["exit"], 0, "{t}");
+        assert_eq!(t["stdout"].as_str().unwrap().trim(), nobody, "{t}");
+        assert_eq!(t["outputs"].as_array().unwrap().len(), 1, "{t}");
+    }
+    for (rel, len) in &files {
+        let name = rel.rsplit('/').next().unwrap();
+        let dl = g.path().join(format!("{name}.n"));
+        assert_ok(&g.cp(
+            "runner",
+            &[&g.url(&format!("/r/out/{name}.n")), dl.to_str().unwrap()],
+        ));
+        assert_eq!(
+            std::fs::read_to_string(&dl).unwrap().trim(),
+            len.to_string()
+        );
+    }
+
+    // A command the nodes do not have: each file named with the reason, exit 1.
+    let out = g.run(
+        "runner",
+        &["run", "/r/tree/sub", "--", "no-such-command-xyz", "{}"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    for f in ["/r/tree/sub/one.txt", "/r/tree/sub/deep/mid.bin"] {
+        assert!(
+            err.contains(&format!("{f} on ")) && err.contains("command not found on node"),
+            "{err}"
+        );
+    }
+
+    // Output directory that does not exist: refused before anything runs.
+    let out = g.run(
+        "runner",
+        &["run", "--output", "/r/nope", "/r/tree", "--", "true"],
+    );
+    assert_exit(&out, 3, "/r/nope");
+
+    // A node dies while its tasks run: they run again on the other holder.
+    let mut cmd = g.cmd(
+        "runner",
+        &["run", "--json", "-P", "1", "/r/tree", "--", "sleep", "1"],
+    );
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut g = g;
+    g.kill_node("a1");
+    let out = child.wait_with_output().unwrap();
+    assert_ok(&out);
+    let j = json(&out);
+    assert_eq!(j["succeeded"], files.len() as u64, "{j}");
+    let failed_node = j["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == "a1")
+        .cloned()
+        .unwrap_or_default();
+    if failed_node["tasks"].as_u64().unwrap_or(0) < files.len() as u64 {
+        assert!(
+            failed_node["error"].is_string() || failed_node.is_null(),
+            "{j}"
+        );
+    }
+}
