@@ -54,8 +54,9 @@ pub enum Command {
     /// Issue certificates.
     #[command(subcommand)]
     Cert(CertCommand),
-    /// Run the whole thing on this machine: two TLS sites on loopback, a climate-like dataset
-    /// uploaded, copied site to site (encrypted, third party), downloaded and verified.
+    /// Run a whole grid on this machine: metadata server and two sites of two nodes on
+    /// loopback; a climate-like dataset copied in, replicated to the other site, verified on the
+    /// nodes, downloaded and compared.
     Demo(DemoArgs),
     /// The grid's metadata server.
     #[command(subcommand)]
@@ -274,7 +275,7 @@ pub struct ServeArgs {
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Stop after the report instead of keeping the sites up until Ctrl-C.
+    /// Stop after the report instead of keeping the grid and its dashboard up until Ctrl-C.
     #[arg(long)]
     pub exit: bool,
     /// Files in the generated dataset.

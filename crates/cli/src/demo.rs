@@ -1,24 +1,27 @@
 //! `haul demo`: the main job on the embedded default, on one machine. It creates a CA and
-//! certificates, starts two TLS endpoints ("site A" and "site B") on loopback, generates a
-//! small climate-like dataset from a fixed seed, uploads it to A, copies it from A to B as a
-//! third-party transfer with encrypted streams, downloads it back from B, verifies every file
-//! byte for byte and by checksum, and prints a report. With `--exit` it stops there; without,
-//! the endpoints stay up for you to try `haul cp` against them until Ctrl-C.
+//! certificates, starts a metadata server (SQLite in a temporary directory) and two sites of
+//! two storage nodes each on loopback, generates a small climate-like dataset from a fixed
+//! seed, copies it into the grid at site A, replicates it node to node to site B, has the nodes
+//! verify every replica's checksum where it is, downloads the dataset back from site B and
+//! compares it byte for byte, and prints a report (throughput, replicas per site, time). With
+//! `--exit` it stops there; without, the grid and its dashboard stay up until Ctrl-C.
 
 use crate::args::DemoArgs;
+use api::meta as pb;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use transfer::TransferError;
-use transfer::client::{self, CopyOptions, CopyReport, Location};
+use transfer::client::{CopyOptions, CopyReport, Location, Peer};
 use transfer::conn::ClientTls;
-use transfer::endpoint::{EndpointConfig, EndpointTls};
+use transfer::endpoint::EndpointTls;
 use transfer::pki::{self, Subject, Validity};
 use transfer::progress::Counters;
 use transfer::tls::{self, CredentialPaths, Credentials, Mapfile};
-use wire::control::{Protect, SessionOptions};
+use wire::control::SessionOptions;
 
 fn local(e: impl std::fmt::Display) -> TransferError {
     TransferError::Local(e.to_string())
@@ -86,63 +89,137 @@ fn verify_tree(a: &Path, b: &Path) -> Result<usize, String> {
     Ok(n)
 }
 
-struct Site {
-    url: String,
-    root: PathBuf,
-    stop: CancellationToken,
+const NODES: [(&str, &str); 4] = [("a1", "A"), ("a2", "A"), ("b1", "B"), ("b2", "B")];
+
+fn creds(base: &Path, name: &str) -> Result<Credentials, TransferError> {
+    Credentials::load(&CredentialPaths {
+        cert: base.join(format!("pki/{name}.pem")),
+        key: base.join(format!("pki/{name}.key")),
+        ca: base.join("pki/ca/ca.pem"),
+    })
 }
 
-async fn start_site(
-    name: &str,
-    root: PathBuf,
-    tls: EndpointTls,
+fn host_cert(base: &Path, name: &str) -> Result<(), TransferError> {
+    pki::issue(
+        &base.join("pki/ca"),
+        &base.join(format!("pki/{name}")),
+        &Subject::Host {
+            names: vec![name.into(), "localhost".into(), "127.0.0.1".into()],
+        },
+        "longhaul-demo",
+        &Validity::days(30),
+    )?;
+    Ok(())
+}
+
+/// Starts the metadata server; returns its API and dashboard addresses.
+async fn start_meta(
+    base: &Path,
     mapfile: Mapfile,
-) -> Result<Site, TransferError> {
-    std::fs::create_dir_all(&root).map_err(local)?;
+    stop: &CancellationToken,
+) -> Result<(std::net::SocketAddr, std::net::SocketAddr), TransferError> {
+    let dir = base.join("meta");
+    std::fs::create_dir_all(&dir).map_err(local)?;
+    let catalog = catalog::Catalog::open(&format!("sqlite:{}", dir.join("catalog.db").display()))
+        .await
+        .map_err(|e| TransferError::Local(format!("catalog: {e}")))?;
+    let settings = meta::Settings {
+        heartbeat: Duration::from_millis(500),
+        node_timeout: Duration::from_secs(3),
+        reconcile_every: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let m = Arc::new(meta::Meta::new(
+        catalog,
+        meta::auth::Identities {
+            mapfile,
+            groups: Default::default(),
+            admins: vec![],
+        },
+        settings,
+    ));
+    let c = creds(base, "meta")?;
+    m.set_client_tls(tls::client_config(&c)?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(local)?;
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(local)?;
+    let (addr, http_addr) = (
+        listener.local_addr().map_err(local)?,
+        http.local_addr().map_err(local)?,
+    );
+    let server = tls::server_config(&c)?;
+    let s = stop.clone();
+    tokio::spawn(async move {
+        if let Err(e) = meta::run(m, server, listener, Some(http), s.cancelled_owned()).await {
+            eprintln!("haul demo: metadata server failed: {e}");
+        }
+    });
+    Ok((addr, http_addr))
+}
+
+async fn start_node(
+    base: &Path,
+    name: &str,
+    site: &str,
+    meta: &Peer,
+    stop: &CancellationToken,
+) -> Result<(), TransferError> {
+    let c = creds(base, name)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(local)?;
     let addr = listener.local_addr().map_err(local)?;
-    let stop = CancellationToken::new();
-    let cfg = EndpointConfig {
-        root: root.clone(),
-        tls: Some(tls),
-        mapfile,
+    let cfg = node::NodeConfig {
+        name: name.into(),
+        site: site.into(),
+        root: base.join("nodes").join(name),
+        meta: meta.clone(),
+        advertise: addr.to_string(),
+        tls: EndpointTls {
+            server: tls::server_config(&c)?,
+            client: tls::client_config(&c)?,
+        },
         max_connections: 256,
-        read_only: false,
         link_bps: 10_000_000_000,
-        checkpoint_interval: std::time::Duration::from_secs(5),
-        spool: None,
-        stats: Default::default(),
+        capacity: Some(20_000_000_000),
     };
     let s = stop.clone();
+    let name = name.to_string();
     tokio::spawn(async move {
-        if let Err(e) = transfer::endpoint::run(cfg, listener, s.cancelled_owned()).await {
-            eprintln!("haul demo: endpoint failed: {e}");
+        if let Err(e) = node::run(cfg, listener, s.cancelled_owned()).await {
+            eprintln!("haul demo: node {name} failed: {e}");
         }
     });
-    println!(
-        "  site {name}: haul://localhost:{}/  (root {})",
-        addr.port(),
-        root.display()
-    );
-    Ok(Site {
-        url: format!("haul://localhost:{}", addr.port()),
-        root,
-        stop,
-    })
+    Ok(())
 }
 
-async fn step(
-    label: &str,
+fn show(label: &str, files: u64, bytes: u64, seconds: f64, how: &str) {
+    let rate = if seconds > 0.0 {
+        bytes as f64 * 8.0 / seconds
+    } else {
+        0.0
+    };
+    println!(
+        "  {label:<36} {files:>4} files {:>10} in {seconds:>5.2} s  {:>14}  {how}",
+        wire::units::format_bytes(bytes),
+        wire::units::format_rate(rate),
+    );
+}
+
+async fn grid_copy(
+    m: &grid::MetaClient,
     src: &str,
     dst: &str,
-    opts: &CopyOptions,
+    opts: &grid::copy::GridOptions,
 ) -> Result<CopyReport, TransferError> {
     let counters = Arc::new(Counters::default());
     let (tx, mut rx) = mpsc::unbounded_channel();
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let r = client::copy(
+    let r = grid::copy::copy(
+        m,
         &Location::parse(src)?,
         &Location::parse(dst)?,
         opts,
@@ -153,19 +230,14 @@ async fn step(
     .await?;
     if r.files_failed > 0 {
         return Err(TransferError::Integrity(format!(
-            "{label}: {} files failed",
-            r.files_failed
+            "{src} -> {dst}: {} files failed ({})",
+            r.files_failed,
+            r.first_failure
+                .as_ref()
+                .map(|e| e.message.clone())
+                .unwrap_or_default()
         )));
     }
-    println!(
-        "  {label:<34} {:>4} files {:>10} in {:>5.2} s  {:>14}  {} streams, {}",
-        r.files,
-        wire::units::format_bytes(r.bytes_total),
-        r.seconds,
-        wire::units::format_rate(r.mbit_per_s * 1e6),
-        r.streams,
-        r.protect
-    );
     Ok(r)
 }
 
@@ -181,18 +253,13 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     };
     println!("longhaul demo in {}", base.display());
 
-    // A federation's CA, one host certificate for both sites, one user.
+    // The federation's CA, host certificates for meta and the nodes, one user.
     let ca = base.join("pki/ca");
     pki::init_ca(&ca, "longhaul-demo", 30)?;
-    pki::issue(
-        &ca,
-        &base.join("pki/host"),
-        &Subject::Host {
-            names: vec!["localhost".into(), "127.0.0.1".into()],
-        },
-        "longhaul-demo",
-        &Validity::days(30),
-    )?;
+    host_cert(&base, "meta")?;
+    for (n, _) in NODES {
+        host_cert(&base, n)?;
+    }
     let user = pki::issue(
         &ca,
         &base.join("pki/scientist"),
@@ -204,24 +271,36 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     )?;
     let mapfile =
         Mapfile::parse(&format!("\"{user}\" scientist\n")).map_err(TransferError::Usage)?;
-    let host = Credentials::load(&CredentialPaths {
-        cert: base.join("pki/host.pem"),
-        key: base.join("pki/host.key"),
-        ca: ca.join("ca.pem"),
-    })?;
-    let ep_tls = EndpointTls {
-        server: tls::server_config(&host)?,
-        client: tls::client_config(&host)?,
-    };
-    let me = Credentials::load(&CredentialPaths {
-        cert: base.join("pki/scientist.pem"),
-        key: base.join("pki/scientist.key"),
-        ca: ca.join("ca.pem"),
-    })?;
+    std::fs::write(base.join("pki/mapfile"), format!("\"{user}\" scientist\n")).map_err(local)?;
     println!("  CA and certificates: user {user} mapped to \"scientist\"");
 
-    let site_a = start_site("A", base.join("site-a"), ep_tls.clone(), mapfile.clone()).await?;
-    let site_b = start_site("B", base.join("site-b"), ep_tls, mapfile).await?;
+    let stop = CancellationToken::new();
+    let (meta_addr, http_addr) = start_meta(&base, mapfile, &stop).await?;
+    let meta_peer = Peer::new("127.0.0.1", meta_addr.port());
+    for (n, site) in NODES {
+        start_node(&base, n, site, &meta_peer, &stop).await?;
+    }
+    println!(
+        "  metadata server haul://127.0.0.1:{} (SQLite), dashboard http://{http_addr}/",
+        meta_addr.port()
+    );
+    let me = creds(&base, "scientist")?;
+    let m = grid::MetaClient::connect(&meta_peer, tls::client_config(&me)?).await?;
+    let t = Instant::now();
+    loop {
+        let up = m.nodes().await?.iter().filter(|n| n.up).count();
+        if up == NODES.len() {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            return Err(TransferError::Connect(format!(
+                "only {up} of {} storage nodes registered within 20 s",
+                NODES.len()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("  storage nodes: a1, a2 at site A; b1, b2 at site B (all up)");
 
     let sizes = dataset_sizes(a.files, a.median_mb * 1e6, 2009);
     let data = base.join("cmip-demo");
@@ -233,7 +312,8 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         a.median_mb
     );
 
-    let mut opts = CopyOptions {
+    let url = |p: &str| format!("haul://127.0.0.1:{}{p}", meta_addr.port());
+    let copy = CopyOptions {
         recursive: true,
         range: None,
         session: SessionOptions {
@@ -246,75 +326,172 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
             config: tls::client_config(&me)?,
         }),
         link_bps: 10_000_000_000,
-        checkpoint_interval: std::time::Duration::from_secs(5),
+        checkpoint_interval: Duration::from_secs(5),
     };
-    let up = step(
-        "upload to site A",
-        &data.to_string_lossy(),
-        &format!("{}/", site_a.url),
-        &opts,
-    )
-    .await?;
-    opts.session.protect = Protect::Private;
-    step(
-        "A -> B third-party, encrypted",
-        &format!("{}/cmip-demo", site_a.url),
-        &format!("{}/mirror", site_b.url),
-        &opts,
-    )
-    .await?;
-    opts.session.protect = Protect::Clear;
-    let back = base.join("back");
-    step(
-        "download from site B",
-        &format!("{}/mirror", site_b.url),
-        &back.to_string_lossy(),
-        &opts,
-    )
-    .await?;
+    let mut gopts = grid::copy::GridOptions {
+        copy,
+        site: Some("A".into()),
+        overwrite: true,
+        max_sessions: 4,
+    };
+    m.mkdir("/cmip", 0o755, false).await?;
+    let up = grid_copy(&m, &data.to_string_lossy(), &url("/cmip"), &gopts).await?;
+    show(
+        "copy into the grid at site A",
+        up.files,
+        up.bytes_total,
+        up.seconds,
+        &format!("{} streams, client -> nodes", up.streams),
+    );
 
-    // Verify: every copy byte for byte against the original, and the checksums reported by
-    // the endpoints against an independent computation.
-    let n_a =
-        verify_tree(&data, &site_a.root.join("cmip-demo")).map_err(TransferError::Integrity)?;
-    let n_b = verify_tree(&data, &site_b.root.join("mirror")).map_err(TransferError::Integrity)?;
-    let n_back = verify_tree(&data, &back).map_err(TransferError::Integrity)?;
-    let mut checked = 0;
-    for f in up.file_list.iter().filter(|f| !f.checksums.is_empty()) {
-        let path = data.parent().unwrap_or(&data).join(&f.path);
-        let bytes = std::fs::read(&path).map_err(local)?;
-        for d in wire::checksum::digest_bytes(&opts.session.checksums, &bytes) {
-            if f.checksums.get(d.algorithm.name()) != Some(&d.hex()) {
-                return Err(TransferError::Integrity(format!(
-                    "{}: {} differs",
-                    f.path, d.algorithm
-                )));
-            }
-            checked += 1;
+    // Replication: node to node, in parallel, bounded per node.
+    let mut stream = m
+        .files
+        .clone()
+        .replicate(pb::ReplicateRequest {
+            paths: vec!["/cmip".into()],
+            copies: 2,
+            sites: vec!["B".into()],
+            recursive: true,
+        })
+        .await
+        .map_err(grid::client::from_status)?
+        .into_inner();
+    let mut rep = None;
+    while let Some(p) = stream.message().await.map_err(grid::client::from_status)? {
+        if p.finished {
+            rep = Some(p);
+            break;
         }
     }
+    let rep = rep.ok_or_else(|| TransferError::Local("replication did not finish".into()))?;
+    if !rep.failures.is_empty() {
+        return Err(TransferError::Integrity(format!(
+            "replication: {}",
+            rep.failures[0].message
+        )));
+    }
+    show(
+        "replicate A -> B, node to node",
+        rep.copies_made,
+        rep.bytes_done,
+        rep.seconds,
+        "copies=2 sites=B, third party",
+    );
+
+    // Verification where the data is: every replica's checksum recomputed by its node.
+    let mut stream = m
+        .files
+        .clone()
+        .verify(pb::VerifyRequest {
+            paths: vec!["/cmip".into()],
+            recursive: true,
+            repair: true,
+        })
+        .await
+        .map_err(grid::client::from_status)?
+        .into_inner();
+    let mut ver = None;
+    while let Some(p) = stream.message().await.map_err(grid::client::from_status)? {
+        if p.finished {
+            ver = Some(p);
+            break;
+        }
+    }
+    let ver = ver.ok_or_else(|| TransferError::Local("verification did not finish".into()))?;
+    if !ver.damaged.is_empty() || !ver.failures.is_empty() {
+        return Err(TransferError::Integrity(format!(
+            "verification found {} damaged replicas, {} failures",
+            ver.damaged.len(),
+            ver.failures.len()
+        )));
+    }
+    show(
+        "verify every replica on its node",
+        ver.checked,
+        ver.bytes_checked,
+        ver.seconds,
+        "checksums recomputed, all match",
+    );
+
+    gopts.site = Some("B".into());
+    let back = base.join("back");
+    let down = grid_copy(&m, &url("/cmip/cmip-demo"), &back.to_string_lossy(), &gopts).await?;
+    show(
+        "download from site B",
+        down.files,
+        down.bytes_total,
+        down.seconds,
+        &format!("{} streams, nodes -> client", down.streams),
+    );
+
+    // Byte for byte against the original, and the catalog's checksums against an
+    // independent computation.
+    let n_back = verify_tree(
+        &data,
+        &back
+            .join("cmip-demo")
+            .canonicalize()
+            .unwrap_or(back.clone()),
+    )
+    .or_else(|_| verify_tree(&data, &back))
+    .map_err(TransferError::Integrity)?;
+    let reply = m
+        .open_read(pb::OpenReadRequest {
+            paths: vec!["/cmip".into()],
+            recursive: true,
+            ..Default::default()
+        })
+        .await?;
+    let mut per_site: BTreeMap<String, u64> = BTreeMap::new();
+    let mut checked = 0;
+    for f in &reply.files {
+        for r in &f.replicas {
+            *per_site.entry(r.site.clone()).or_default() += 1;
+        }
+        let rel = f.path.trim_start_matches("/cmip/cmip-demo/");
+        let bytes = std::fs::read(data.join(rel)).map_err(local)?;
+        let want = wire::checksum::parse_digests(&f.checksum).map_err(TransferError::Integrity)?;
+        let algos: Vec<_> = want.iter().map(|d| d.algorithm).collect();
+        let ours = wire::checksum::digest_bytes(&algos, &bytes);
+        wire::checksum::digests_match(&ours, &want).map_err(|e| {
+            TransferError::Integrity(format!("{}: catalog checksum differs: {e}", f.path))
+        })?;
+        checked += want.len();
+    }
+    let sites: Vec<String> = per_site
+        .iter()
+        .map(|(s, n)| format!("site {s}: {n}"))
+        .collect();
     println!(
-        "\n  verified: {n_a} files at A, {n_b} at B, {n_back} downloaded, all byte-identical; {checked} checksums (crc32c, adler32, md5) match"
+        "\n  replicas per site: {}; every file at both sites",
+        sites.join(", ")
+    );
+    println!(
+        "  verified: {n_back} files downloaded byte-identical; {checked} catalog checksums (crc32c, adler32, md5) match an independent computation"
     );
     println!("  total {:.1} s", started.elapsed().as_secs_f64());
 
     if a.exit {
-        site_a.stop.cancel();
-        site_b.stop.cancel();
+        stop.cancel();
+        tokio::time::sleep(Duration::from_millis(200)).await;
         drop(tmp);
         return Ok(0);
     }
-    println!("\nThe two sites stay up. Try, in another terminal:");
+    println!("\nThe grid stays up. Dashboard: http://{http_addr}/   In another terminal:");
     println!(
-        "  haul cp --cert {0}/pki/scientist.pem --key {0}/pki/scientist.key --ca {1} -r {2}/mirror ./mirror",
+        "  export HAUL_CERT={0}/pki/scientist.pem HAUL_KEY={0}/pki/scientist.key HAUL_CA={1} HAUL_META=haul://127.0.0.1:{2}",
         base.display(),
         ca.join("ca.pem").display(),
-        site_b.url
+        meta_addr.port()
+    );
+    println!(
+        "  haul ls -l /cmip/cmip-demo; haul where /cmip/cmip-demo/tas/run001.nc; haul df; haul status"
     );
     println!("Ctrl-C stops the demo.");
     let _ = tokio::signal::ctrl_c().await;
-    site_a.stop.cancel();
-    site_b.stop.cancel();
+    stop.cancel();
+    tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(0)
 }
 
