@@ -772,6 +772,8 @@ impl Catalog {
     ) -> Result<Vec<Result<Inode>>> {
         let mut seen = HashSet::new();
         let mut w = self.wtx().await?;
+        // Files of a batch mostly share their directory: resolve each once per transaction.
+        let mut parents = HashMap::new();
         let mut out = Vec::with_capacity(items.len());
         let mut failed_db = None;
         for it in items {
@@ -779,7 +781,7 @@ impl Catalog {
                 Ok(n) if !seen.insert(n.clone()) => {
                     Err(CatalogError::Invalid(format!("{n}: named twice")))
                 }
-                Ok(_) => self.create_one(&mut w, it, overwrite).await,
+                Ok(_) => self.create_one(&mut w, it, overwrite, &mut parents).await,
                 Err(e) => Err(e),
             };
             if let Err(CatalogError::Database(d)) = &r {
@@ -802,7 +804,9 @@ impl Catalog {
             let mut out = Vec::with_capacity(items.len());
             for it in items {
                 let mut w = self.wtx().await?;
-                let r = self.create_one(&mut w, it, overwrite).await;
+                let r = self
+                    .create_one(&mut w, it, overwrite, &mut HashMap::new())
+                    .await;
                 let ok = r.is_ok();
                 let r2 = self
                     .done(
@@ -826,10 +830,24 @@ impl Catalog {
         Ok(out)
     }
 
-    async fn create_one(&self, w: &mut WTx, it: &CreateItem, overwrite: bool) -> Result<Inode> {
-        let (dir, name) = self
-            .parent_dir(&mut w.tx, &it.path, Scope::Write(&w.touched))
-            .await?;
+    async fn create_one(
+        &self,
+        w: &mut WTx,
+        it: &CreateItem,
+        overwrite: bool,
+        parents: &mut HashMap<String, Inode>,
+    ) -> Result<Inode> {
+        let (parent, name) = parent_and_name(&it.path)?;
+        let dir = match parents.get(&parent) {
+            Some(d) => d.clone(),
+            None => {
+                let (d, _) = self
+                    .parent_dir(&mut w.tx, &it.path, Scope::Write(&w.touched))
+                    .await?;
+                parents.insert(parent, d.clone());
+                d
+            }
+        };
         let e = &it.entry;
         let now = now_ms();
         // One statement in the common case: insert unless the name is taken; only when it is
