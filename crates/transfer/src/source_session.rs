@@ -857,6 +857,32 @@ async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
 /// to other traffic; such paths are where BBR keeps its rate and loss-based algorithms collapse
 /// (reference: 1 Gbit/s, 100 ms, 0.1% loss: 8 cubic streams 34%, one BBR stream 93%). When
 /// congestion control was not chosen by the user, the streams switch to BBR once.
+/// The lowest round-trip time (µs) any connection of this process has seen to a peer host.
+/// A connection opened while a shared bottleneck's queue was already full (a node starting
+/// its third replication session on a busy link) has an inflated `min_rtt` of its own: against
+/// it, queue drops look like random loss.
+fn path_base_rtt(fd: RawFd, own_min: u32) -> u32 {
+    static BASE: std::sync::OnceLock<Mutex<std::collections::HashMap<std::net::IpAddr, u32>>> =
+        std::sync::OnceLock::new();
+    // SAFETY: the descriptor is open while it is in the session's socket list.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let sock = socket2::SockRef::from(&borrowed);
+    let Some(ip) = sock
+        .peer_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .map(|a| a.ip())
+    else {
+        return own_min;
+    };
+    let mut map = BASE.get_or_init(Default::default).lock().expect("rtt lock");
+    let e = map.entry(ip).or_insert(own_min);
+    if own_min > 0 && (own_min < *e || *e == 0) {
+        *e = own_min;
+    }
+    *e
+}
+
 struct LossDetector {
     enabled: bool,
     started: Instant,
@@ -900,7 +926,8 @@ impl LossDetector {
             }
             lost += delta;
             lossy += 1;
-            if info.min_rtt > 0 && (info.rtt as f64) < 1.25 * info.min_rtt as f64 {
+            let base = path_base_rtt(*fd, info.min_rtt);
+            if base > 0 && (info.rtt as f64) < 1.25 * base as f64 {
                 unqueued += 1;
             }
         }

@@ -805,6 +805,12 @@ impl<P> Source<P> {
             .map(|s| s.rate)
             .sum();
         let room = self.peak_rate > 0.0 && active_rate < 0.5 * self.peak_rate;
+        // A stream is slow only against its fair share of the session's peak: when the path is
+        // shared with other sessions (replication runs many at once), every stream of this
+        // session slows down together, and copies of their blocks would only take capacity
+        // from the others on the same link.
+        let alive = self.streams.iter().filter(|s| s.alive).count().max(1) as f64;
+        let fair = self.peak_rate / alive;
         let mut victim: Option<(f64, usize)> = None;
         for (i, s) in self.streams.iter().enumerate() {
             if i as u32 == stream || !s.alive || s.sent.is_empty() {
@@ -816,7 +822,7 @@ impl<P> Source<P> {
             } else {
                 f64::INFINITY
             };
-            let slow = room && drain > self.cfg.hedge_after.as_secs_f64();
+            let slow = room && drain > self.cfg.hedge_after.as_secs_f64() && s.rate < 0.25 * fair;
             if !(stuck || slow) {
                 continue;
             }
