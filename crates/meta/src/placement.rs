@@ -68,6 +68,11 @@ pub fn place(
     } else {
         up
     };
+    // For balance each file weighs at least SPREAD bytes: a request of many small files is
+    // spread over the nodes (parallel reads and computing later) instead of landing on the
+    // one with the most room.
+    const SPREAD: u64 = 64 << 20;
+    let mut weight: HashMap<usize, u64> = HashMap::new();
     let mut out = vec![0usize; sizes.len()];
     for f in order {
         let need = sizes[f];
@@ -82,7 +87,7 @@ pub fn place(
                 room >= need
             })
             .max_by(|a, b| {
-                let got = |i: &usize| *assigned.get(i).unwrap_or(&0);
+                let got = |i: &usize| *weight.get(i).unwrap_or(&0);
                 score(&nodes[*a], got(a)).total_cmp(&score(&nodes[*b], got(b)))
             });
         let Some(b) = best else {
@@ -102,6 +107,7 @@ pub fn place(
             });
         };
         *assigned.entry(b).or_default() += need.max(1);
+        *weight.entry(b).or_default() += need.max(SPREAD);
         out[f] = b;
     }
     Ok(out)
@@ -133,6 +139,26 @@ pub fn order_replicas<'a>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn many_small_files_are_spread_over_the_site() {
+        let nodes: Vec<NodeView> = ["a1", "a2", "b1"]
+            .iter()
+            .map(|n| NodeView {
+                name: n.to_string(),
+                site: if n.starts_with('a') { "A" } else { "B" }.into(),
+                free: 1 << 40,
+                capacity: 1 << 40,
+                load: 0.0,
+                up: true,
+                rate: 0,
+            })
+            .collect();
+        let out = place(&[4; 1000], &nodes, Some("A")).unwrap();
+        let on = |i| out.iter().filter(|x| **x == i).count();
+        assert_eq!(on(2), 0, "the client's site holds them all");
+        assert!(on(0).abs_diff(on(1)) <= 1, "{} vs {}", on(0), on(1));
+    }
+
     use super::*;
 
     const G: u64 = 1 << 30;
