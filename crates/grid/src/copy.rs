@@ -44,7 +44,7 @@ pub struct GridOptions {
     pub max_sessions: usize,
 }
 
-fn cap(c: &Option<pb::Capability>) -> Option<SignedGrant> {
+pub(crate) fn cap(c: &Option<pb::Capability>) -> Option<SignedGrant> {
     c.as_ref().map(|c| SignedGrant {
         token: c.token.clone(),
         mac: c.mac.clone(),
@@ -341,13 +341,21 @@ impl Tally {
         }
     }
 
+    /// Announces every failed file on `events` and builds the copy's report.
     fn report(
         self,
         src: String,
         dst: String,
         opts: &GridOptions,
         counters: &Counters,
+        events: &EventSender,
     ) -> Result<CopyReport, TransferError> {
+        for (p, e) in &self.failed {
+            let _ = events.send(Event::FileFailed {
+                path: p.clone(),
+                error: e.to_info(),
+            });
+        }
         let seconds = self.started.elapsed().as_secs_f64();
         let failures: Vec<(String, String)> = self
             .failed
@@ -551,7 +559,6 @@ async fn upload(
         }
         tally.attempts = round;
         let mut jobs = Vec::new();
-        let mut all_ids = Vec::new();
         for chunk in todo.chunks(SESSION_FILES) {
             let req = pb::CreateFilesRequest {
                 files: chunk
@@ -578,7 +585,6 @@ async fn upload(
                 tally.ok(&c.path, 0, &[], &events);
             }
             for pl in reply.placements {
-                all_ids.extend(pl.ids.iter().copied());
                 let peer = Peer::parse(&pl.address)?;
                 let mut names = HashMap::new();
                 let mut list = Vec::new();
@@ -672,19 +678,13 @@ async fn upload(
         if cancel.is_cancelled() {
             return Err(TransferError::Interrupted);
         }
-        let _ = all_ids;
-    }
-    for (p, e) in &tally.failed {
-        let _ = events.send(Event::FileFailed {
-            path: p.clone(),
-            error: e.to_info(),
-        });
     }
     tally.report(
         local.display().to_string(),
         format!("haul://{}{}", meta.addr, dest),
         opts,
         &counters,
+        &events,
     )
 }
 
@@ -1047,17 +1047,12 @@ async fn download(
             return Err(TransferError::Interrupted);
         }
     }
-    for (p, e) in &tally.failed {
-        let _ = events.send(Event::FileFailed {
-            path: p.clone(),
-            error: e.to_info(),
-        });
-    }
     tally.report(
         format!("haul://{}{}", meta.addr, src),
         local.display().to_string(),
         opts,
         &counters,
+        &events,
     )
 }
 
@@ -1285,17 +1280,12 @@ async fn within(
             return Err(TransferError::Interrupted);
         }
     }
-    for (p, e) in &tally.failed {
-        let _ = events.send(Event::FileFailed {
-            path: p.clone(),
-            error: e.to_info(),
-        });
-    }
     tally.report(
         format!("haul://{}{}", meta.addr, src),
         format!("haul://{}{}", meta.addr, dst),
         opts,
         &counters,
+        &events,
     )
 }
 
