@@ -10,7 +10,7 @@ use std::sync::Arc;
 use transfer::TransferError;
 use transfer::progress::Counters;
 
-fn paths_on_one_meta(
+pub(crate) fn paths_on_one_meta(
     paths: &[String],
 ) -> Result<(transfer::client::Peer, Vec<String>), TransferError> {
     let mut peer = None;

@@ -8,19 +8,7 @@ use transfer::TransferError;
 use transfer::conn::ClientTls;
 
 pub async fn run(a: RunArgs) -> Result<u8, TransferError> {
-    let mut peer = None;
-    let mut paths = Vec::new();
-    for p in &a.paths {
-        let (m, path) = target(p)?;
-        if peer.as_ref().is_some_and(|q| *q != m) {
-            return Err(TransferError::Usage(
-                "all paths must be on the same metadata server".into(),
-            ));
-        }
-        peer = Some(m);
-        paths.push(path);
-    }
-    let peer = peer.ok_or_else(|| TransferError::Usage("no path given".into()))?;
+    let (peer, paths) = crate::repl_cmd::paths_on_one_meta(&a.paths)?;
     let output = match &a.output {
         Some(o) => Some(target(o)?.1),
         None => None,

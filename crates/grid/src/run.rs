@@ -15,7 +15,6 @@ use transfer::TransferError;
 use transfer::client::{Peer, start_run};
 use transfer::conn::ClientTls;
 use wire::control::{ListedFile, Response, RunSpec, RunTask, TaskResult};
-use wire::grant::SignedGrant;
 
 /// What to run and how.
 #[derive(Clone, Default)]
@@ -393,10 +392,7 @@ impl Worker {
             output: self.opts.output.clone().unwrap_or_default(),
             parallel: self.opts.parallel.max(1),
             timeout_s: self.opts.timeout_s,
-            grant: self.access.capability.as_ref().map(|c| SignedGrant {
-                token: c.token.clone(),
-                mac: c.mac.clone(),
-            }),
+            grant: crate::copy::cap(&self.access.capability),
         };
         let mut ch = start_run(&peer, spec, self.opts.tls.as_ref())
             .await

@@ -932,7 +932,6 @@ async fn verify_files(
 }
 
 fn checksum_file(root: &Root, f: &ListedFile, path: &std::path::Path) -> control::VerifyResult {
-    use std::io::Read;
     let mut result = control::VerifyResult {
         locator: f.locator.clone(),
         size: 0,
@@ -946,33 +945,47 @@ fn checksum_file(root: &Root, f: &ListedFile, path: &std::path::Path) -> control
             return result;
         }
     };
-    let mut algos: Vec<wire::checksum::Algorithm> = f.expect.iter().map(|d| d.algorithm).collect();
+    let algos: Vec<wire::checksum::Algorithm> = f.expect.iter().map(|d| d.algorithm).collect();
+    let (size, digests) = digest_reader(&mut file, &algos);
+    result.size = size;
+    match digests {
+        Ok(d) => result.digests = d,
+        Err(e) => result.error = Some(crate::error::io_info(&f.name, &e)),
+    }
+    result
+}
+
+/// Reads `r` to its end: the bytes read, and their CRC32C plus `algos` (sorted), or the read
+/// error that stopped it.
+pub(crate) fn digest_reader(
+    mut r: impl std::io::Read,
+    algos: &[wire::checksum::Algorithm],
+) -> (u64, std::io::Result<Vec<wire::checksum::Digest>>) {
+    let mut algos = algos.to_vec();
     algos.retain(|a| *a != wire::checksum::Algorithm::Crc32c);
     let mut hasher = wire::checksum::MultiHasher::new(&algos);
     let mut crc = 0u32;
+    let mut size = 0u64;
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        match file.read(&mut buf) {
+        match r.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
                 crc = wire::checksum::crc32c_append(crc, &buf[..n]);
                 if hasher.needs_bytes() {
                     hasher.update(&buf[..n]);
                 }
-                result.size += n as u64;
+                size += n as u64;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                result.error = Some(crate::error::io_info(&f.name, &e));
-                return result;
-            }
+            Err(e) => return (size, Err(e)),
         }
     }
-    result.digests.push(wire::checksum::Digest {
+    let mut digests = vec![wire::checksum::Digest {
         algorithm: wire::checksum::Algorithm::Crc32c,
         value: crc.to_be_bytes().to_vec(),
-    });
-    result.digests.extend(hasher.finish());
-    result.digests.sort_by_key(|d| d.algorithm);
-    result
+    }];
+    digests.extend(hasher.finish());
+    digests.sort_by_key(|d| d.algorithm);
+    (size, Ok(digests))
 }

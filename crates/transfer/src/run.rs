@@ -11,8 +11,6 @@ use crate::TransferError;
 use crate::conn::{ControlReader, ControlWriter};
 use crate::spool::{self, Spool};
 use cap_std::fs::Dir;
-use std::collections::HashMap;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -519,7 +517,8 @@ fn register_outputs(
         }
         let mode = m.mode() & 0o777;
         let _ = f.set_permissions(std::fs::Permissions::from_mode(0o644));
-        let (size, digests) = checksum(f).map_err(|e| io(&name, e))?;
+        let (size, digests) = crate::endpoint::digest_reader(f, &[]);
+        let digests = digests.map_err(|e| io(&name, e))?;
         let mtime = m
             .modified()
             .ok()
@@ -627,46 +626,6 @@ fn collect(
         }
     }
     Ok(())
-}
-
-fn checksum(mut f: std::fs::File) -> std::io::Result<(u64, Vec<Digest>)> {
-    let mut crc = 0u32;
-    let mut size = 0u64;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                crc = wire::checksum::crc32c_append(crc, &buf[..n]);
-                size += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok((
-        size,
-        vec![Digest {
-            algorithm: wire::checksum::Algorithm::Crc32c,
-            value: crc.to_be_bytes().to_vec(),
-        }],
-    ))
-}
-
-/// Counts tasks by how they ended (for summaries).
-pub fn tally(results: &[TaskResult]) -> HashMap<&'static str, usize> {
-    let mut m = HashMap::new();
-    for r in results {
-        let k = if r.error.is_some() {
-            "error"
-        } else if r.exit == Some(0) {
-            "ok"
-        } else {
-            "failed"
-        };
-        *m.entry(k).or_insert(0) += 1;
-    }
-    m
 }
 
 #[cfg(test)]
