@@ -49,6 +49,7 @@ fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferEr
         fsync: !a.no_fsync,
         stall_timeout_ms: a.stall_timeout.as_millis() as u64,
         file_attempts: 3,
+        shared_path: false,
     };
     Ok(CopyOptions {
         recursive: a.recursive,
@@ -61,6 +62,7 @@ fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferEr
         tls,
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
+        control_pool: None,
     })
 }
 

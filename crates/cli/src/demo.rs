@@ -327,6 +327,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         }),
         link_bps: 10_000_000_000,
         checkpoint_interval: Duration::from_secs(5),
+        control_pool: None,
     };
     let mut gopts = grid::copy::GridOptions {
         copy,

@@ -186,7 +186,18 @@ fn spawn_background(
     let s = stop.clone();
     let every = m.settings.reconcile_every;
     let reconciler = tokio::spawn(reconcile::run(m, every, s));
-    let mut tasks = vec![liveness, pending, reconciler];
+    let m = meta.clone();
+    let s = stop.clone();
+    let warmer = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(transfer::control_pool::ControlPool::WARM_EVERY);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => m.warm_node_connections(),
+                _ = s.cancelled() => return,
+            }
+        }
+    });
+    let mut tasks = vec![liveness, pending, reconciler, warmer];
     if let Some(every) = meta.settings.scrub_every {
         tasks.push(tokio::spawn(verify::scrub(
             meta.clone(),

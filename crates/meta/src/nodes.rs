@@ -54,6 +54,8 @@ impl NodeService for NodeServiceImpl {
             .await
             .map_err(status)?;
         m.refresh_nodes().await.map_err(status)?;
+        // Its first session need not wait for the next round of the connection warmer.
+        m.warm_node_connections();
         m.event(format!(
             "node {} registered (site {}, {}, {} GB free)",
             node.name,

@@ -269,7 +269,8 @@ pub struct Progress {
 /// How a run goes.
 #[derive(Clone)]
 pub struct ExecOptions {
-    /// Sessions a node sends (and, separately, receives) at once.
+    /// Sessions a node sends (and, separately, receives) at once, not counting sessions
+    /// that are ending (they give their slots back early, see `Ending`).
     pub per_node: u32,
     /// Files per session at most.
     pub batch_files: usize,
@@ -296,6 +297,8 @@ struct SessionDone {
     session_error: Option<TransferError>,
     bytes: u64,
     seconds: f64,
+    /// The session gave its slots back before it ended.
+    released: bool,
 }
 
 /// Runs replication tasks; returns when all are done or failed (or on cancel).
@@ -313,6 +316,17 @@ pub async fn execute(
     progress
         .bytes_needed
         .fetch_add(total_bytes, Ordering::Relaxed);
+    // Largest files first, so that what is left at the end is small files in small
+    // sessions that finish together: a big file started late would hold the link's last
+    // seconds with one session's streams, too few (and with too small windows) to fill it.
+    let mut tasks = tasks;
+    tasks.sort_by_key(|t| std::cmp::Reverse(t.inode.size));
+    // Bytes still queued per source node: each node can send only what it holds, so the run
+    // ends when the fullest one is done, and those go first.
+    let mut queued_by_src: HashMap<String, u64> = HashMap::new();
+    for t in &tasks {
+        account(&mut queued_by_src, t, true);
+    }
     let mut queue: VecDeque<Task> = tasks.into();
     let mut send_busy: HashMap<String, u32> = HashMap::new();
     let mut recv_busy: HashMap<String, u32> = HashMap::new();
@@ -321,8 +335,8 @@ pub async fn execute(
     // Bytes given to each node in this run, for balance.
     let mut given: HashMap<String, u64> = HashMap::new();
     let mut running = tokio::task::JoinSet::new();
-    let node_count = meta.nodes().iter().filter(|n| n.node.up).count().max(1) as u64;
-    let batch_bytes = (total_bytes / (node_count * 2)).clamp(64 << 20, 1 << 30);
+    // Sessions about to finish give their slots back early (see `run_session`).
+    let (release_tx, mut release_rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
     loop {
         if cancel.is_cancelled() {
             break;
@@ -335,23 +349,21 @@ pub async fn execute(
             .map(|n| (n.node.name.clone(), n))
             .collect();
         let mut launched = false;
-        let mut i = 0;
-        while i < queue.len() {
-            let t = &queue[i];
-            let Some((src, dst)) = choose(
-                t,
-                &nodes,
-                &send_busy,
-                &recv_busy,
-                &inflight,
-                &given,
-                &meta,
-                opts.per_node,
-            ) else {
-                i += 1;
-                continue;
-            };
-            // Gather more tasks for the same pair.
+        while let Some((i, src, dst)) = next_launch(
+            &queue,
+            &queued_by_src,
+            &nodes,
+            &send_busy,
+            &recv_busy,
+            &inflight,
+            &given,
+            &meta,
+            opts.per_node,
+        ) {
+            // Gather more tasks for the same pair, up to a share of what the source still has
+            // queued: big sessions while much is left (fewer set-ups), small ones at the end
+            // (no session is left running alone for long).
+            let batch_bytes = batch_bytes(queued_by_src[&src], opts.per_node);
             let mut batch = vec![queue.remove(i).expect("index in range")];
             let mut bytes = batch[0].inode.size;
             let mut j = i;
@@ -367,6 +379,9 @@ pub async fn execute(
                     j += 1;
                 }
             }
+            for b in &batch {
+                account(&mut queued_by_src, b, false);
+            }
             *send_busy.entry(src.clone()).or_default() += 1;
             *recv_busy.entry(dst.clone()).or_default() += 1;
             *given.entry(dst.clone()).or_default() += bytes;
@@ -376,7 +391,8 @@ pub async fn execute(
             progress.sessions.fetch_add(1, Ordering::Relaxed);
             let (m, p, c) = (meta.clone(), progress.clone(), cancel.clone());
             let (s, d) = (nodes[&src].clone(), nodes[&dst].clone());
-            running.spawn(async move { run_session(m, s, d, batch, p, c).await });
+            let release = release_tx.clone();
+            running.spawn(async move { run_session(m, s, d, batch, p, c, release).await });
             launched = true;
         }
         if running.is_empty() {
@@ -397,12 +413,19 @@ pub async fn execute(
         }
         let finished = tokio::select! {
             r = running.join_next() => r,
+            Some((src, dst)) = release_rx.recv() => {
+                *send_busy.entry(src).or_default() -= 1;
+                *recv_busy.entry(dst).or_default() -= 1;
+                continue;
+            }
             _ = cancel.cancelled() => break,
         };
         let Some(Ok(done)) = finished else { continue };
         progress.sessions.fetch_sub(1, Ordering::Relaxed);
-        *send_busy.entry(done.src.clone()).or_default() -= 1;
-        *recv_busy.entry(done.dst.clone()).or_default() -= 1;
+        if !done.released {
+            *send_busy.entry(done.src.clone()).or_default() -= 1;
+            *recv_busy.entry(done.dst.clone()).or_default() -= 1;
+        }
         if done.seconds > 0.5 && done.bytes > 0 {
             meta.note_rate(&done.src, done.bytes as f64 / done.seconds);
         }
@@ -427,6 +450,7 @@ pub async fn execute(
                 for q in queue.iter_mut().filter(|q| q.inode.id == t.inode.id) {
                     q.avoid.insert(done.dst.clone());
                     q.sources.push(done.dst.clone());
+                    *queued_by_src.entry(done.dst.clone()).or_default() += q.inode.size;
                 }
                 continue;
             }
@@ -457,6 +481,7 @@ pub async fn execute(
                     reason: format!("copy failed {} times; last: {err}", t.tries),
                 });
             } else {
+                account(&mut queued_by_src, &t, true);
                 queue.push_back(t);
             }
         }
@@ -464,6 +489,90 @@ pub async fn execute(
     // Cancelled: stop sessions; their unfinished replicas are dropped by run_session.
     running.abort_all();
     while running.join_next().await.is_some() {}
+}
+
+/// Bytes one session of a source takes: half of its slots' even share of what it still has
+/// queued, between 16 MiB and 1 GiB; all of it when what would be left is under 16 MiB (a
+/// session of a few small files is mostly set-up and end round trips).
+fn batch_bytes(queued: u64, per_node: u32) -> u64 {
+    const MIN: u64 = 16 << 20;
+    let share = (queued / (per_node.max(1) as u64 * 2)).clamp(MIN, 1 << 30);
+    if queued <= share + MIN {
+        u64::MAX
+    } else {
+        share
+    }
+}
+
+/// Adds (or removes) a queued task's bytes to each of its sources.
+fn account(by_src: &mut HashMap<String, u64>, t: &Task, add: bool) {
+    for s in &t.sources {
+        let b = by_src.entry(s.clone()).or_default();
+        *b = if add {
+            *b + t.inode.size
+        } else {
+            b.saturating_sub(t.inode.size)
+        };
+    }
+}
+
+/// The next session to start: `(queue index, source, destination)`. Sources with free slots
+/// are tried fullest first; each starts with its first (largest) queued file that a
+/// destination with a free slot can take.
+#[allow(clippy::too_many_arguments)]
+fn next_launch(
+    queue: &VecDeque<Task>,
+    queued_by_src: &HashMap<String, u64>,
+    nodes: &HashMap<String, NodeEntry>,
+    send_busy: &HashMap<String, u32>,
+    recv_busy: &HashMap<String, u32>,
+    inflight: &HashMap<i64, HashSet<String>>,
+    given: &HashMap<String, u64>,
+    meta: &Meta,
+    per_node: u32,
+) -> Option<(usize, String, String)> {
+    let order = source_order(
+        queued_by_src,
+        |s| nodes.contains_key(s),
+        send_busy,
+        |s| meta.rate_of(s),
+        per_node,
+    );
+    for src in order {
+        for (i, t) in queue.iter().enumerate() {
+            if !t.sources.contains(&src) {
+                continue;
+            }
+            if let Some(dst) = choose_dst(t, nodes, recv_busy, inflight, given, meta, per_node) {
+                return Some((i, src, dst));
+            }
+        }
+    }
+    None
+}
+
+/// Live sources with queued bytes and a free slot, fullest first; among equals, the fewest
+/// sessions, then the best measured rate.
+fn source_order(
+    queued_by_src: &HashMap<String, u64>,
+    live: impl Fn(&str) -> bool,
+    send_busy: &HashMap<String, u32>,
+    rate: impl Fn(&str) -> f64,
+    per_node: u32,
+) -> Vec<String> {
+    let busy = |n: &str| *send_busy.get(n).unwrap_or(&0);
+    let mut order: Vec<(&String, u64)> = queued_by_src
+        .iter()
+        .filter(|(s, b)| **b > 0 && live(s) && busy(s) < per_node)
+        .map(|(s, b)| (s, *b))
+        .collect();
+    order.sort_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then(busy(a.0).cmp(&busy(b.0)))
+            .then(rate(b.0).total_cmp(&rate(a.0)))
+            .then(a.0.cmp(b.0))
+    });
+    order.into_iter().map(|(s, _)| s.clone()).collect()
 }
 
 fn eligible_dst(t: &Task, n: &NodeEntry, inflight: &HashMap<i64, HashSet<String>>) -> bool {
@@ -476,31 +585,17 @@ fn eligible_dst(t: &Task, n: &NodeEntry, inflight: &HashMap<i64, HashSet<String>
         && n.node.free > t.inode.size + crate::placement::reserve(&n.view())
 }
 
-/// The best (source, destination) for `t` among nodes with free slots.
-#[allow(clippy::too_many_arguments)]
-fn choose(
+/// The best destination for `t` among nodes with free slots.
+fn choose_dst(
     t: &Task,
     nodes: &HashMap<String, NodeEntry>,
-    send_busy: &HashMap<String, u32>,
     recv_busy: &HashMap<String, u32>,
     inflight: &HashMap<i64, HashSet<String>>,
     given: &HashMap<String, u64>,
     meta: &Meta,
     per_node: u32,
-) -> Option<(String, String)> {
+) -> Option<String> {
     let busy = |m: &HashMap<String, u32>, n: &str| *m.get(n).unwrap_or(&0);
-    let src = t
-        .sources
-        .iter()
-        .filter(|s| nodes.contains_key(*s) && busy(send_busy, s) < per_node)
-        .max_by(|a, b| {
-            // Fewest sessions first, then the best measured rate.
-            busy(send_busy, b)
-                .cmp(&busy(send_busy, a))
-                .then(meta.rate_of(a).total_cmp(&meta.rate_of(b)))
-                .then(b.cmp(a))
-        })?
-        .clone();
     let dst = nodes
         .values()
         .filter(|n| busy(recv_busy, &n.node.name) < per_node && eligible_dst(t, n, inflight))
@@ -521,7 +616,7 @@ fn choose(
         .node
         .name
         .clone();
-    Some((src, dst))
+    Some(dst)
 }
 
 async fn run_session(
@@ -531,8 +626,10 @@ async fn run_session(
     tasks: Vec<Task>,
     progress: Arc<Progress>,
     cancel: CancellationToken,
+    release: tokio::sync::mpsc::UnboundedSender<(String, String)>,
 ) -> SessionDone {
     let started = Instant::now();
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ids: Vec<i64> = tasks.iter().map(|t| t.inode.id).collect();
     let mut out = SessionDone {
         src: src.node.name.clone(),
@@ -543,6 +640,7 @@ async fn run_session(
         session_error: None,
         bytes: 0,
         seconds: 0.0,
+        released: false,
     };
     let r = async {
         let starts: Vec<(i64, String)> = ids.iter().map(|i| (*i, dst.node.name.clone())).collect();
@@ -579,9 +677,14 @@ async fn run_session(
         let p = progress.clone();
         let ticker_stop = CancellationToken::new();
         let ts = ticker_stop.clone();
+        let (rel, pair) = (
+            released.clone(),
+            (src.node.name.clone(), dst.node.name.clone()),
+        );
         let ticker = tokio::spawn(async move {
             let mut last = 0u64;
             let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let mut ending = Ending::default();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
@@ -591,6 +694,12 @@ async fn run_session(
                 p.bytes_done
                     .fetch_add(now.saturating_sub(last), Ordering::Relaxed);
                 last = last.max(now);
+                let total = Counters::get(&c.total_bytes);
+                if ending.nearly_done(Instant::now(), now, total)
+                    && !rel.swap(true, Ordering::Relaxed)
+                {
+                    let _ = release.send(pair.clone());
+                }
                 if ts.is_cancelled() {
                     return last;
                 }
@@ -623,6 +732,15 @@ async fn run_session(
         .await;
         ticker_stop.cancel();
         let moved = ticker.await.unwrap_or(0);
+        if let Ok(a) = &result {
+            tracing::debug!(
+                src = %src.node.name, dst = %dst.node.name, files = ids.len(), bytes = moved,
+                streams = a.source.streams, seconds = started.elapsed().as_secs_f64(),
+                sent = a.source.bytes_moved, resent = a.source.blocks_resent,
+                retransmits = a.source.tcp_retransmits,
+                plan = %a.plan, "replication session done"
+            );
+        }
         let mut done = HashSet::new();
         let mut failed = HashMap::new();
         while let Ok(ev) = erx.try_recv() {
@@ -671,16 +789,54 @@ async fn run_session(
     }
     out.tasks = tasks;
     out.seconds = started.elapsed().as_secs_f64();
+    out.released = released.load(Ordering::Relaxed);
     out
 }
 
+/// Tells when a session is close enough to its end that the next one of its nodes should start:
+/// setting up a session (control connection, TLS, data connections, slow start) takes several
+/// round trips across the WAN, and started this early it overlaps the end of this one instead
+/// of leaving the link short of streams (GridFTP's pipelining, between sessions).
+#[derive(Default)]
+struct Ending {
+    /// `(when, bytes done)` about a second ago, for the session's current rate.
+    mark: Option<(Instant, u64)>,
+    rate: f64,
+}
+
+impl Ending {
+    /// What is left would take under `LEAD` at the session's current rate.
+    const LEAD: Duration = Duration::from_millis(1500);
+
+    fn nearly_done(&mut self, now: Instant, done: u64, total: u64) -> bool {
+        match self.mark {
+            Some((t, b)) if now.duration_since(t) >= Duration::from_secs(1) => {
+                self.rate = done.saturating_sub(b) as f64 / now.duration_since(t).as_secs_f64();
+                self.mark = Some((now, done));
+            }
+            None => self.mark = Some((now, done)),
+            _ => {}
+        }
+        if total == 0 || self.rate <= 0.0 {
+            return false;
+        }
+        let left = total.saturating_sub(done) as f64;
+        left <= self.rate * Self::LEAD.as_secs_f64()
+    }
+}
+
 /// Copy options of the metadata server when it drives node-to-node copies.
-pub fn copy_options(tls: Arc<rustls::ClientConfig>) -> CopyOptions {
+pub fn copy_options(
+    tls: Arc<rustls::ClientConfig>,
+    control_pool: Option<Arc<transfer::control_pool::ControlPool>>,
+) -> CopyOptions {
     CopyOptions {
         recursive: false,
         range: None,
         session: wire::control::SessionOptions {
             stall_timeout_ms: 30_000,
+            // Many sessions share the WAN: end-game copies would only take it from the others.
+            shared_path: true,
             ..Default::default()
         },
         retry: wire::retry::RetryPolicy {
@@ -690,6 +846,7 @@ pub fn copy_options(tls: Arc<rustls::ClientConfig>) -> CopyOptions {
         tls: Some(transfer::conn::ClientTls { config: tls }),
         link_bps: 10_000_000_000,
         checkpoint_interval: Duration::from_secs(5),
+        control_pool,
     }
 }
 
@@ -744,6 +901,53 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn sessions_shrink_as_a_source_drains_and_take_a_small_rest_whole() {
+        const MIB: u64 = 1 << 20;
+        // Half of each of the 2 slots' share, within 16 MiB .. 1 GiB.
+        assert_eq!(batch_bytes(512 * MIB, 2), 128 * MIB);
+        assert_eq!(batch_bytes(100 << 30, 2), 1 << 30);
+        assert_eq!(batch_bytes(40 * MIB, 2), 16 * MIB);
+        // What would be left is under 16 MiB: all of it goes in this session.
+        assert_eq!(batch_bytes(30 * MIB, 2), u64::MAX);
+        assert_eq!(batch_bytes(MIB, 2), u64::MAX);
+    }
+
+    #[test]
+    fn the_fullest_source_with_a_free_slot_goes_first() {
+        let queued: HashMap<String, u64> = [("a0", 500), ("a1", 900), ("a2", 900), ("a3", 0)]
+            .into_iter()
+            .map(|(n, b)| (n.to_string(), b))
+            .collect();
+        let busy: HashMap<String, u32> = [("a1".to_string(), 1)].into();
+        let rate = |n: &str| if n == "a2" { 2.0 } else { 1.0 };
+        let order = source_order(&queued, |_| true, &busy, rate, 2);
+        // a1 and a2 have as much left; a2 has fewer sessions. a3 has nothing queued.
+        assert_eq!(order, ["a2", "a1", "a0"]);
+        // A source with its slots full, or not live, is not offered.
+        let busy: HashMap<String, u32> = [("a1".to_string(), 2)].into();
+        let order = source_order(&queued, |n| n != "a2", &busy, rate, 2);
+        assert_eq!(order, ["a0"]);
+    }
+
+    #[test]
+    fn a_session_gives_its_slots_back_when_its_rest_takes_under_the_lead_time() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut e = Ending::default();
+        // No rate measured yet: never early.
+        assert!(!e.nearly_done(at(0), 0, 100_000_000));
+        assert!(!e.nearly_done(at(500), 99_000_000, 100_000_000));
+        // 10 MB/s measured over the first second; 20 MB left = 2 s: not yet.
+        assert!(!e.nearly_done(at(1000), 10_000_000, 30_000_000));
+        // A second later 15 MB/s, 14 MB left (under 1.5 s): now.
+        assert!(e.nearly_done(at(2000), 25_000_000, 39_000_000));
+        // Unknown total: never.
+        let mut e = Ending::default();
+        e.nearly_done(at(0), 0, 0);
+        assert!(!e.nearly_done(at(1000), 1_000, 0));
     }
 
     fn nodes() -> Vec<NodeEntry> {

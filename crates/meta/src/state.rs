@@ -93,6 +93,8 @@ pub struct Meta {
     pub events: Mutex<std::collections::VecDeque<String>>,
     /// Client credentials for driving node-to-node copies (the server's host certificate).
     client_tls: RwLock<Option<std::sync::Arc<rustls::ClientConfig>>>,
+    /// Control connections to nodes kept between node-to-node sessions.
+    control_pool: std::sync::Arc<transfer::control_pool::ControlPool>,
     /// Delivery rate measured per node in node-to-node copies (bytes/s, smoothed).
     rates: Mutex<HashMap<String, f64>>,
     /// The replica reconciler's state, for `haul status` and the dashboard.
@@ -113,6 +115,7 @@ impl Meta {
             inventories: Mutex::new(HashMap::new()),
             events: Mutex::new(Default::default()),
             client_tls: RwLock::new(None),
+            control_pool: Default::default(),
             rates: Mutex::new(HashMap::new()),
             reconciler: Mutex::new(Default::default()),
             reconcile_now: tokio::sync::Notify::new(),
@@ -130,7 +133,31 @@ impl Meta {
             .read()
             .expect("tls lock")
             .clone()
-            .map(crate::replication::copy_options)
+            .map(|tls| crate::replication::copy_options(tls, Some(self.control_pool.clone())))
+    }
+
+    /// Keeps a fresh control connection to every live node waiting in the pool (see
+    /// `transfer::control_pool`); failures are only logged (the node's heartbeat decides
+    /// whether it is up).
+    pub fn warm_node_connections(&self) {
+        let Some(opts) = self.copy_options() else {
+            return;
+        };
+        let limits = transfer::sys::host_limits();
+        for n in self.nodes().into_iter().filter(|n| n.node.up) {
+            let Ok(peer) = transfer::client::Peer::parse(&n.node.address) else {
+                continue;
+            };
+            let (pool, tls, limits) = (self.control_pool.clone(), opts.tls.clone(), limits.clone());
+            tokio::spawn(async move {
+                if let Err(e) = pool
+                    .keep_warm(&peer.host, peer.port, tls.as_ref(), &limits)
+                    .await
+                {
+                    tracing::debug!(node = %peer.host, error = %e, "cannot open a control connection");
+                }
+            });
+        }
     }
 
     /// Records a delivery rate measured for `node` (bytes/s).

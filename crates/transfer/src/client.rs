@@ -118,6 +118,9 @@ pub struct CopyOptions {
     pub link_bps: u64,
     /// How often a local destination syncs and records its restart ledgers.
     pub checkpoint_interval: Duration,
+    /// Third-party sessions take their control connections from here and put them back when
+    /// they end cleanly (the metadata server's; `None` connects anew each time).
+    pub control_pool: Option<Arc<crate::control_pool::ControlPool>>,
 }
 
 /// One file in the report.
@@ -1045,10 +1048,17 @@ pub async fn third_party(
     cancel: CancellationToken,
 ) -> Result<Attempt, TransferError> {
     let limits = sys::host_limits();
-    let (sa, sb) = tokio::join!(
-        conn::connect_control(&a.host, a.port, opts.tls.as_ref(), &limits),
-        conn::connect_control(&b.host, b.port, opts.tls.as_ref(), &limits)
-    );
+    let connect = |p: &Peer| {
+        let (pool, tls, limits) = (opts.control_pool.clone(), opts.tls.clone(), limits.clone());
+        let (host, port) = (p.host.clone(), p.port);
+        async move {
+            match pool {
+                Some(pool) => pool.connect(&host, port, tls.as_ref(), &limits).await,
+                None => conn::connect_control(&host, port, tls.as_ref(), &limits).await,
+            }
+        }
+    };
+    let (sa, sb) = tokio::join!(connect(a), connect(b));
     let (mut sa, mut sb) = (sa?, sb?);
     let (id_b, key_b) = random_ids();
     sb.writer
@@ -1132,8 +1142,16 @@ pub async fn third_party(
         &counters.bytes_done,
         source.bytes_moved + source.bytes_skipped,
     );
-    sa.writer.shutdown().await;
-    sb.writer.shutdown().await;
+    match &opts.control_pool {
+        Some(pool) => {
+            pool.put(sa);
+            pool.put(sb);
+        }
+        None => {
+            sa.writer.shutdown().await;
+            sb.writer.shutdown().await;
+        }
+    }
     let plan = source.plan.clone();
     Ok(Attempt {
         bytes_total: bytes,

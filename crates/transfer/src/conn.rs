@@ -11,6 +11,7 @@ use crate::sys;
 use crate::tls;
 use rustls::pki_types::ServerName;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -564,9 +565,30 @@ pub struct Session {
     pub identity: String,
     pub host: String,
     pub port: u16,
+    /// The TCP socket, to tell whether the connection is still open while idle.
+    fd: std::os::fd::RawFd,
+    local_port: u16,
 }
 
 impl Session {
+    /// Whether the endpoint has not closed (or reset) the connection, checked without
+    /// reading: an idle connection is reused only then (see `control_pool`).
+    pub fn is_open(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the socket is owned by this session and open.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n == 0
+    }
+
+    /// The local port of the connection (tests tell connections apart by it).
+    pub fn local_port(&self) -> u16 {
+        self.local_port
+    }
+
     /// Handles a `Welcome` (or an error instead of it).
     pub fn on_welcome(&mut self, reply: control::Response) -> Result<(), TransferError> {
         let addr = format_addr(&self.host, self.port);
@@ -618,6 +640,8 @@ pub async fn start_control(
 ) -> Result<Session, TransferError> {
     let addr = format_addr(host, port);
     let rtt = rtt(&tcp).unwrap_or(Duration::from_millis(1));
+    let fd = tcp.as_raw_fd();
+    let local_port = tcp.local_addr().map(|a| a.port()).unwrap_or(0);
     let io = match tls {
         Some(t) => {
             let io = t.handshake(tcp, host, &addr).await?;
@@ -660,6 +684,8 @@ pub async fn start_control(
         identity: String::new(),
         host: host.to_string(),
         port,
+        fd,
+        local_port,
     })
 }
 

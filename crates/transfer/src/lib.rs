@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod conn;
+pub mod control_pool;
 pub mod endpoint;
 pub mod error;
 pub mod faults;

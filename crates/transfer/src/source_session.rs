@@ -663,6 +663,7 @@ pub async fn run_source(
         file_attempts: opts.file_attempts.max(1),
         block_size: opts.block_size,
         stream_timeout: Duration::from_millis(opts.stall_timeout_ms.clamp(2_000, 30_000) / 2),
+        shared_path: opts.shared_path,
         ..Default::default()
     };
     let mut source = Source::new(cfg);

@@ -21,7 +21,7 @@ use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 
 /// Version of the control and data protocol; peers refuse other versions.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// First bytes of a clear-text data connection (control and private data connections start with
 /// a TLS ClientHello instead).
@@ -94,6 +94,10 @@ pub struct SessionOptions {
     pub stall_timeout_ms: u64,
     /// Largest number of attempts for one file after failed verification.
     pub file_attempts: u32,
+    /// The session is one of several sharing the same path (node-to-node replication runs
+    /// many at once): its end game sends copies only of a stuck stream's blocks, never of a
+    /// merely slow one's, because duplicates would take the link from the other sessions.
+    pub shared_path: bool,
 }
 
 impl Default for SessionOptions {
@@ -112,6 +116,7 @@ impl Default for SessionOptions {
             fsync: true,
             stall_timeout_ms: 60_000,
             file_attempts: 3,
+            shared_path: false,
         }
     }
 }

@@ -86,6 +86,8 @@ struct Scenario {
     resume: bool,
     algos: Vec<Algorithm>,
     block: u32,
+    /// `SourceConfig::shared_path`.
+    shared_path: bool,
 }
 
 impl Default for Scenario {
@@ -100,6 +102,7 @@ impl Default for Scenario {
             resume: false,
             algos: vec![Algorithm::Crc32c],
             block: 64 << 10,
+            shared_path: false,
         }
     }
 }
@@ -143,6 +146,7 @@ fn run(
         resume: sc.resume,
         stream_timeout: Duration::from_secs(2),
         block_size: sc.block,
+        shared_path: sc.shared_path,
         ..Default::default()
     });
     let mut sink: Sink<Vec<u8>> = Sink::new(SinkConfig {
@@ -589,6 +593,23 @@ fn resume_with_corrupted_partial_data_is_caught_by_the_file_checksum() {
     // First attempt fails verification, the file restarts from scratch and arrives intact.
     assert_identical(&out, &files);
     assert_eq!(out.bytes_sent, 500_000 + 1_000_000);
+}
+
+#[test]
+fn on_a_shared_path_a_stuck_stream_is_still_hedged() {
+    // A 64 KiB block takes 6.5 s on the slow stream: stuck, and taken over even when the
+    // session shares its path with others (see `source::tests` for the slow-stream case).
+    let files = dataset(8, 1_500_000, 4);
+    let stuck = Scenario {
+        streams: 4,
+        rates: vec![1e6, 1e6, 1e6, 1e4],
+        latency_ms: 20,
+        shared_path: true,
+        ..Default::default()
+    };
+    let out = run(&stuck, &files, HashMap::new());
+    assert_identical(&out, &files);
+    assert!(out.blocks_hedged > 0, "the stuck stream is hedged");
 }
 
 #[test]

@@ -52,6 +52,9 @@ pub struct SourceConfig {
     /// stream has held unacknowledged for this long (or 4x the usual ack latency, if longer),
     /// so one slow or stuck stream does not hold back the end of a transfer.
     pub hedge_after: Duration,
+    /// The path is shared with other sessions of the same job: hedge only stuck streams
+    /// (see `SessionOptions::shared_path`).
+    pub shared_path: bool,
 }
 
 impl Default for SourceConfig {
@@ -63,6 +66,7 @@ impl Default for SourceConfig {
             resume_lookahead: 64,
             block_size: 1 << 20,
             hedge_after: Duration::from_secs(1),
+            shared_path: false,
         }
     }
 }
@@ -804,7 +808,8 @@ impl<P> Source<P> {
             .filter(|s| s.alive && s.outstanding > 0)
             .map(|s| s.rate)
             .sum();
-        let room = self.peak_rate > 0.0 && active_rate < 0.5 * self.peak_rate;
+        let room =
+            !self.cfg.shared_path && self.peak_rate > 0.0 && active_rate < 0.5 * self.peak_rate;
         // A stream is slow only against its fair share of the session's peak: when the path is
         // shared with other sessions (replication runs many at once), every stream of this
         // session slows down together, and copies of their blocks would only take capacity

@@ -493,3 +493,45 @@ fn end_game_hedges_only_when_everything_was_read() {
     src.on_frame(0, DataFrame::Ack(4), later).unwrap();
     assert_eq!(src.stats().bytes_acked, 4000);
 }
+
+#[test]
+fn a_slow_stream_is_hedged_only_when_the_path_is_not_shared() {
+    for shared_path in [false, true] {
+        let t = t0();
+        let ms = |n: u64| t + Duration::from_millis(n);
+        let mut src = Source::new(SourceConfig {
+            hedge_after: Duration::from_millis(100),
+            shared_path,
+            ..Default::default()
+        });
+        src.add_stream(0, t);
+        src.add_stream(1, t);
+        src.add_file(spec("a", 8000));
+        src.finish_adding();
+        let a = src.claim().unwrap();
+        read_job(&mut src, &a, 1000);
+        // Stream 0 takes the begin and three blocks, stream 1 the other five and the end.
+        for _ in 0..4 {
+            assert!(src.poll_transmit(0, t).is_some());
+        }
+        assert_eq!(frames(&mut src, 1, t).len(), 6);
+        // Stream 1 delivers quickly (the session's peak: 15 kB/s) ...
+        src.on_frame(1, DataFrame::Ack(2), ms(100)).unwrap();
+        src.on_frame(1, DataFrame::Ack(6), ms(300)).unwrap();
+        // ... stream 0 slowly but steadily: 1 kB in 0.8 s, two blocks still to go.
+        src.on_frame(0, DataFrame::Ack(2), ms(800)).unwrap();
+        // Idle, stream 1 looks for work 50 ms after stream 0's last progress: not stuck.
+        assert!(src.poll_transmit(1, ms(850)).is_none());
+        let hedged = src.poll_reread();
+        if shared_path {
+            assert!(
+                hedged.is_none(),
+                "shared path: no copy of a slow stream's block"
+            );
+            assert_eq!(src.stats().blocks_hedged, 0);
+        } else {
+            let d = hedged.expect("alone on its path, the slow stream's block is copied");
+            assert_eq!((d.file, d.offset), (0, 1000));
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Idle control connections kept for the next session to the same endpoint.
+//!
+//! The metadata server drives one node-to-node session after another; a new control connection
+//! costs a TCP handshake, a TLS handshake and a hello exchange — three round trips across the
+//! WAN, which at the end of a replication run (small sessions) is a good part of each session's
+//! time. A connection whose session ended cleanly is put back here and taken by the next
+//! session to that endpoint, if it is still open and has not been idle too long.
+
+use crate::TransferError;
+use crate::conn::{self, ClientTls, Session};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use wire::control::HostLimits;
+
+/// Longest time a connection waits idle for reuse.
+const MAX_IDLE: Duration = Duration::from_secs(30);
+/// Idle connections kept per endpoint at most.
+const MAX_PER_PEER: usize = 8;
+
+/// Idle control connections by endpoint address.
+#[derive(Default)]
+pub struct ControlPool {
+    idle: Mutex<HashMap<String, Vec<(Instant, Session)>>>,
+    /// Endpoints `keep_warm` is connecting to right now (one attempt at a time each).
+    warming: Mutex<std::collections::HashSet<String>>,
+}
+
+impl ControlPool {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An idle connection to `host:port` if one is still good, else a new one.
+    pub async fn connect(
+        &self,
+        host: &str,
+        port: u16,
+        tls: Option<&ClientTls>,
+        limits: &HostLimits,
+    ) -> Result<Session, TransferError> {
+        if let Some(s) = self.take(&conn::format_addr(host, port), Instant::now()) {
+            return Ok(s);
+        }
+        conn::connect_control(host, port, tls, limits).await
+    }
+
+    /// Keeps `s` (whose session has ended, every response read) for the next session.
+    pub fn put(&self, s: Session) {
+        let key = conn::format_addr(&s.host, s.port);
+        let mut idle = self.idle.lock().expect("control pool lock");
+        let list = idle.entry(key).or_default();
+        list.push((Instant::now(), s));
+        if list.len() > MAX_PER_PEER {
+            list.remove(0);
+        }
+    }
+
+    /// How often [`keep_warm`](Self::keep_warm) should be called for each endpoint (it does
+    /// nothing while a recent connection waits).
+    pub const WARM_EVERY: Duration = Duration::from_secs(2);
+
+    /// Makes sure a recent idle connection to `host:port` is waiting, so that even the first
+    /// session of a run starts without the handshakes; stale ones are dropped.
+    pub async fn keep_warm(
+        &self,
+        host: &str,
+        port: u16,
+        tls: Option<&ClientTls>,
+        limits: &HostLimits,
+    ) -> Result<(), TransferError> {
+        let key = conn::format_addr(host, port);
+        {
+            let mut idle = self.idle.lock().expect("control pool lock");
+            let list = idle.entry(key.clone()).or_default();
+            let now = Instant::now();
+            list.retain(|(since, s)| now.duration_since(*since) < MAX_IDLE && s.is_open());
+            if list
+                .iter()
+                .any(|(since, _)| now.duration_since(*since) < MAX_IDLE / 2)
+            {
+                return Ok(());
+            }
+        }
+        if !self
+            .warming
+            .lock()
+            .expect("control pool lock")
+            .insert(key.clone())
+        {
+            return Ok(());
+        }
+        let r = conn::connect_control(host, port, tls, limits).await;
+        self.warming.lock().expect("control pool lock").remove(&key);
+        self.put(r?);
+        Ok(())
+    }
+
+    /// Connections idle for reuse (for tests and status).
+    pub fn idle_count(&self) -> usize {
+        let idle = self.idle.lock().expect("control pool lock");
+        idle.values().map(Vec::len).sum()
+    }
+
+    fn take(&self, key: &str, now: Instant) -> Option<Session> {
+        let mut idle = self.idle.lock().expect("control pool lock");
+        let list = idle.get_mut(key)?;
+        // Newest first; older ones are dropped (closed) as they are found stale.
+        while let Some((since, s)) = list.pop() {
+            if now.duration_since(since) < MAX_IDLE && s.is_open() {
+                return Some(s);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A plain endpoint stand-in that answers every hello with a welcome.
+    async fn welcoming_server(listener: TcpListener, close_after_hello: bool) {
+        use wire::control::{PROTOCOL_VERSION, Response};
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let Ok(conn::Accepted::Control { io, first, .. }) =
+                    conn::accept(tcp, None, "test client").await
+                else {
+                    return;
+                };
+                let (mut r, mut w) = conn::ControlConn::new(io, first, "test".into()).split();
+                while let Ok(Some(_)) = r.request().await {
+                    let welcome = Response::Welcome {
+                        version: PROTOCOL_VERSION,
+                        agent: "test".into(),
+                        identity: "anonymous".into(),
+                        subject: String::new(),
+                        limits: HostLimits::default(),
+                    };
+                    if w.send_response(&welcome).await.is_err() || close_after_hello {
+                        return;
+                    }
+                }
+            });
+        }
+    }
+
+    #[tokio::test]
+    async fn reuses_open_connections_and_drops_closed_ones() {
+        for close in [false, true] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            tokio::spawn(welcoming_server(listener, close));
+            let pool = ControlPool::new();
+            let limits = HostLimits::default();
+            let s = pool
+                .connect("127.0.0.1", port, None, &limits)
+                .await
+                .unwrap();
+            let first = s.local_port();
+            pool.put(s);
+            assert_eq!(pool.idle_count(), 1);
+            // Let the server's close (if any) arrive.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let s = pool
+                .connect("127.0.0.1", port, None, &limits)
+                .await
+                .unwrap();
+            assert_eq!(pool.idle_count(), 0);
+            if close {
+                assert_ne!(
+                    s.local_port(),
+                    first,
+                    "a closed connection must not be reused"
+                );
+            } else {
+                assert_eq!(s.local_port(), first, "an open connection is reused");
+            }
+        }
+    }
+}
