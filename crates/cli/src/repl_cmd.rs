@@ -31,13 +31,15 @@ pub(crate) fn paths_on_one_meta(
     ))
 }
 
-/// The exit code for per-file failures: 4 when files have no healthy replica or no node
-/// can take them, 5 for permissions, else 1.
+/// The exit code for per-file failures (the first one's): 4 when a file has no healthy
+/// replica or its copies failed, 5 for permissions, 6 when no eligible node or site can take
+/// a copy, else 1.
 fn failure_code(f: &[pb::FileError]) -> u8 {
     match f.first().map(|e| e.code.as_str()) {
         None => 0,
         Some("permission_denied") => 5,
         Some("unavailable") => 4,
+        Some("no_space") => 6,
         Some(_) => 1,
     }
 }

@@ -804,7 +804,8 @@ fn permissions_and_bad_inputs() {
             "/private/a.txt",
         ],
     );
-    assert!(!out.status.success(), "{}", stderr(&out));
+    // Exit 6: no node can take the copy (README's exit codes).
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
         err.contains("/private/a.txt") && err.contains("9 copies"),

@@ -233,7 +233,7 @@ impl Meta {
             failures.extend(progress.failures.lock().expect("failures").iter().map(|r| {
                 pb::FileError {
                     path: r.path.clone(),
-                    code: "unavailable".into(),
+                    code: r.code.into(),
                     message: format!("{}: {}", r.path, r.reason),
                 }
             }));

@@ -103,6 +103,9 @@ pub struct Task {
 pub struct Refusal {
     pub path: String,
     pub reason: String,
+    /// `FileError` code: `unavailable` (no healthy source, or the copies failed) or
+    /// `no_space` (no eligible node or site can take the copy).
+    pub code: &'static str,
 }
 
 /// A plan: replicas to make, files already fine, files that cannot be served.
@@ -140,6 +143,7 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
             out.refused.push(Refusal {
                 path: f.path.clone(),
                 reason: "no healthy replica to copy from (none complete on a live node)".into(),
+                code: "unavailable",
             });
             continue;
         }
@@ -195,6 +199,7 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
             out.refused.push(Refusal {
                 path: f.path.clone(),
                 reason,
+                code: "no_space",
             });
             continue;
         }
@@ -405,6 +410,7 @@ pub async fn execute(
                             Some(s) => format!("no live node at site {s} can take a copy now"),
                             None => "no live node can take another copy now".into(),
                         },
+                        code: "no_space",
                     });
                 }
                 break;
@@ -479,6 +485,7 @@ pub async fn execute(
                 progress.failures.lock().expect("failures").push(Refusal {
                     path: t.path.clone(),
                     reason: format!("copy failed {} times; last: {err}", t.tries),
+                    code: "unavailable",
                 });
             } else {
                 account(&mut queued_by_src, &t, true);
