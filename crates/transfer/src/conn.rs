@@ -641,6 +641,7 @@ pub async fn start_control(
     let addr = format_addr(host, port);
     let rtt = rtt(&tcp).unwrap_or(Duration::from_millis(1));
     let fd = tcp.as_raw_fd();
+    let _ = sys::set_keepalive(&tcp);
     let local_port = tcp.local_addr().map(|a| a.port()).unwrap_or(0);
     let io = match tls {
         Some(t) => {

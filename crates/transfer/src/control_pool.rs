@@ -4,7 +4,8 @@
 //! costs a TCP handshake, a TLS handshake and a hello exchange — three round trips across the
 //! WAN, which at the end of a replication run (small sessions) is a good part of each session's
 //! time. A connection whose session ended cleanly is put back here and taken by the next
-//! session to that endpoint, if it is still open and has not been idle too long.
+//! session to that endpoint, if it is still open (no FIN, reset or keepalive failure seen by
+//! `poll`) and has not been idle too long.
 
 use crate::TransferError;
 use crate::conn::{self, ClientTls, Session};
@@ -13,8 +14,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use wire::control::HostLimits;
 
-/// Longest time a connection waits idle for reuse.
-const MAX_IDLE: Duration = Duration::from_secs(30);
+/// Longest time a connection waits idle for reuse (control connections have TCP keepalive,
+/// see `sys::set_keepalive`, so a dead peer shows as closed well before).
+const MAX_IDLE: Duration = Duration::from_secs(300);
 /// Idle connections kept per endpoint at most.
 const MAX_PER_PEER: usize = 8;
 

@@ -130,6 +130,17 @@ pub fn set_nodelay(sock: &impl AsFd) -> io::Result<()> {
     socket2::SockRef::from(sock).set_tcp_nodelay(true)
 }
 
+/// TCP keepalive on a control connection: probes after 30 s of silence, every 10 s, 3 of
+/// them, so that an idle connection kept for reuse neither dies silently in a firewall's
+/// connection table nor goes on looking open after its peer vanished.
+pub fn set_keepalive(sock: &impl AsFd) -> io::Result<()> {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(30))
+        .with_interval(std::time::Duration::from_secs(10))
+        .with_retries(3);
+    socket2::SockRef::from(sock).set_tcp_keepalive(&ka)
+}
+
 /// The kernel's `struct tcp_info` (include/uapi/linux/tcp.h) up to the fields we read. Fields
 /// are appended over kernel versions; `getsockopt` fills what the kernel knows and reports the
 /// length, so older kernels leave the tail zero.
