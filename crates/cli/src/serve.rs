@@ -19,6 +19,13 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
             if mapfile.is_empty() {
                 tracing::warn!(path = %path.display(), "the mapfile maps nobody: every client will be refused");
             }
+            if transfer::sys::effective_uid() == 0 {
+                tracing::warn!(
+                    "running as root: every mapped identity reads and writes the exported tree as root \
+                     (the mapfile decides who may connect, not which account the files belong to); \
+                     run haul serve as the account that owns the data"
+                );
+            }
             (
                 Some(EndpointTls {
                     server: tls::server_config(&c)?,
