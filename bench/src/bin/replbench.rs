@@ -6,7 +6,13 @@
 //! measured), then `haul replicate -r --copies 2 --site B` is timed and every file is checked
 //! to have a complete, checksum-verified replica at site B. In the same lab the same dataset
 //! then goes from a0 to b0 with `globus-url-copy -r -cd -fast -cc 4 -pp -p 4 -tcp-bs ...` (the
-//! server in b0 as `haul-bench` runs it) and is compared byte for byte. Writes
+//! server in b0 as `haul-bench` runs it) and is compared byte for byte. Unless `--no-gfarm`,
+//! Gfarm does the replication too (after the grid is stopped, before globus-url-copy): gfmd and
+//! its PostgreSQL in a0, a gfsd in every host (a0.sitea ... b3.siteb, names given by a private
+//! /etc/hosts in each Gfarm process's mount namespace), the dataset registered with one copy
+//! per file spread over the site A gfsds, then `gfprep -N 1 -D siteb -j 8` timed and every file
+//! checked to have a replica at B whose md5 the B gfsd recomputes; when Gfarm is not installed
+//! or cannot be set up, its row says "not run" and why. Writes
 //! bench/results/<date>-repl.{md,json}. Run it through `bench/repl` (needs root).
 
 #[allow(dead_code)]
@@ -54,6 +60,12 @@ struct Args {
     /// Leave out the globus-url-copy row.
     #[arg(long)]
     no_globus: bool,
+    /// Leave out the Gfarm gfprep row (reported as not run).
+    #[arg(long)]
+    no_gfarm: bool,
+    /// Parallel copies of gfprep (-j).
+    #[arg(long, default_value_t = GFPREP_J, value_parser = clap::value_parser!(u64).range(1..=64))]
+    gfprep_j: u64,
     /// Where the logs of meta, nodes, GridFTP and each command are kept after the run.
     #[arg(long, default_value = "/tmp/haul-replbench-logs")]
     logs: PathBuf,
@@ -547,10 +559,750 @@ fn globus(
     Ok((o, p, shown))
 }
 
+// ---------------------------------------------------------------------------------------------
+// Gfarm: gfmd (+ its private PostgreSQL) in a0, one gfsd per lab host, `gfprep` replicating the
+// dataset from the site A gfsds to site B (see ../shared/reference/gfarm/NOTES.md for the
+// single-host set-up this follows and its pitfalls).
+
+/// The dedicated OS user that owns gfmd, PostgreSQL and the gfsds (private mode; initdb refuses
+/// root). Created for the run and removed after it.
+const GF_USER: &str = "haulgf";
+const GF_MD_PORT: u16 = 10601;
+/// PostgreSQL's port: its unix socket lands in the shared /tmp, so not the reference set-up's
+/// 10602.
+const GF_PG_PORT: u16 = 10612;
+const GF_SD_PORT: u16 = 10600;
+/// gfprep's parallel copies: each copy is one gfsd-to-gfsd TCP stream pulled by a site B gfsd,
+/// and each file costs several 100 ms round trips to gfmd in a0 before and after its data, so
+/// 8 (two per destination gfsd, two per source gfsd) keeps the link busy through those waits
+/// without piling more processes (gfprep child + a gfsd child on each side per copy) onto the
+/// 2 cores. (`--gfprep-j` changes it.)
+const GFPREP_J: u64 = 8;
+
+/// LD_PRELOAD shim: netlab's TUN interfaces have no link-layer address, so getifaddrs() gives
+/// them an entry with ifa_addr NULL, which libgfarm's gfarm_get_ip_addresses() dereferences
+/// unchecked: every gf* command and daemon dies with SIGSEGV inside a lab host. The shim gives
+/// those entries a dummy AF_UNSPEC address.
+const GF_IFADDRS_SHIM: &str = r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <ifaddrs.h>
+#include <stddef.h>
+#include <sys/socket.h>
+static struct sockaddr unspec = { .sa_family = AF_UNSPEC };
+int getifaddrs(struct ifaddrs **ifap) {
+    int (*real)(struct ifaddrs **) = (int (*)(struct ifaddrs **))dlsym(RTLD_NEXT, "getifaddrs");
+    int r = real(ifap);
+    if (r == 0)
+        for (struct ifaddrs *p = *ifap; p != NULL; p = p->ifa_next)
+            if (p->ifa_addr == NULL) p->ifa_addr = &unspec;
+    return r;
+}
+"#;
+
+/// Gfarm's name of a lab host: a0.sitea ... b3.siteb (`-D siteb` selects site B).
+fn gf_name(h: &netlab::Host) -> String {
+    format!("{}.site{}", h.name(), h.site())
+}
+
+/// Pids of the processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid ...: comm may hold spaces, so split after the last ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|x| x.parse::<i32>().ok());
+        if ppid == Some(pid) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Pids of the processes running as `uid`.
+fn procs_of_uid(uid: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let status = fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        let real = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|x| x.parse::<u32>().ok());
+        if real == Some(uid) && alive(p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn alive(pid: i32) -> bool {
+    // Zombies count as gone.
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .is_some_and(|st| st != "Z")
+        })
+        .unwrap_or(false)
+}
+
+/// SIGTERM to each pid, up to `wait` for them to end, then SIGKILL to the rest.
+fn stop_pids(pids: &[i32], wait: Duration) {
+    for &p in pids.iter().filter(|p| **p > 1) {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(p, libc::SIGTERM) };
+    }
+    let t = Instant::now();
+    while pids.iter().any(|p| alive(*p)) && t.elapsed() < wait {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for &p in pids.iter().filter(|p| **p > 1 && alive(**p)) {
+        // SAFETY: as above.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+}
+
+fn pid_file(p: &Path) -> Option<i32> {
+    fs::read_to_string(p)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|p| *p > 1)
+}
+
+/// A private-mode Gfarm file system over the lab: gfmd and PostgreSQL in a0, a gfsd in every
+/// host. Everything it started is stopped on drop (gfsd children too) and its user removed.
+struct Gfarm<'a> {
+    dir: PathBuf,
+    run: PathBuf,
+    lab: &'a netlab::Lab,
+    hosts: PathBuf,
+    shim: PathBuf,
+    uid: Option<u32>,
+    user_created: bool,
+}
+
+impl<'a> Gfarm<'a> {
+    /// Why Gfarm cannot run here, if it cannot.
+    fn missing() -> Option<String> {
+        let mut miss = Vec::new();
+        for (cmd, pkg) in [
+            ("/usr/sbin/gfmd", "gfmd"),
+            ("/usr/bin/config-gfarm", "gfmd"),
+            ("/usr/sbin/gfsd", "gfsd"),
+            ("/usr/bin/config-gfsd", "gfsd"),
+            ("/usr/bin/gfprep", "gfarm-client"),
+            ("/usr/bin/gfpcopy", "gfarm-client"),
+            ("/usr/bin/gfwhere", "gfarm-client"),
+        ] {
+            if !Path::new(cmd).exists() {
+                miss.push(format!("{cmd} (package {pkg})"));
+            }
+        }
+        if Self::postgres().is_none() {
+            miss.push("PostgreSQL server (package postgresql)".into());
+        }
+        for tool in ["cc", "unshare", "runuser", "useradd", "userdel"] {
+            let found = ["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
+                .iter()
+                .any(|d| Path::new(d).join(tool).exists());
+            if !found {
+                miss.push(tool.to_string());
+            }
+        }
+        if miss.is_empty() {
+            None
+        } else {
+            Some(format!("not installed: {}", miss.join(", ")))
+        }
+    }
+
+    /// PostgreSQL's directory and major version (/usr/lib/postgresql/<v>, the newest).
+    fn postgres() -> Option<(PathBuf, String)> {
+        let mut v: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_str()?.parse::<u32>().ok()?;
+                e.path()
+                    .join("bin/postgres")
+                    .exists()
+                    .then(|| (n, e.path()))
+            })
+            .collect();
+        v.sort();
+        v.pop().map(|(n, p)| (p, n.to_string()))
+    }
+
+    /// A shell command run as the Gfarm user in `host`, in a private mount namespace where
+    /// /etc/hosts names the lab hosts (a0.sitea ...), with the getifaddrs shim and `conf` as
+    /// the client configuration. Daemons started by it keep that namespace.
+    fn sh(&self, host: &netlab::Host, conf: &str, script: &str) -> Command {
+        let mut c = host.command("unshare");
+        c.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(
+                "mount --bind \"$1\" /etc/hosts && exec runuser -u \"$2\" -- env \
+                 LD_PRELOAD=\"$3\" HOME=\"$4\" USER=\"$2\" LOGNAME=\"$2\" \
+                 GFARM_CONFIG_FILE=\"$5\" PATH=/usr/sbin:/usr/bin:/sbin:/bin sh -c \"$6\"",
+            )
+            .arg("sh")
+            .arg(&self.hosts)
+            .arg(GF_USER)
+            .arg(&self.shim)
+            .arg(self.dir.join("home"))
+            .arg(self.run.join("etc").join(conf))
+            .arg(script)
+            .current_dir(&self.dir);
+        c
+    }
+
+    /// Runs `script` (bounded by `limit`) and fails with its output when it fails.
+    fn must(
+        &self,
+        host: &netlab::Host,
+        script: &str,
+        limit: Duration,
+        log: &str,
+    ) -> Result<Outcome> {
+        let o = run_bounded(
+            self.sh(host, "gfarm2-bench.conf", script),
+            limit,
+            &self.dir.join(log),
+        )?;
+        if !o.ok() {
+            bail!("{script} (in {}): {}", host.name(), o.why());
+        }
+        Ok(o)
+    }
+
+    fn start(dir: &Path, lab: &'a netlab::Lab) -> Result<Gfarm<'a>> {
+        if let Some(why) = Self::missing() {
+            bail!("{why}");
+        }
+        let (pg_dir, pg_ver) = Self::postgres().ok_or_else(|| anyhow!("no PostgreSQL"))?;
+        let _ = fs::remove_dir_all(dir);
+        fs::create_dir_all(dir.join("home"))?;
+        let run = dir.join("run");
+        fs::create_dir_all(&run)?;
+        chmod(dir, 0o755)?;
+        let mut g = Gfarm {
+            dir: dir.to_path_buf(),
+            run: run.clone(),
+            lab,
+            hosts: dir.join("hosts"),
+            shim: dir.join("ifaddrs-shim.so"),
+            uid: None,
+            user_created: false,
+        };
+        // The user (left over by an interrupted run: reused, and removed at the end; but left
+        // alone, with whatever it runs, when it has processes).
+        let uid_of = || -> Option<u32> {
+            let o = Command::new("id").args(["-u", GF_USER]).output().ok()?;
+            if !o.status.success() {
+                return None;
+            }
+            String::from_utf8_lossy(&o.stdout).trim().parse().ok()
+        };
+        if let Some(uid) = uid_of() {
+            if let Some(p) = procs_of_uid(uid).first() {
+                bail!("user {GF_USER} already runs processes (pid {p}): another run in progress?");
+            }
+            // gfmd and gfsd read the shared key from the home in the password database.
+            let st = Command::new("usermod")
+                .arg("-d")
+                .arg(dir.join("home"))
+                .arg(GF_USER)
+                .status()?;
+            if !st.success() {
+                bail!("usermod -d ... {GF_USER} failed");
+            }
+        } else {
+            let st = Command::new("useradd")
+                .args(["-M", "-s", "/bin/sh", "-d"])
+                .arg(dir.join("home"))
+                .arg(GF_USER)
+                .status()?;
+            if !st.success() {
+                bail!("useradd {GF_USER} failed");
+            }
+        }
+        g.user_created = true;
+        g.uid = uid_of();
+        if g.uid.is_none() {
+            bail!("no uid for {GF_USER}");
+        }
+        for d in [dir.join("home"), run.clone()] {
+            let st = Command::new("chown")
+                .arg(format!("{GF_USER}:"))
+                .arg(&d)
+                .status()?;
+            if !st.success() {
+                bail!("chown {}", d.display());
+            }
+        }
+        // Names every host resolves (in the daemons' and commands' private mount namespaces).
+        let mut hosts = String::from("127.0.0.1 localhost\n");
+        if let Ok(h) = fs::read_to_string("/proc/sys/kernel/hostname") {
+            hosts.push_str(&format!("127.0.1.1 {}\n", h.trim()));
+        }
+        for h in lab.hosts() {
+            hosts.push_str(&format!("{} {} {}\n", h.addr(), gf_name(h), h.name()));
+        }
+        fs::write(&g.hosts, hosts)?;
+        fs::write(dir.join("ifaddrs-shim.c"), GF_IFADDRS_SHIM)?;
+        let cc = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&g.shim)
+            .arg(dir.join("ifaddrs-shim.c"))
+            .arg("-ldl")
+            .output()?;
+        if !cc.status.success() {
+            bail!(
+                "cc (getifaddrs shim): {}",
+                String::from_utf8_lossy(&cc.stderr).trim()
+            );
+        }
+        chmod(&g.shim, 0o755)?;
+        // config-gfarm with PostgreSQL >= 14 writes `password_encryption = true`, which the
+        // postmaster refuses; its config_dir is hard-coded, so run a patched copy (NOTES 5.1).
+        // Also keep PostgreSQL on loopback instead of '*'.
+        let patched = dir.join("patched");
+        copy_dir(
+            Path::new("/usr/share/gfarm/config"),
+            &patched.join("config"),
+        )?;
+        let pgc = patched.join("config/config-gfarm.postgresql");
+        let text = fs::read_to_string(&pgc)?
+            .replace("password_encryption = true", "password_encryption = md5")
+            .replace("\"'*'\"", "\"'127.0.0.1'\"");
+        fs::write(&pgc, text)?;
+        let cg = fs::read_to_string("/usr/bin/config-gfarm")?;
+        let cg: String = cg
+            .lines()
+            .map(|l| {
+                if l.starts_with("config_dir=") {
+                    format!("config_dir=\"{}\"", patched.join("config").display())
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n";
+        fs::write(patched.join("config-gfarm"), cg)?;
+        chmod(&patched.join("config-gfarm"), 0o755)?;
+        let st = Command::new("chmod")
+            .args(["-R", "a+rX"])
+            .arg(&patched)
+            .status()?;
+        if !st.success() {
+            bail!("chmod -R a+rX {}", patched.display());
+        }
+
+        let a0 = lab.host("a", 0);
+        let etc = run.join("etc");
+        let log = run.join("var/log");
+        // Metadata server: creates the PostgreSQL cluster, the configs and init scripts, starts
+        // PostgreSQL. Its gfmd start fails here: gfmd reaches PostgreSQL at the metadata
+        // server's name (a0.sitea), where it does not listen; pointed at 127.0.0.1 below.
+        let o = run_bounded(
+            g.sh(a0, "gfarm2.conf", &format!(
+                "{} --prefix {} -S -h {} -m {GF_MD_PORT} -p {GF_PG_PORT} -A {GF_USER} -P {} -V {pg_ver} -d md5",
+                patched.join("config-gfarm").display(),
+                run.display(),
+                gf_name(a0),
+                pg_dir.display(),
+            )),
+            Duration::from_secs(120),
+            &dir.join("config-gfarm"),
+        )?;
+        if !etc.join("gfmd.conf").exists() || !etc.join("init.d/gfmd").exists() {
+            bail!("config-gfarm: {}", o.why());
+        }
+        let conf = fs::read_to_string(etc.join("gfmd.conf"))?;
+        let conf: String = conf
+            .lines()
+            .map(|l| {
+                if l.starts_with("postgresql_server_host ") {
+                    "postgresql_server_host 127.0.0.1".to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n";
+        fs::write(etc.join("gfmd.conf"), conf)?;
+        fs::create_dir_all(&log)?;
+        let st = Command::new("chown")
+            .arg(format!("{GF_USER}:"))
+            .arg(&log)
+            .status()?;
+        if !st.success() {
+            bail!("chown {}", log.display());
+        }
+        // No syslog in here: gfmd and gfsd log only with -F (NOTES 5.4).
+        add_option(
+            &etc.join("init.d/gfmd"),
+            &format!("-F {}", log.join("gfmd.log").display()),
+        )?;
+        // Client configuration: the busy threshold raised, since on a shared 2-core box every
+        // node looks busy (loadavg/ncpu > 0.5) and gfprep then finds no destination (NOTES 5.8).
+        fs::write(
+            etc.join("gfarm2-bench.conf"),
+            format!(
+                "include {}\nschedule_busy_load_thresh 16\n",
+                etc.join("gfarm2.conf").display()
+            ),
+        )?;
+        g.must(
+            a0,
+            &format!("{}/init.d/gfmd start", etc.display()),
+            Duration::from_secs(30),
+            "gfmd-start",
+        )?;
+        g.must(a0, "gfkey -f -p 31536000", Duration::from_secs(30), "gfkey")?;
+        g.wait(a0, "gfwhoami", 0, Duration::from_secs(30))
+            .context("gfmd did not answer")?;
+        // One gfsd per host, registered (gfhost -c) by config-gfsd -N, started in its host.
+        for h in lab.hosts() {
+            let ip = h.addr().to_string();
+            g.must(
+                h,
+                &format!(
+                    "config-gfsd --prefix {} -S -N -h {} -l {ip} -p {GF_SD_PORT}",
+                    run.display(),
+                    gf_name(h)
+                ),
+                Duration::from_secs(60),
+                &format!("config-gfsd-{}", h.name()),
+            )?;
+            let init = etc.join(format!("init.d/gfsd-{ip}"));
+            add_option(
+                &init,
+                &format!(
+                    "-F {}",
+                    log.join(format!("gfsd-{}.log", h.name())).display()
+                ),
+            )?;
+            g.must(
+                h,
+                &format!("{} start", init.display()),
+                Duration::from_secs(30),
+                &format!("gfsd-start-{}", h.name()),
+            )?;
+        }
+        // gfdf lists the nodes gfmd sees up.
+        g.wait(a0, "gfdf", lab.hosts().len(), Duration::from_secs(60))
+            .context("gfsd nodes did not come up")?;
+        Ok(g)
+    }
+
+    /// Polls `script` until its output names `want` of the lab hosts (bounded by `limit`).
+    fn wait(&self, host: &netlab::Host, script: &str, want: usize, limit: Duration) -> Result<()> {
+        let t = Instant::now();
+        let mut last = String::new();
+        while t.elapsed() < limit {
+            let o = run_bounded(
+                self.sh(host, "gfarm2-bench.conf", script),
+                Duration::from_secs(20),
+                &self.dir.join("wait"),
+            )?;
+            let up = self
+                .lab
+                .hosts()
+                .iter()
+                .filter(|h| o.stdout.contains(&gf_name(h)))
+                .count();
+            if o.ok() && up >= want {
+                return Ok(());
+            }
+            last = format!("{up} of {want} hosts; {}", o.why());
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        bail!("{script}: {last}")
+    }
+
+    /// Stops gfsds (and the children that outlive them, NOTES 5.11), gfmd and PostgreSQL, then
+    /// anything else still running as the Gfarm user; removes the user and /tmp leftovers.
+    fn stop(&mut self) {
+        let piddir = self.run.join("var/run");
+        for h in self.lab.hosts() {
+            let pf = piddir.join(format!("gfsd-{}.pid", h.addr()));
+            if let Some(p) = pid_file(&pf) {
+                let mut all = vec![p];
+                all.extend(children_of(p));
+                stop_pids(&all, Duration::from_secs(5));
+                let _ = fs::remove_file(&pf);
+            }
+        }
+        if let Some(p) = pid_file(&piddir.join("gfmd.pid")) {
+            stop_pids(&[p], Duration::from_secs(10));
+        }
+        // The postmaster ends its backends itself on SIGTERM (smart) / SIGINT (fast).
+        let pg = self.run.join("var/gfarm-pgsql/postmaster.pid");
+        if let Some(p) = fs::read_to_string(&pg)
+            .ok()
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
+            .filter(|p| *p > 1)
+        {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe { libc::kill(p, libc::SIGINT) };
+            let t = Instant::now();
+            while alive(p) && t.elapsed() < Duration::from_secs(15) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            stop_pids(&[p], Duration::from_secs(1));
+        }
+        if let Some(uid) = self.uid {
+            let left = procs_of_uid(uid);
+            if !left.is_empty() {
+                let what: Vec<String> = left
+                    .iter()
+                    .map(|p| {
+                        let c = fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                        let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                        format!("{p} {}", c.trim())
+                    })
+                    .collect();
+                eprintln!(
+                    "haul-replbench: gfarm: stopping leftover processes of {GF_USER}: {}",
+                    what.join("; ")
+                );
+                stop_pids(&left, Duration::from_secs(5));
+            }
+        }
+        if self.user_created {
+            let _ = Command::new("userdel").arg(GF_USER).status();
+            self.user_created = false;
+        }
+        for h in self.lab.hosts() {
+            let _ = fs::remove_dir_all(format!("/tmp/.gfarm-gfsd{}-{GF_SD_PORT}", h.addr()));
+            let _ = fs::remove_file(format!("/tmp/gfsd-readonly-{}_{GF_SD_PORT}", h.addr()));
+        }
+        let _ = fs::remove_file(format!("/tmp/.s.PGSQL.{GF_PG_PORT}"));
+        let _ = fs::remove_file(format!("/tmp/.s.PGSQL.{GF_PG_PORT}.lock"));
+        self.uid = None;
+    }
+}
+
+impl Drop for Gfarm<'_> {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Appends `opt` to the OPTIONS="..." line of a generated init script.
+fn add_option(init: &Path, opt: &str) -> Result<()> {
+    let text = fs::read_to_string(init).with_context(|| format!("reading {}", init.display()))?;
+    let mut done = false;
+    let text: String = text
+        .lines()
+        .map(|l| {
+            match l
+                .strip_prefix("OPTIONS=\"")
+                .and_then(|r| r.strip_suffix('"'))
+            {
+                Some(o) if !done => {
+                    done = true;
+                    format!("OPTIONS=\"{o} {opt}\"")
+                }
+                _ => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
+    if !done {
+        bail!("no OPTIONS line in {}", init.display());
+    }
+    fs::write(init, text)?;
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for e in fs::read_dir(from)?.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()))?;
+        } else {
+            fs::copy(&p, to.join(e.file_name()))
+                .with_context(|| format!("copying {}", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// gfwhere -r output: file path to the hosts holding a replica.
+fn parse_gfwhere(out: &str) -> Vec<(String, Vec<String>)> {
+    let mut v: Vec<(String, Vec<String>)> = Vec::new();
+    let mut cur: Option<String> = None;
+    for l in out.lines().map(str::trim) {
+        if l.is_empty() {
+            continue;
+        }
+        if let Some(p) = l.strip_suffix(':') {
+            cur = Some(p.to_string());
+        } else if let Some(p) = cur.take() {
+            v.push((p, l.split_whitespace().map(String::from).collect()));
+        }
+    }
+    v
+}
+
+/// One measured gfprep run: the dataset registered into /rN with its one copy spread over the
+/// site A gfsds (gfpcopy -D sitea, not measured), `gfprep -N 1 -D siteb -j 8` timed, every file
+/// checked to have a replica at site B (gfwhere) whose md5 the B gfsd recomputes to the one
+/// recorded at registration (gfcksum -c -h), then the directory removed.
+fn gfprep_run(
+    g: &Gfarm,
+    lab: &netlab::Lab,
+    ds: &Dataset,
+    (n, j): (u64, u64),
+    limit: Duration,
+    rate: u64,
+) -> Result<Value> {
+    let a0 = lab.host("a", 0);
+    let dir = format!("/r{n}");
+    let mut problems: Vec<String> = Vec::new();
+    let up = g.must(
+        a0,
+        &format!(
+            "gfpcopy -D sitea -j 4 -b 4194304 file://{} gfarm://{dir}",
+            ds.root.display()
+        ),
+        limit,
+        &format!("gfpcopy-r{n}"),
+    )?;
+    let w0 = g.must(
+        a0,
+        &format!("gfwhere -r {dir}"),
+        Duration::from_secs(120),
+        "gfwhere0",
+    )?;
+    let before = parse_gfwhere(&w0.stdout);
+    let mut spread = serde_json::Map::new();
+    for (p, hs) in &before {
+        if hs.len() != 1 || !hs[0].ends_with(".sitea") {
+            bail!("after gfpcopy -D sitea, {p} is on {hs:?}, not on one site A node");
+        }
+        let c = spread.entry(hs[0].clone()).or_insert(json!(0));
+        *c = json!(c.as_u64().unwrap_or(0) + 1);
+    }
+    if before.len() != ds.file_count {
+        bail!(
+            "gfwhere listed {} files after gfpcopy, the dataset has {}",
+            before.len(),
+            ds.file_count
+        );
+    }
+    let cmd_line = format!("gfprep -N 1 -D siteb -j {j} gfarm://{dir}");
+    let (o, p) = measured(lab, || {
+        run_bounded(
+            g.sh(a0, "gfarm2-bench.conf", &cmd_line),
+            limit,
+            &g.dir.join(format!("gfprep-r{n}")),
+        )
+    })?;
+    if !o.ok() {
+        problems.push(format!("gfprep: {}", o.why()));
+    }
+    let gb = gbps(ds.bytes, p.secs);
+    eprintln!(
+        "haul-replbench: run {n}: gfprep {:.1} s ({gb:.3} Gbit/s, {} drops at the bottleneck)",
+        p.secs, p.link_drops
+    );
+    let w1 = g.must(
+        a0,
+        &format!("gfwhere -r {dir}"),
+        Duration::from_secs(120),
+        "gfwhere1",
+    )?;
+    let after = parse_gfwhere(&w1.stdout);
+    let mut per_node = serde_json::Map::new();
+    let mut on_b: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut replicas_b_total = 0;
+    for (path, hs) in &after {
+        for h in hs {
+            let c = per_node.entry(h.clone()).or_insert(json!(0));
+            *c = json!(c.as_u64().unwrap_or(0) + 1);
+        }
+        let bs: Vec<&String> = hs.iter().filter(|h| h.ends_with(".siteb")).collect();
+        replicas_b_total += bs.len();
+        match bs.first() {
+            Some(b) => on_b.entry((*b).clone()).or_default().push(path.clone()),
+            None => problems.push(format!("{path}: no replica at site B (on {hs:?})")),
+        }
+    }
+    if after.len() != ds.file_count {
+        problems.push(format!(
+            "gfwhere listed {} files, the dataset has {}",
+            after.len(),
+            ds.file_count
+        ));
+    }
+    // The B replicas' content: each B gfsd recomputes the md5 of its replicas.
+    let mut cksum_ok = 0;
+    for (host, files) in &on_b {
+        let o = run_bounded(
+            g.sh(
+                a0,
+                "gfarm2-bench.conf",
+                &format!("gfcksum -c -h {host} {}", files.join(" ")),
+            ),
+            limit,
+            &g.dir.join(format!("gfcksum-r{n}-{host}")),
+        )?;
+        if o.ok() {
+            cksum_ok += files.len();
+        } else {
+            problems.push(format!("gfcksum -c -h {host}: {}", o.why()));
+        }
+    }
+    let files_b = on_b.values().map(Vec::len).sum::<usize>();
+    let rm = run_bounded(
+        g.sh(a0, "gfarm2-bench.conf", &format!("gfrm -r {dir}")),
+        Duration::from_secs(120),
+        &g.dir.join("gfrm"),
+    )?;
+    let ok = problems.is_empty() && files_b == ds.file_count && cksum_ok == ds.file_count;
+    if !rm.ok() {
+        problems.push(format!("gfrm -r {dir}: {}", rm.why()));
+    }
+    Ok(json!({
+        "run": n,
+        "command": cmd_line,
+        "ok": ok,
+        "problems": problems,
+        "upload_seconds": up.secs,
+        "site_a_spread": spread,
+        "seconds": p.secs,
+        "gbit_per_s": gb,
+        "pct_link": 100.0 * gb * 1e9 / rate as f64,
+        "link_bytes_a_to_b": p.link_bytes,
+        "link_drops": p.link_drops,
+        "window_ms": [p.window_ms.0, p.window_ms.1],
+        "files_with_b_replica": files_b,
+        "replicas_at_b": replicas_b_total,
+        "files_checksum_ok_at_b": cksum_ok,
+        "replicas_per_node": per_node,
+        "stderr_tail": o.stderr.lines().rev().take(6).collect::<Vec<_>>(),
+    }))
+}
+
 /// Copies the logs and command outputs (not the data) out of the scratch directory.
 fn keep_logs(work: &Path, logs: &Path) {
     let _ = fs::remove_dir_all(logs);
-    for sub in ["grid", "gridftp"] {
+    for sub in ["grid", "gridftp", "gfarm", "gfarm/run/var/log"] {
         let Ok(dir) = fs::read_dir(work.join(sub)) else {
             continue;
         };
@@ -871,6 +1623,50 @@ fn run(args: &Args, haul: &Path, started: &str) -> Result<Value> {
     drop(g);
     let _ = fs::remove_dir_all(args.work.join("grid").join("nodes"));
 
+    // Gfarm's gfprep, site A gfsds to site B gfsds, in the same lab.
+    let mut gfprep_rows = Vec::new();
+    let mut gfprep_not_run: Option<String> = None;
+    if args.no_gfarm {
+        gfprep_not_run = Some("--no-gfarm".into());
+    } else if let Some(why) = Gfarm::missing() {
+        let install = std::env::var("HAUL_REPL_GFARM_INSTALL").unwrap_or_default();
+        gfprep_not_run = Some(if install.is_empty() {
+            why
+        } else {
+            format!("{why} ({install})")
+        });
+    } else {
+        match Gfarm::start(&args.work.join("gfarm"), &lab) {
+            Ok(mut gf) => {
+                eprintln!("haul-replbench: gfarm up (gfmd in a0, 8 gfsd)");
+                for n in 0..args.runs {
+                    match gfprep_run(&gf, &lab, &ds, (n, args.gfprep_j), limit, rate) {
+                        Ok(v) => gfprep_rows.push(v),
+                        Err(e) => {
+                            eprintln!("haul-replbench: run {n}: gfprep: {e:#}");
+                            gfprep_rows.push(
+                                json!({"run": n, "ok": false, "problems": [format!("gfprep: {e:#}")]}),
+                            )
+                        }
+                    }
+                }
+                gf.stop();
+            }
+            Err(e) => {
+                eprintln!("haul-replbench: gfarm set-up failed: {e:#}");
+                gfprep_not_run = Some(format!("Gfarm set-up failed: {e:#}"));
+            }
+        }
+        // The spools (about twice the dataset) and the database; the logs stay for keep_logs.
+        let var = args.work.join("gfarm/run/var");
+        for e in fs::read_dir(&var).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("gfarm-spool-") || name == "gfarm-pgsql" {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+
     // globus-url-copy, a0 to b0, in the same lab.
     let mut globus_rows = Vec::new();
     if !args.no_globus {
@@ -881,7 +1677,11 @@ fn run(args: &Args, haul: &Path, started: &str) -> Result<Value> {
     let lab_stats = lab.stats();
     let queue_bytes = lab.config().links[0].queue_bytes;
     drop(lab); // flushes the router CSV
-    for r in haul_rows.iter_mut().chain(globus_rows.iter_mut()) {
+    for r in haul_rows
+        .iter_mut()
+        .chain(gfprep_rows.iter_mut())
+        .chain(globus_rows.iter_mut())
+    {
         let w = &r["window_ms"];
         if let (Some(a), Some(b)) = (w[0].as_u64(), w[1].as_u64()) {
             r["link_bytes_per_s"] = json!(per_second(&csv, (a, b)));
@@ -890,6 +1690,7 @@ fn run(args: &Args, haul: &Path, started: &str) -> Result<Value> {
 
     let problems: Vec<Value> = haul_rows
         .iter()
+        .chain(gfprep_rows.iter())
         .chain(globus_rows.iter())
         .flat_map(|r| {
             r["problems"]
@@ -905,6 +1706,15 @@ fn run(args: &Args, haul: &Path, started: &str) -> Result<Value> {
     let ratio = match (hm["gbit_per_s"].as_f64(), gm["gbit_per_s"].as_f64()) {
         (Some(h), Some(g)) if g > 0.0 => Some(h / g),
         _ => None,
+    };
+    let fm = median(&gfprep_rows);
+    let ratio_gfprep = match (hm["gbit_per_s"].as_f64(), fm["gbit_per_s"].as_f64()) {
+        (Some(h), Some(g)) if g > 0.0 => Some(h / g),
+        _ => None,
+    };
+    let gfprep = match &gfprep_not_run {
+        Some(why) => json!({"not_run": why}),
+        None => fm,
     };
     let mut sizes: Vec<u64> = ds.files.iter().map(|f| f.1).collect();
     sizes.sort();
@@ -937,12 +1747,20 @@ fn run(args: &Args, haul: &Path, started: &str) -> Result<Value> {
         "haul_replicate": hm,
         "globus_url_copy": gm,
         "ratio_haul_to_globus": ratio,
+        "gfprep": gfprep,
+        "gfprep_j": args.gfprep_j,
+        "ratio_haul_to_gfprep": ratio_gfprep,
         "haul_replicate_runs": haul_rows,
+        "gfprep_runs": gfprep_rows,
         "globus_url_copy_runs": globus_rows,
         "versions": {
             "haul": version(&haul.to_string_lossy(), &["--version"]),
             "globus-url-copy": version("globus-url-copy", &["-version"]),
             "globus-gridftp-server": version("globus-gridftp-server", &["-version"]),
+            "gfarm": version(
+                "dpkg-query",
+                &["-W", "-f", "Gfarm ${Version} (gfmd, gfsd, gfarm-client)", "gfarm-client"],
+            ),
         },
     }))
 }
@@ -994,11 +1812,31 @@ fn markdown(doc: &Value) -> String {
         d["median_file_bytes"],
     );
     let (h, g) = (&doc["haul_replicate"], &doc["globus_url_copy"]);
+    let fp = &doc["gfprep"];
+    let ratio = |k: &str| {
+        doc[k]
+            .as_f64()
+            .map(|x| format!("{x:.2}x"))
+            .unwrap_or_else(|| "-".into())
+    };
+    let gfprep_row = match fp["not_run"].as_str() {
+        Some(why) => format!(
+            "not run: {} | - | -",
+            why.replace('|', "/").replace('\n', " ")
+        ),
+        None => format!(
+            "{} | {} | {}",
+            f1(&fp["seconds"]),
+            f2(&fp["gbit_per_s"]),
+            f1(&fp["pct_link"])
+        ),
+    };
     s += &format!(
         "## Result{}\n\n| transfer | seconds | Gbit/s (payload) | % of the link |\n|---|---|---|---|\n\
          | `haul replicate -r --copies 2 --site B` (4 nodes at A to 4 at B) | {} | {} | {} |\n\
+         | Gfarm `gfprep -N 1 -D siteb -j {}` (4 gfsd at A to 4 at B) | {gfprep_row} |\n\
          | `globus-url-copy -r -cd -fast -cc {GLOBUS_CC} -pp -p {GLOBUS_P} -tcp-bs …` (a0 to b0) | {} | {} | {} |\n\n\
-         haul replicate / globus-url-copy throughput: {}\n\n",
+         haul replicate / gfprep throughput: {}; haul replicate / globus-url-copy throughput: {}\n\n",
         if runs > 1 {
             format!(" (median of {runs} runs each)")
         } else {
@@ -1007,19 +1845,28 @@ fn markdown(doc: &Value) -> String {
         f1(&h["seconds"]),
         f2(&h["gbit_per_s"]),
         f1(&h["pct_link"]),
+        doc["gfprep_j"],
         f1(&g["seconds"]),
         f2(&g["gbit_per_s"]),
         f1(&g["pct_link"]),
-        doc["ratio_haul_to_globus"]
-            .as_f64()
-            .map(|x| format!("{x:.2}x"))
-            .unwrap_or_else(|| "-".into())
+        ratio("ratio_haul_to_gfprep"),
+        ratio("ratio_haul_to_globus"),
     );
     s += "Seconds are wall time of the whole command (connection, planning, transfer, end); \
           Gbit/s = dataset bytes x 8 / seconds. Uploads into site A (from a0, not over the WAN) \
           are not counted. Link bytes and drops are the emulator's counters for direction a→b \
           over the command (payload, headers and retransmissions; drops are all queue overflow, \
-          the link has no random loss).\n\n## Every run\n\n\
+          the link has no random loss).\n\n\
+          Gfarm (private mode: gfmd and its PostgreSQL in a0, a gfsd in each of the 8 hosts, \
+          named a0.sitea … b3.siteb): each run registers the dataset with `gfpcopy -D sitea` \
+          (one copy per file, spread over the 4 site A gfsds; not counted), then times \
+          `gfprep`, whose site B gfsds pull the files from the site A ones. gfprep's `-N` counts \
+          replicas inside the `-D` domain, so `-N 1 -D siteb` is the counterpart of \
+          `--copies 2 --site B` (`-N 2 -D siteb` makes two copies at B). `-j 8` (the default of `--gfprep-j`): each copy is one \
+          gfsd-to-gfsd TCP stream and each file waits on several 100 ms round trips to gfmd in \
+          a0, so two copies per destination gfsd keep the link busy without crowding the \
+          2 cores. Checked: every file has a replica at B (`gfwhere`) whose md5 the B gfsd \
+          recomputes to the one recorded at registration (`gfcksum -c -h`).\n\n## Every run\n\n\
           | run | transfer | seconds | Gbit/s | % of link | link bytes a→b | drops | checked | congestion-control switches |\n\
           |---|---|---|---|---|---|---|---|---|\n";
     for r in doc["haul_replicate_runs"].as_array().into_iter().flatten() {
@@ -1041,6 +1888,28 @@ fn markdown(doc: &Value) -> String {
                 .map(|a| a.len().to_string())
                 .unwrap_or_else(|| "-".into()),
             r["cc_switches"].as_array().map(|a| a.len()).unwrap_or(0),
+        );
+    }
+    for r in doc["gfprep_runs"].as_array().into_iter().flatten() {
+        s += &format!(
+            "| {} | gfprep{} | {} | {} | {} | {} | {} | {} of {} files with a replica at B, {} with its md5 recomputed there; {} replicas at B | |\n",
+            r["run"],
+            if r["ok"] == true { "" } else { " FAILED" },
+            f1(&r["seconds"]),
+            f2(&r["gbit_per_s"]),
+            f1(&r["pct_link"]),
+            r["link_bytes_a_to_b"],
+            r["link_drops"],
+            r["files_with_b_replica"],
+            d["files"],
+            r["files_checksum_ok_at_b"],
+            r["replicas_at_b"],
+        );
+    }
+    if let Some(why) = fp["not_run"].as_str() {
+        s += &format!(
+            "| - | gfprep | not run: {} | | | | | | |\n",
+            why.replace('|', "/").replace('\n', " ")
         );
     }
     for r in doc["globus_url_copy_runs"].as_array().into_iter().flatten() {
@@ -1073,6 +1942,7 @@ fn markdown(doc: &Value) -> String {
     s += "\nLink a→b per second (Mbit/s, emulator):\n\n";
     for (name, key) in [
         ("haul replicate", "haul_replicate_runs"),
+        ("gfprep", "gfprep_runs"),
         ("globus-url-copy", "globus_url_copy_runs"),
     ] {
         for r in doc[key].as_array().into_iter().flatten() {
@@ -1124,8 +1994,9 @@ fn markdown(doc: &Value) -> String {
         }
     }
     s += &format!(
-        "\nVersions: {}; {}; {}.\n",
+        "\nVersions: {}; {}; {}; {}.\n",
         doc["versions"]["haul"].as_str().unwrap_or(""),
+        doc["versions"]["gfarm"].as_str().unwrap_or(""),
         doc["versions"]["globus-url-copy"].as_str().unwrap_or(""),
         doc["versions"]["globus-gridftp-server"]
             .as_str()
