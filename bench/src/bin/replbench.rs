@@ -389,6 +389,29 @@ fn gbps(bytes: u64, secs: f64) -> f64 {
     }
 }
 
+/// Says how run `n` of `tool` went and adds what every transfer's row has to `row`: time,
+/// rate, share of the link, the emulator's link bytes and drops over the command, and its
+/// window in the router CSV.
+fn with_measurement(mut row: Value, n: u64, tool: &str, bytes: u64, p: &Phase, rate: u64) -> Value {
+    let gb = gbps(bytes, p.secs);
+    eprintln!(
+        "haul-replbench: run {n}: {tool} {:.1} s ({gb:.3} Gbit/s, {} drops at the bottleneck)",
+        p.secs, p.link_drops
+    );
+    let fields = json!({
+        "seconds": p.secs,
+        "gbit_per_s": gb,
+        "pct_link": 100.0 * gb * 1e9 / rate as f64,
+        "link_bytes_a_to_b": p.link_bytes,
+        "link_drops": p.link_drops,
+        "window_ms": [p.window_ms.0, p.window_ms.1],
+    });
+    if let (Some(r), Value::Object(f)) = (row.as_object_mut(), fields) {
+        r.extend(f);
+    }
+    row
+}
+
 /// Where the dataset's replicas are: files with a complete replica at site B whose checksum is
 /// the catalog's, replicas per node, and every file lacking one at site B or site A.
 fn check_placement(g: &Grid, ds: &Dataset, grid_dir: &str) -> Result<Value> {
@@ -1216,11 +1239,6 @@ fn gfprep_run(
     if !o.ok() {
         problems.push(format!("gfprep: {}", o.why()));
     }
-    let gb = gbps(ds.bytes, p.secs);
-    eprintln!(
-        "haul-replbench: run {n}: gfprep {:.1} s ({gb:.3} Gbit/s, {} drops at the bottleneck)",
-        p.secs, p.link_drops
-    );
     let w1 = g.must(
         a0,
         &format!("gfwhere -r {dir}"),
@@ -1278,25 +1296,20 @@ fn gfprep_run(
     if !rm.ok() {
         problems.push(format!("gfrm -r {dir}: {}", rm.why()));
     }
-    Ok(json!({
+    let row = json!({
         "run": n,
         "command": cmd_line,
         "ok": ok,
         "problems": problems,
         "upload_seconds": up.secs,
         "site_a_spread": spread,
-        "seconds": p.secs,
-        "gbit_per_s": gb,
-        "pct_link": 100.0 * gb * 1e9 / rate as f64,
-        "link_bytes_a_to_b": p.link_bytes,
-        "link_drops": p.link_drops,
-        "window_ms": [p.window_ms.0, p.window_ms.1],
         "files_with_b_replica": files_b,
         "replicas_at_b": replicas_b_total,
         "files_checksum_ok_at_b": cksum_ok,
         "replicas_per_node": per_node,
         "stderr_tail": o.stderr.lines().rev().take(6).collect::<Vec<_>>(),
-    }))
+    });
+    Ok(with_measurement(row, n, "gfprep", ds.bytes, &p, rate))
 }
 
 /// Copies the logs and command outputs (not the data) out of the scratch directory.
@@ -1469,11 +1482,6 @@ fn haul_run(
     if !ro.ok() {
         problems.push(format!("haul replicate: {}", ro.why()));
     }
-    let gb = gbps(ds.bytes, rp.secs);
-    eprintln!(
-        "haul-replbench: run {n}: haul replicate {:.1} s ({gb:.3} Gbit/s, {} drops at the bottleneck)",
-        rp.secs, rp.link_drops
-    );
     let placement = check_placement(g, ds, &grid_dir)?;
     for p in placement["problems"].as_array().into_iter().flatten() {
         problems.push(format!("placement: {}", p.as_str().unwrap_or("")));
@@ -1493,24 +1501,26 @@ fn haul_run(
     if !rm.ok() {
         problems.push(format!("haul rm -r {dir}: {}", rm.why()));
     }
-    Ok(json!({
+    let row = json!({
         "run": n,
         "command": format!("haul {}", repl_args.join(" ")),
         "ok": ok,
         "problems": problems,
         "upload_seconds": up.secs,
         "upload_report_bytes_moved": last_json(&up.stdout)["bytes_moved"],
-        "seconds": rp.secs,
-        "gbit_per_s": gb,
-        "pct_link": 100.0 * gb * 1e9 / rate as f64,
-        "link_bytes_a_to_b": rp.link_bytes,
-        "link_drops": rp.link_drops,
-        "window_ms": [rp.window_ms.0, rp.window_ms.1],
         "cc_switches": switches,
         "report": report,
         "placement": placement,
         "verify": verify,
-    }))
+    });
+    Ok(with_measurement(
+        row,
+        n,
+        "haul replicate",
+        ds.bytes,
+        &rp,
+        rate,
+    ))
 }
 
 /// One measured globus-url-copy run, its copy compared byte for byte and then removed.
@@ -1537,25 +1547,15 @@ fn globus_run(
             if let Err(e) = &copy {
                 problems.push(format!("globus-url-copy copy differs: {e}"));
             }
-            let gb = gbps(ds.bytes, p.secs);
-            eprintln!(
-                "haul-replbench: run {n}: globus-url-copy {:.1} s ({gb:.3} Gbit/s, {} drops at the bottleneck)",
-                p.secs, p.link_drops
-            );
-            json!({
+            let row = json!({
                 "run": n,
                 "command": shown,
                 "ok": problems.is_empty(),
                 "problems": problems,
-                "seconds": p.secs,
-                "gbit_per_s": gb,
-                "pct_link": 100.0 * gb * 1e9 / rate as f64,
-                "link_bytes_a_to_b": p.link_bytes,
-                "link_drops": p.link_drops,
-                "window_ms": [p.window_ms.0, p.window_ms.1],
                 "copy_identical": copy.is_ok(),
                 "stderr_tail": o.stderr.lines().rev().take(6).collect::<Vec<_>>(),
-            })
+            });
+            with_measurement(row, n, "globus-url-copy", ds.bytes, &p, rate)
         }
         Err(e) => json!({"run": n, "ok": false, "problems": [format!("globus-url-copy: {e:#}")]}),
     }
@@ -1777,6 +1777,21 @@ fn f1(v: &Value) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// The columns every transfer's row starts with: run, transfer, seconds, Gbit/s, % of link,
+/// link bytes, drops.
+fn row_head(r: &Value, tool: &str) -> String {
+    format!(
+        "| {} | {tool}{} | {} | {} | {} | {} | {} |",
+        r["run"],
+        if r["ok"] == true { "" } else { " FAILED" },
+        f1(&r["seconds"]),
+        f2(&r["gbit_per_s"]),
+        f1(&r["pct_link"]),
+        r["link_bytes_a_to_b"],
+        r["link_drops"],
+    )
+}
+
 fn markdown(doc: &Value) -> String {
     let d = &doc["dataset"];
     let l = &doc["link"];
@@ -1872,14 +1887,8 @@ fn markdown(doc: &Value) -> String {
     for r in doc["haul_replicate_runs"].as_array().into_iter().flatten() {
         let pl = &r["placement"];
         s += &format!(
-            "| {} | haul replicate{} | {} | {} | {} | {} | {} | {} of {} files with a complete, checksum-matching replica at B; verify: {} replicas, {} damaged | {} |\n",
-            r["run"],
-            if r["ok"] == true { "" } else { " FAILED" },
-            f1(&r["seconds"]),
-            f2(&r["gbit_per_s"]),
-            f1(&r["pct_link"]),
-            r["link_bytes_a_to_b"],
-            r["link_drops"],
+            "{} {} of {} files with a complete, checksum-matching replica at B; verify: {} replicas, {} damaged | {} |\n",
+            row_head(r, "haul replicate"),
             pl["files_with_complete_b_replica"],
             d["files"],
             r["verify"]["checked"],
@@ -1892,14 +1901,8 @@ fn markdown(doc: &Value) -> String {
     }
     for r in doc["gfprep_runs"].as_array().into_iter().flatten() {
         s += &format!(
-            "| {} | gfprep{} | {} | {} | {} | {} | {} | {} of {} files with a replica at B, {} with its md5 recomputed there; {} replicas at B | |\n",
-            r["run"],
-            if r["ok"] == true { "" } else { " FAILED" },
-            f1(&r["seconds"]),
-            f2(&r["gbit_per_s"]),
-            f1(&r["pct_link"]),
-            r["link_bytes_a_to_b"],
-            r["link_drops"],
+            "{} {} of {} files with a replica at B, {} with its md5 recomputed there; {} replicas at B | |\n",
+            row_head(r, "gfprep"),
             r["files_with_b_replica"],
             d["files"],
             r["files_checksum_ok_at_b"],
@@ -1914,14 +1917,8 @@ fn markdown(doc: &Value) -> String {
     }
     for r in doc["globus_url_copy_runs"].as_array().into_iter().flatten() {
         s += &format!(
-            "| {} | globus-url-copy{} | {} | {} | {} | {} | {} | copy {} | |\n",
-            r["run"],
-            if r["ok"] == true { "" } else { " FAILED" },
-            f1(&r["seconds"]),
-            f2(&r["gbit_per_s"]),
-            f1(&r["pct_link"]),
-            r["link_bytes_a_to_b"],
-            r["link_drops"],
+            "{} copy {} | |\n",
+            row_head(r, "globus-url-copy"),
             if r["copy_identical"] == true {
                 "identical byte for byte"
             } else {
