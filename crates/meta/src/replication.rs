@@ -420,8 +420,7 @@ pub async fn execute(
         let finished = tokio::select! {
             r = running.join_next() => r,
             Some((src, dst)) = release_rx.recv() => {
-                *send_busy.entry(src).or_default() -= 1;
-                *recv_busy.entry(dst).or_default() -= 1;
+                free_slots(&mut send_busy, &mut recv_busy, &src, &dst);
                 continue;
             }
             _ = cancel.cancelled() => break,
@@ -429,8 +428,7 @@ pub async fn execute(
         let Some(Ok(done)) = finished else { continue };
         progress.sessions.fetch_sub(1, Ordering::Relaxed);
         if !done.released {
-            *send_busy.entry(done.src.clone()).or_default() -= 1;
-            *recv_busy.entry(done.dst.clone()).or_default() -= 1;
+            free_slots(&mut send_busy, &mut recv_busy, &done.src, &done.dst);
         }
         if done.seconds > 0.5 && done.bytes > 0 {
             meta.note_rate(&done.src, done.bytes as f64 / done.seconds);
@@ -511,6 +509,25 @@ fn batch_bytes(queued: u64, per_node: u32) -> u64 {
     }
 }
 
+/// Sessions `node` runs now, in `busy` (sending or receiving).
+fn sessions(busy: &HashMap<String, u32>, node: &str) -> u32 {
+    *busy.get(node).unwrap_or(&0)
+}
+
+/// A session of `src` to `dst` ended (or is ending): its slots are free.
+fn free_slots(
+    send_busy: &mut HashMap<String, u32>,
+    recv_busy: &mut HashMap<String, u32>,
+    src: &str,
+    dst: &str,
+) {
+    for (busy, node) in [(send_busy, src), (recv_busy, dst)] {
+        if let Some(n) = busy.get_mut(node) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
 /// Adds (or removes) a queued task's bytes to each of its sources.
 fn account(by_src: &mut HashMap<String, u64>, t: &Task, add: bool) {
     for s in &t.sources {
@@ -567,7 +584,7 @@ fn source_order(
     rate: impl Fn(&str) -> f64,
     per_node: u32,
 ) -> Vec<String> {
-    let busy = |n: &str| *send_busy.get(n).unwrap_or(&0);
+    let busy = |n: &str| sessions(send_busy, n);
     let mut order: Vec<(&String, u64)> = queued_by_src
         .iter()
         .filter(|(s, b)| **b > 0 && live(s) && busy(s) < per_node)
@@ -602,10 +619,10 @@ fn choose_dst(
     meta: &Meta,
     per_node: u32,
 ) -> Option<String> {
-    let busy = |m: &HashMap<String, u32>, n: &str| *m.get(n).unwrap_or(&0);
+    let busy = |n: &NodeEntry| sessions(recv_busy, &n.node.name);
     let dst = nodes
         .values()
-        .filter(|n| busy(recv_busy, &n.node.name) < per_node && eligible_dst(t, n, inflight))
+        .filter(|n| busy(n) < per_node && eligible_dst(t, n, inflight))
         .min_by(|a, b| {
             let new_site = |n: &NodeEntry| t.held_sites.contains(&n.node.site) as u8;
             // Prefer a site without a copy, then the node given the fewest bytes relative to
@@ -615,7 +632,7 @@ fn choose_dst(
             };
             new_site(a)
                 .cmp(&new_site(b))
-                .then(busy(recv_busy, &a.node.name).cmp(&busy(recv_busy, &b.node.name)))
+                .then(busy(a).cmp(&busy(b)))
                 .then(load(a).total_cmp(&load(b)))
                 .then(b.node.free.cmp(&a.node.free))
                 .then(a.node.name.cmp(&b.node.name))

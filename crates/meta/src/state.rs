@@ -140,15 +140,16 @@ impl Meta {
     /// `transfer::control_pool`); failures are only logged (the node's heartbeat decides
     /// whether it is up).
     pub fn warm_node_connections(&self) {
-        let Some(opts) = self.copy_options() else {
+        let Some(config) = self.client_tls.read().expect("tls lock").clone() else {
             return;
         };
+        let tls = Some(transfer::conn::ClientTls { config });
         let limits = transfer::sys::host_limits();
         for n in self.nodes().into_iter().filter(|n| n.node.up) {
             let Ok(peer) = transfer::client::Peer::parse(&n.node.address) else {
                 continue;
             };
-            let (pool, tls, limits) = (self.control_pool.clone(), opts.tls.clone(), limits.clone());
+            let (pool, tls, limits) = (self.control_pool.clone(), tls.clone(), limits.clone());
             tokio::spawn(async move {
                 if let Err(e) = pool
                     .keep_warm(&peer.host, peer.port, tls.as_ref(), &limits)

@@ -76,7 +76,7 @@ impl ControlPool {
             let mut idle = self.idle.lock().expect("control pool lock");
             let list = idle.entry(key.clone()).or_default();
             let now = Instant::now();
-            list.retain(|(since, s)| now.duration_since(*since) < MAX_IDLE && s.is_open());
+            list.retain(|(since, s)| usable(*since, s, now));
             if list
                 .iter()
                 .any(|(since, _)| now.duration_since(*since) < MAX_IDLE / 2)
@@ -109,12 +109,17 @@ impl ControlPool {
         let list = idle.get_mut(key)?;
         // Newest first; older ones are dropped (closed) as they are found stale.
         while let Some((since, s)) = list.pop() {
-            if now.duration_since(since) < MAX_IDLE && s.is_open() {
+            if usable(since, &s, now) {
                 return Some(s);
             }
         }
         None
     }
+}
+
+/// An idle connection may serve another session: not idle too long, and still open.
+fn usable(since: Instant, s: &Session, now: Instant) -> bool {
+    now.duration_since(since) < MAX_IDLE && s.is_open()
 }
 
 #[cfg(test)]
