@@ -118,10 +118,14 @@ impl Shared {
         self.changed.notify_waiters();
     }
 
-    /// After any change of the state machine: wake writers and readers, report events.
+    /// After any change of the state machine: wake writers, and readers when there is work
+    /// for them (waking all of them on every acknowledgement cost 30,000 futile context
+    /// switches per 4 GiB on loopback), report events.
     fn after_change(&self, st: &mut Source<Loaded>) {
         self.work.notify_waiters();
-        self.readers_cv.notify_all();
+        if st.has_reader_work() {
+            self.readers_cv.notify_all();
+        }
         let stats = st.stats();
         Counters::set(
             &self.counters.bytes_done,

@@ -513,6 +513,12 @@ impl<P> Source<P> {
         !self.rereads.is_empty()
     }
 
+    /// Whether an idle reader has anything to do: a file to claim, a block to read again, or
+    /// the session is over (readers exit). The driver wakes its readers only then.
+    pub fn has_reader_work(&self) -> bool {
+        !self.rereads.is_empty() || !self.claimable.is_empty() || self.is_finished()
+    }
+
     /// Frames queued and not yet given to a stream.
     pub fn queued(&self) -> usize {
         self.queue.len()

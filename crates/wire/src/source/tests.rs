@@ -163,6 +163,42 @@ fn frames_n(src: &mut Source<Vec<u8>>, stream: u32, n: usize, now: Instant) -> V
     all
 }
 
+/// Readers are woken only for something to do: a file to claim, a block to read again, the
+/// end of the session; not for the acknowledgements in between.
+#[test]
+fn readers_have_work_only_for_files_rereads_and_the_end() {
+    let now = t0();
+    let mut src = Source::new(SourceConfig::default());
+    src.add_stream(0, now);
+    src.add_file(spec("a", 2000));
+    src.finish_adding();
+    assert!(src.has_reader_work(), "a file to claim");
+    let job = src.claim().unwrap();
+    assert!(!src.has_reader_work(), "claimed: nothing left to read");
+    read_job(&mut src, &job, 1000);
+    frames(&mut src, 0, now);
+    assert!(
+        !src.has_reader_work(),
+        "blocks in flight are the streams' business"
+    );
+    src.on_frame(
+        0,
+        DataFrame::Nack(Nack {
+            file: 0,
+            attempt: 0,
+            offset: 1000,
+            len: 1000,
+        }),
+        now,
+    )
+    .unwrap();
+    assert!(src.has_reader_work(), "a block to read again");
+    let d = src.poll_reread().unwrap();
+    assert!(!src.has_reader_work());
+    src.push_resend(d, 0, vec![0; 1000]);
+    assert!(!src.is_finished());
+}
+
 #[test]
 fn nack_rereads_and_resends_in_front() {
     let now = t0();
