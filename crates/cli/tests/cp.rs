@@ -466,6 +466,66 @@ fn disk_full_leaves_nothing_under_the_final_name() {
     drop(a);
 }
 
+/// Files that each fit the free space but not together: the space check at open lets them
+/// in (on tmpfs nothing is preallocated), the file system fills while data arrives, and the
+/// failed write ends the copy with the same clean error, exit 6. Every file under its final
+/// name is complete; every temporary file left has its restart ledger (none is orphaned), and
+/// once space is freed a resume completes the tree.
+#[test]
+fn disk_filling_up_during_the_copy_fails_cleanly_and_resumes() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(fs) = SmallFs::mount(&t.path().join("small"), "3m") else {
+        eprintln!("SKIP disk filling test: cannot mount a tmpfs (needs root)");
+        return;
+    };
+    let a = serve_insecure(&fs.path);
+    let src = t.path().join("tree");
+    let names = ["f0.dat", "f1.dat", "f2.dat", "f3.dat"];
+    for (i, name) in names.iter().enumerate() {
+        write_file(&src.join(name), 10 + i as u64, 700_000);
+    }
+    // 1.1 MiB stay free: each file fits, not all of them.
+    let ballast = fs.path.join("ballast");
+    write_file(&ballast, 9, 2_000_000);
+    // Into the root, so that the resume lands where the first copy did.
+    let url = a.url("/");
+    let args = [
+        "-r",
+        "--retries",
+        "0",
+        "--concurrency",
+        "4",
+        src.to_str().unwrap(),
+        &url,
+    ];
+    assert_exit(&cp(&args), 6, "no space left");
+    let left = partials(&fs.path);
+    for p in left
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with(".haul-part"))
+    {
+        let ledger = p.to_string_lossy().replace(".haul-part", ".haul-ledger");
+        assert!(
+            left.iter().any(|l| l.to_string_lossy() == ledger),
+            "orphaned {p:?} in {left:?}"
+        );
+    }
+    for name in names {
+        let got = fs.path.join("tree").join(name);
+        if got.exists() {
+            assert_same_file(&src.join(name), &got);
+        }
+    }
+    std::fs::remove_file(&ballast).unwrap();
+    let resume = ["-r", "--resume", src.to_str().unwrap(), &url];
+    assert_ok(&cp(&resume));
+    for name in names {
+        assert_same_file(&src.join(name), &fs.path.join("tree").join(name));
+    }
+    assert!(partials(&fs.path).is_empty(), "{:?}", partials(&fs.path));
+    drop(a);
+}
+
 #[test]
 fn tls_mutual_authentication_and_private_streams() {
     let t = tempfile::tempdir().unwrap();

@@ -126,6 +126,17 @@ pub fn set_notsent_lowat(sock: &impl AsFd, bytes: u32) -> io::Result<()> {
     )
 }
 
+/// Makes a socket report readable only once `bytes` are queued (SO_RCVLOWAT), so a receiver
+/// that knows how much is coming wakes once per chunk instead of once per arriving segment.
+pub fn set_rcvlowat(fd: RawFd, bytes: usize) -> io::Result<()> {
+    setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_RCVLOWAT,
+        &(bytes.clamp(1, i32::MAX as usize) as libc::c_int),
+    )
+}
+
 pub fn set_nodelay(sock: &impl AsFd) -> io::Result<()> {
     socket2::SockRef::from(sock).set_tcp_nodelay(true)
 }
@@ -231,10 +242,20 @@ pub fn tcp_info(sock: &impl AsFd) -> io::Result<TcpInfo> {
 }
 
 /// Reserves `len` bytes for a file so that a full disk shows up before any data is written.
-/// File systems without `fallocate` are left alone.
+///
+/// On extent-based file systems `fallocate` only records unwritten extents, which is cheap and
+/// keeps a large file contiguous. On memory-backed ones (tmpfs, ramfs) it allocates and accounts
+/// every page up front, so the writes that follow walk the page cache a second time: measured on
+/// loopback tmpfs to tmpfs, a 4 GiB file arrived at 20-22 Gbit/s with it and 27-30 without. There
+/// the free space is checked instead; a file system that fills up while the data arrives still
+/// fails the write with "no space left". File systems without `fallocate` get the same check.
 pub fn reserve(file: &File, len: u64) -> io::Result<()> {
     if len == 0 {
         return Ok(());
+    }
+    let fs = fs_stat(file)?;
+    if matches!(fs.f_type, TMPFS_MAGIC | RAMFS_MAGIC) {
+        return check_free(&fs, len);
     }
     // SAFETY: plain syscall on an owned descriptor.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
@@ -243,9 +264,41 @@ pub fn reserve(file: &File, len: u64) -> io::Result<()> {
     }
     let err = io::Error::last_os_error();
     match err.raw_os_error() {
-        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(len),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {
+            check_free(&fs, len)?;
+            file.set_len(len)
+        }
         _ => Err(err),
     }
+}
+
+// Values of `statfs.f_type` (linux/magic.h).
+const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
+const RAMFS_MAGIC: libc::c_long = 0x8584_58f6u32 as libc::c_long;
+
+fn fs_stat(file: &File) -> io::Result<libc::statfs> {
+    // SAFETY: `statfs` is plain old data; zero is a valid value for every field.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: plain syscall on an owned descriptor writing into a local struct.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    if rc == 0 {
+        Ok(st)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Fails with ENOSPC ("No space left on device") when `len` bytes do not fit.
+fn check_free(fs: &libc::statfs, len: u64) -> io::Result<()> {
+    // ramfs reports no size at all (it has no limit).
+    if fs.f_blocks == 0 {
+        return Ok(());
+    }
+    let free = fs.f_bavail.saturating_mul(fs.f_bsize as u64);
+    if len > free {
+        return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+    }
+    Ok(())
 }
 
 /// Hints the kernel to read a range ahead (used before `sendfile`).
@@ -380,5 +433,64 @@ mod tests {
         assert!(set_congestion(&client, "no-such-cc").is_err());
         set_max_pacing_rate(&client, 100_000_000).unwrap();
         assert_eq!(tcp_info(&client).unwrap().max_pacing_rate, 100_000_000);
+    }
+
+    /// On tmpfs the space is checked, not allocated: nothing is taken before the data comes,
+    /// and a file larger than the free space is refused up front. Elsewhere `fallocate`
+    /// reserves the blocks.
+    #[test]
+    fn reserve_checks_memory_file_systems_and_allocates_elsewhere() {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(dir) = tempfile::tempdir_in("/dev/shm")
+            && fs_stat(&File::open(dir.path()).unwrap()).unwrap().f_type == TMPFS_MAGIC
+        {
+            let f = File::create(dir.path().join("f")).unwrap();
+            reserve(&f, 8 << 20).unwrap();
+            assert_eq!(
+                f.metadata().unwrap().blocks(),
+                0,
+                "tmpfs: nothing allocated"
+            );
+            let err = reserve(&f, u64::MAX / 2).unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        } else {
+            eprintln!("SKIP tmpfs half: /dev/shm is not a tmpfs here");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = File::create(dir.path().join("f")).unwrap();
+        if fs_stat(&f).unwrap().f_type != TMPFS_MAGIC {
+            reserve(&f, 8 << 20).unwrap();
+            let m = f.metadata().unwrap();
+            assert_eq!(m.len(), 8 << 20);
+            assert!(m.blocks() * 512 >= 8 << 20, "fallocate reserved the blocks");
+        }
+    }
+
+    /// SO_RCVLOWAT holds readiness back until that many bytes are queued.
+    #[test]
+    fn rcvlowat_holds_readiness_until_enough_bytes_are_queued() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut rx, _) = listener.accept().unwrap();
+        set_rcvlowat(rx.as_raw_fd(), 1000).unwrap();
+        let readable = |s: &std::net::TcpStream| {
+            let mut p = libc::pollfd {
+                fd: s.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, no timeout.
+            unsafe { libc::poll(&mut p, 1, 50) == 1 }
+        };
+        tx.write_all(&[7; 600]).unwrap();
+        assert!(!readable(&rx), "600 of 1000 bytes: not readable yet");
+        tx.write_all(&[7; 400]).unwrap();
+        assert!(readable(&rx), "1000 bytes queued: readable");
+        set_rcvlowat(rx.as_raw_fd(), 1).unwrap();
+        let mut buf = [0u8; 1000];
+        rx.read_exact(&mut buf).unwrap();
+        tx.write_all(&[7; 1]).unwrap();
+        assert!(readable(&rx), "back to 1: one byte is enough");
     }
 }
