@@ -124,7 +124,8 @@ impl Ctx {
             .ok_or_else(|| anyhow!("haul cert issue printed no subject: {out}"))?
             .trim()
             .to_string();
-        fs::write(dir.join("mapfile"), format!("\"{subject}\" bench\n"))?;
+        // The endpoint runs as root: the session acts as the account mapped (root here).
+        fs::write(dir.join("mapfile"), format!("\"{subject}\" root\n"))?;
         self.pki = Some(dir);
         Ok(())
     }

@@ -250,8 +250,9 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:5811")]
     pub listen: String,
-    /// Mapfile: lines of "<certificate subject>" <local identity>; unmapped subjects are
-    /// refused [default: ~/.haul/mapfile]
+    /// Mapfile: lines of "<certificate subject>" <local account>; unmapped subjects are
+    /// refused. Started as root, each session reads and writes as its mapped account
+    /// (which must exist on this host) [default: ~/.haul/mapfile]
     #[arg(long, env = "HAUL_MAPFILE", value_name = "FILE")]
     pub mapfile: Option<PathBuf>,
     /// Refuse writes.

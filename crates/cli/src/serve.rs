@@ -20,11 +20,20 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
                 tracing::warn!(path = %path.display(), "the mapfile maps nobody: every client will be refused");
             }
             if transfer::sys::effective_uid() == 0 {
-                tracing::warn!(
-                    "running as root: every mapped identity reads and writes the exported tree as root \
-                     (the mapfile decides who may connect, not which account the files belong to); \
-                     run haul serve as the account that owns the data"
+                let missing: Vec<&str> = mapfile
+                    .accounts()
+                    .into_iter()
+                    .filter(|a| matches!(transfer::identity::FsIdentity::lookup(a), Ok(None)))
+                    .collect();
+                tracing::info!(
+                    "running as root: each session reads and writes as the local account its certificate is mapped to"
                 );
+                if !missing.is_empty() {
+                    tracing::warn!(
+                        accounts = %missing.join(", "),
+                        "the mapfile names accounts this host does not have: their subjects will be refused"
+                    );
+                }
             }
             (
                 Some(EndpointTls {

@@ -526,6 +526,76 @@ fn disk_filling_up_during_the_copy_fails_cleanly_and_resumes() {
     drop(a);
 }
 
+/// An endpoint started as root acts, for each session, as the local account the mapfile maps
+/// the certificate to: files it creates belong to that account, and it can neither write nor
+/// read where the account may not. A subject mapped to an account the host does not have is
+/// refused.
+#[test]
+fn a_root_endpoint_acts_as_the_mapped_account() {
+    if transfer::sys::effective_uid() != 0 {
+        eprintln!("SKIP mapped account test: needs root");
+        return;
+    }
+    let Some(nobody) = transfer::identity::FsIdentity::lookup("nobody").unwrap() else {
+        eprintln!("SKIP mapped account test: no account nobody");
+        return;
+    };
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let t = tempfile::tempdir().unwrap();
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    mode(t.path(), 0o755);
+    let pki = Pki::new(&t.path().join("pki"));
+    let mapfile = t.path().join("mapfile");
+    std::fs::write(
+        &mapfile,
+        "\"/O=longhaul/OU=users/CN=alice\" nobody\n\"/O=longhaul/OU=users/CN=mallory\" no-such-account-here\n",
+    )
+    .unwrap();
+    let mut sargs = pki.serve_args();
+    let at = sargs.iter().position(|a| a == "--mapfile").unwrap();
+    sargs[at + 1] = mapfile.to_string_lossy().into_owned();
+    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
+    let root = t.path().join("root");
+    let a = serve(&root, &sargs, &[]);
+    mode(&root, 0o755);
+    let public = root.join("pub");
+    std::fs::create_dir(&public).unwrap();
+    std::os::unix::fs::chown(&public, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    let secret = root.join("secret.dat");
+    write_file(&secret, 3, 10_000);
+    mode(&secret, 0o600);
+    let src = t.path().join("f.dat");
+    write_file(&src, 4, 3 << 20);
+
+    // Written as nobody where nobody may write.
+    assert_ok(&pki.cp("alice", &[src.to_str().unwrap(), &a.tls_url("pub/f.dat")]));
+    let m = std::fs::metadata(public.join("f.dat")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (nobody.uid, nobody.gid));
+    assert_same_file(&src, &public.join("f.dat"));
+    // Not where only root may: nothing is left behind.
+    let out = pki.cp("alice", &[src.to_str().unwrap(), &a.tls_url("f.dat")]);
+    assert_exit(&out, 5, "ermission denied");
+    assert!(!root.join("f.dat").exists());
+    assert!(partials(&root).is_empty(), "{:?}", partials(&root));
+    // Read back what nobody may read, not what it may not.
+    let dl = t.path().join("dl.dat");
+    assert_ok(&pki.cp("alice", &[&a.tls_url("pub/f.dat"), dl.to_str().unwrap()]));
+    assert_same_file(&src, &dl);
+    let denied = t.path().join("secret-copy.dat");
+    let out = pki.cp(
+        "alice",
+        &[&a.tls_url("secret.dat"), denied.to_str().unwrap()],
+    );
+    assert_exit(&out, 5, "ermission denied");
+    assert!(!denied.exists());
+    // A subject mapped to an account this host does not have.
+    let out = pki.cp("mallory", &[src.to_str().unwrap(), &a.tls_url("pub/m.dat")]);
+    assert_exit(&out, 5, "does not exist");
+    drop(a);
+}
+
 #[test]
 fn tls_mutual_authentication_and_private_streams() {
     let t = tempfile::tempdir().unwrap();

@@ -80,6 +80,8 @@ struct Registered {
 struct Endpoint {
     cfg: EndpointConfig,
     root: Arc<Root>,
+    /// Started as root with a mapfile: sessions act as their mapped accounts.
+    switch_users: bool,
     sessions: Mutex<HashMap<SessionId, Arc<Registered>>>,
     limits: HostLimits,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
@@ -109,9 +111,11 @@ pub async fn run(
         let _ = sys::set_listener_recv_buffer(&listener, limits.tcp_rmem_max);
     }
     let limit = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    let switch_users = cfg.tls.is_some() && cfg.spool.is_none() && sys::effective_uid() == 0;
     let ep = Arc::new(Endpoint {
         cfg,
         root: Arc::new(root),
+        switch_users,
         sessions: Mutex::new(HashMap::new()),
         limits: sys::host_limits(),
         acceptor,
@@ -324,6 +328,14 @@ async fn control(
             return Err(TransferError::Auth("no client certificate".into()));
         }
     };
+    let root = match session_root(&ep, &identity, subject.as_deref()) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = e.message.clone();
+            let _ = writer.send_response(&Response::Error(e)).await;
+            return Err(TransferError::Auth(message));
+        }
+    };
     tracing::info!(peer = %reader.peer, %identity, "control connection");
     loop {
         let req = tokio::select! {
@@ -354,7 +366,7 @@ async fn control(
             }
             Request::Stat { path } => {
                 let reply = match store::remote_rel_path(&path) {
-                    Ok(rel) => Response::Stat(ep.root.metadata(&rel).ok().map(|m| m.info())),
+                    Ok(rel) => Response::Stat(root.metadata(&rel).ok().map(|m| m.info())),
                     Err(e) => Response::Error(e),
                 };
                 writer.send_response(&reply).await?;
@@ -375,7 +387,7 @@ async fn control(
                 writer.send_response(&Response::Error(e)).await?;
             }
             Request::Verify { files, grant } => {
-                let reply = match verify_files(&ep, files, grant.as_ref()).await {
+                let reply = match verify_files(&ep, &root, files, grant.as_ref()).await {
                     Ok(r) => Response::Verified(r),
                     Err(e) => Response::Error(e),
                 };
@@ -388,14 +400,24 @@ async fn control(
                 options,
                 grant,
             } => {
-                let naming = match sink_naming(&ep, &dest, grant.as_ref()) {
+                let naming = match sink_naming(&ep, &root, &dest, grant.as_ref()) {
                     Ok(n) => n,
                     Err(e) => {
                         writer.send_response(&Response::Error(e)).await?;
                         continue;
                     }
                 };
-                sink(&ep, &mut reader, &mut writer, session, key, naming, options).await?;
+                sink(
+                    &ep,
+                    &root,
+                    &mut reader,
+                    &mut writer,
+                    session,
+                    key,
+                    naming,
+                    options,
+                )
+                .await?;
             }
             Request::OpenSource {
                 session,
@@ -409,7 +431,8 @@ async fn control(
                 grant,
             } => {
                 let entries =
-                    match source_entries(&ep, &path, recursive, files, grant.as_ref()).await {
+                    match source_entries(&ep, &root, &path, recursive, files, grant.as_ref()).await
+                    {
                         Ok(e) => e,
                         Err(e) => {
                             writer.send_response(&Response::Error(e)).await?;
@@ -418,6 +441,7 @@ async fn control(
                     };
                 source(
                     &ep,
+                    &root,
                     &mut reader,
                     &mut writer,
                     session,
@@ -430,6 +454,34 @@ async fn control(
                 .await?;
             }
         }
+    }
+}
+
+/// The tree as this connection's account sees it. An endpoint started as root with a mapfile
+/// runs every file operation of a mapped session as the local account the mapfile names (as a
+/// root GridFTP server does), and refuses a subject mapped to an account this host does not
+/// have. Otherwise (not root, `--insecure`, storage nodes) files are the process's own.
+fn session_root(
+    ep: &Endpoint,
+    identity: &str,
+    subject: Option<&str>,
+) -> Result<Arc<Root>, ErrorInfo> {
+    if !ep.switch_users {
+        return Ok(ep.root.clone());
+    }
+    match crate::identity::FsIdentity::lookup(identity) {
+        Ok(Some(id)) => Ok(Arc::new(ep.root.as_identity(Arc::new(id)))),
+        Ok(None) => Err(ErrorInfo::new(
+            ErrorKind::Unmapped,
+            format!(
+                "certificate subject {:?} is mapped to local account {identity:?}, which does not exist on this endpoint's host; ask its operator to fix the mapfile",
+                subject.unwrap_or_default()
+            ),
+        )),
+        Err(e) => Err(ErrorInfo::new(
+            ErrorKind::Io,
+            format!("cannot look up local account {identity:?}: {e}"),
+        )),
     }
 }
 
@@ -527,6 +579,7 @@ async fn finish(
 #[allow(clippy::too_many_arguments)]
 async fn sink(
     ep: &Arc<Endpoint>,
+    root: &Arc<Root>,
     reader: &mut ControlReader,
     writer: &mut ControlWriter,
     session: SessionId,
@@ -551,7 +604,7 @@ async fn sink(
     let (etx, mut erx) = mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
     let spec = SinkSpec {
-        root: ep.root.clone(),
+        root: root.clone(),
         naming,
         options,
         checkpoint_interval: ep.cfg.checkpoint_interval,
@@ -605,6 +658,7 @@ async fn with_first_stream_deadline<T>(
 #[allow(clippy::too_many_arguments)]
 async fn source(
     ep: &Arc<Endpoint>,
+    root: &Arc<Root>,
     reader: &mut ControlReader,
     writer: &mut ControlWriter,
     session: SessionId,
@@ -704,7 +758,7 @@ async fn source(
         .send_response(&Response::SourceReady { files, bytes })
         .await?;
     let spec = SourceSpec {
-        root: ep.root.clone(),
+        root: root.clone(),
         entries,
         range,
         options,
@@ -770,12 +824,12 @@ pub async fn open_streams(
 }
 
 async fn enumerate_remote(
-    ep: &Arc<Endpoint>,
+    root: &Arc<Root>,
     path: &str,
     recursive: bool,
 ) -> Result<Vec<SourceEntry>, ErrorInfo> {
     let rel = store::remote_rel_path(path)?;
-    let root = ep.root.clone();
+    let root = root.clone();
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
         store::enumerate(&root, &rel, recursive, &mut |e| {
@@ -792,6 +846,7 @@ async fn enumerate_remote(
 /// on a storage node, by the file ids a write capability covers.
 fn sink_naming(
     ep: &Endpoint,
+    root: &Arc<Root>,
     dest: &str,
     grant: Option<&SignedGrant>,
 ) -> Result<Naming, ErrorInfo> {
@@ -809,7 +864,7 @@ fn sink_naming(
         ));
     }
     let rel = store::remote_rel_path(dest)?;
-    Destination::resolve(&ep.root, &rel, dest.ends_with('/')).map(Naming::Tree)
+    Destination::resolve(root, &rel, dest.ends_with('/')).map(Naming::Tree)
 }
 
 /// What a source session sends: the tree at `path`, or, on a storage node, exactly the listed
@@ -817,6 +872,7 @@ fn sink_naming(
 /// catalog checksum as it is read).
 async fn source_entries(
     ep: &Arc<Endpoint>,
+    root: &Arc<Root>,
     path: &str,
     recursive: bool,
     files: Vec<ListedFile>,
@@ -829,7 +885,7 @@ async fn source_entries(
                 "file lists are only served by storage nodes",
             ));
         }
-        return enumerate_remote(ep, path, recursive).await;
+        return enumerate_remote(root, path, recursive).await;
     };
     let g = spool::check(sp.as_ref(), grant, Operation::Read)?;
     if files.is_empty() {
@@ -844,7 +900,7 @@ async fn source_entries(
         g.covers([id])
             .map_err(|e| ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()))?;
         let locator = sp.path_of(id);
-        let meta = ep.root.metadata(&locator).map_err(|e| {
+        let meta = root.metadata(&locator).map_err(|e| {
             let kind = if e.kind() == std::io::ErrorKind::NotFound {
                 ErrorKind::NotFound
             } else {
@@ -887,6 +943,7 @@ async fn source_entries(
 /// Recomputes the checksums of replicas on a storage node, two files at a time.
 async fn verify_files(
     ep: &Arc<Endpoint>,
+    root: &Arc<Root>,
     files: Vec<ListedFile>,
     grant: Option<&SignedGrant>,
 ) -> Result<Vec<control::VerifyResult>, ErrorInfo> {
@@ -908,7 +965,7 @@ async fn verify_files(
     let jobs = Arc::new(Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>()));
     let mut handles = Vec::new();
     for _ in 0..workers {
-        let (jobs, root) = (jobs.clone(), ep.root.clone());
+        let (jobs, root) = (jobs.clone(), root.clone());
         handles.push(tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             loop {

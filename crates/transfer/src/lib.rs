@@ -12,6 +12,7 @@ pub mod control_pool;
 pub mod endpoint;
 pub mod error;
 pub mod faults;
+pub mod identity;
 pub mod pki;
 pub mod pool;
 pub mod progress;

@@ -10,6 +10,7 @@
 //! ever written under the final name until the data has verified.
 
 use crate::error::io_info;
+use crate::identity::{FsGuard, FsIdentity};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{self, Write};
@@ -25,8 +26,11 @@ pub enum Root {
     Ambient,
     /// An exported directory; every path is resolved beneath it.
     Confined {
-        dir: cap_std::fs::Dir,
+        dir: std::sync::Arc<cap_std::fs::Dir>,
         display: PathBuf,
+        /// The account every path operation runs as (a session mapped to a local account by
+        /// an endpoint started as root); `None`: the process's own.
+        identity: Option<std::sync::Arc<FsIdentity>>,
     },
 }
 
@@ -100,9 +104,37 @@ impl Root {
     pub fn confined(path: &Path) -> io::Result<Self> {
         let dir = cap_std::fs::Dir::open_ambient_dir(path, cap_std::ambient_authority())?;
         Ok(Root::Confined {
-            dir,
+            dir: std::sync::Arc::new(dir),
             display: path.to_path_buf(),
+            identity: None,
         })
+    }
+
+    /// The same tree, every path operation done as `identity` (see [`crate::identity`]).
+    pub fn as_identity(&self, identity: std::sync::Arc<FsIdentity>) -> Root {
+        match self {
+            Root::Ambient => Root::Ambient,
+            Root::Confined { dir, display, .. } => Root::Confined {
+                dir: dir.clone(),
+                display: display.clone(),
+                identity: Some(identity),
+            },
+        }
+    }
+
+    /// The account path operations run as, when not the process's own.
+    pub fn identity(&self) -> Option<&FsIdentity> {
+        match self {
+            Root::Confined {
+                identity: Some(id), ..
+            } => Some(id),
+            _ => None,
+        }
+    }
+
+    /// Switches this thread to the root's account for one operation.
+    fn act(&self) -> io::Result<Option<FsGuard>> {
+        self.identity().map(FsIdentity::enter).transpose()
     }
 
     pub fn is_confined(&self) -> bool {
@@ -137,6 +169,7 @@ impl Root {
 
     pub fn metadata(&self, rel: &Path) -> io::Result<Meta> {
         self.check(rel)?;
+        let _as = self.act()?;
         match self {
             Root::Ambient => std::fs::metadata(rel).map(|m| Meta::from_std(&m)),
             Root::Confined { dir, .. } => dir.metadata(self.p(rel)).map(|m| Meta::from_cap(&m)),
@@ -145,6 +178,7 @@ impl Root {
 
     pub fn open(&self, rel: &Path, mode: OpenMode) -> io::Result<File> {
         self.check(rel)?;
+        let _as = self.act()?;
         match self {
             Root::Ambient => {
                 let mut o = std::fs::OpenOptions::new();
@@ -174,6 +208,7 @@ impl Root {
     /// Names in a directory, sorted.
     pub fn list(&self, rel: &Path) -> io::Result<Vec<String>> {
         self.check(rel)?;
+        let _as = self.act()?;
         let mut names: Vec<String> = match self {
             Root::Ambient => std::fs::read_dir(rel)?
                 .filter_map(|e| e.ok())
@@ -191,6 +226,7 @@ impl Root {
 
     pub fn create_dir_all(&self, rel: &Path) -> io::Result<()> {
         self.check(rel)?;
+        let _as = self.act()?;
         if rel.as_os_str().is_empty() {
             return Ok(());
         }
@@ -203,6 +239,7 @@ impl Root {
     pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.check(from)?;
         self.check(to)?;
+        let _as = self.act()?;
         match self {
             Root::Ambient => std::fs::rename(from, to),
             Root::Confined { dir, .. } => dir.rename(from, dir, to),
@@ -211,6 +248,7 @@ impl Root {
 
     pub fn remove_file(&self, rel: &Path) -> io::Result<()> {
         self.check(rel)?;
+        let _as = self.act()?;
         match self {
             Root::Ambient => std::fs::remove_file(rel),
             Root::Confined { dir, .. } => dir.remove_file(rel),
@@ -219,6 +257,7 @@ impl Root {
 
     pub fn read_to_string(&self, rel: &Path) -> io::Result<String> {
         self.check(rel)?;
+        let _as = self.act()?;
         match self {
             Root::Ambient => std::fs::read_to_string(rel),
             Root::Confined { dir, .. } => dir.read_to_string(rel),
@@ -227,6 +266,7 @@ impl Root {
 
     pub fn set_mode(&self, rel: &Path, mode: u32) -> io::Result<()> {
         self.check(rel)?;
+        let _as = self.act()?;
         use std::os::unix::fs::PermissionsExt;
         match self {
             Root::Ambient => std::fs::set_permissions(rel, std::fs::Permissions::from_mode(mode)),
@@ -240,6 +280,7 @@ impl Root {
     /// Makes a directory's entries durable.
     pub fn sync_dir(&self, rel: &Path) -> io::Result<()> {
         self.check(rel)?;
+        let _as = self.act()?;
         match self {
             Root::Ambient => File::open(if rel.as_os_str().is_empty() {
                 Path::new(".")
@@ -374,6 +415,12 @@ pub fn enumerate(
             ErrorKind::Invalid,
             format!("{shown} is not a regular file or directory"),
         ));
+    }
+    // A single file that cannot be read fails here, with its real cause, before a session is
+    // set up around it (the session would end before the other side's streams joined).
+    if meta.is_file {
+        root.open(path, OpenMode::Read)
+            .map_err(|e| io_info(&shown, &e))?;
     }
     let mut seen = std::collections::HashSet::new();
     walk(root, path, base, meta, emit, &mut seen)?;

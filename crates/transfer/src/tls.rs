@@ -207,6 +207,14 @@ impl Mapfile {
         self.entries.get(subject).map(String::as_str)
     }
 
+    /// The local accounts subjects are mapped to, each once, sorted.
+    pub fn accounts(&self) -> Vec<&str> {
+        let mut a: Vec<&str> = self.entries.values().map(String::as_str).collect();
+        a.sort_unstable();
+        a.dedup();
+        a
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

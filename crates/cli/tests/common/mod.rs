@@ -282,7 +282,7 @@ impl Pki {
         ]);
         std::fs::write(
             dir.join("mapfile"),
-            "\"/O=longhaul/OU=users/CN=alice\" alice\n\"/O=longhaul/OU=users/CN=old\" old\n",
+            "\"/O=longhaul/OU=users/CN=alice\" root\n\"/O=longhaul/OU=users/CN=old\" root\n",
         )
         .unwrap();
         Self {
