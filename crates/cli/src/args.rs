@@ -217,6 +217,10 @@ pub struct CpArgs {
     /// Do not fsync files before renaming them into place (faster, less durable).
     #[arg(long)]
     pub no_fsync: bool,
+    /// Send local files on clear streams from a buffer (read, then write) instead of with
+    /// sendfile from the page cache: for measurements, or file systems whose sendfile misbehaves.
+    #[arg(long)]
+    pub no_zero_copy: bool,
     /// Bandwidth to plan for when no --rate is given, in bits/s.
     #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
     pub link_rate: u64,

@@ -63,6 +63,7 @@ fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferEr
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
         control_pool: None,
+        zero_copy: !a.no_zero_copy,
     })
 }
 

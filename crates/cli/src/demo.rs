@@ -328,6 +328,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         link_bps: 10_000_000_000,
         checkpoint_interval: Duration::from_secs(5),
         control_pool: None,
+        zero_copy: true,
     };
     let mut gopts = grid::copy::GridOptions {
         copy,

@@ -596,6 +596,29 @@ fn a_root_endpoint_acts_as_the_mapped_account() {
     drop(a);
 }
 
+/// Uploads send clear streams with sendfile unless --no-zero-copy; both give the same file,
+/// and the report says which one was used (null when the source was remote).
+#[test]
+fn zero_copy_can_be_turned_off() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let src = t.path().join("f.dat");
+    write_file(&src, 21, (5 << 20) + 123);
+    let out = cp(&[src.to_str().unwrap(), &a.url("zc.dat")]);
+    assert_ok(&out);
+    assert_eq!(json(&out)["zero_copy"], true);
+    let out = cp(&["--no-zero-copy", src.to_str().unwrap(), &a.url("buf.dat")]);
+    assert_ok(&out);
+    assert_eq!(json(&out)["zero_copy"], false);
+    assert_same_file(&src, &a.root.join("zc.dat"));
+    assert_same_file(&src, &a.root.join("buf.dat"));
+    let dl = t.path().join("dl.dat");
+    let out = cp(&[&a.url("buf.dat"), dl.to_str().unwrap()]);
+    assert_ok(&out);
+    assert!(json(&out)["zero_copy"].is_null());
+    assert_same_file(&src, &dl);
+}
+
 #[test]
 fn tls_mutual_authentication_and_private_streams() {
     let t = tempfile::tempdir().unwrap();

@@ -383,6 +383,7 @@ impl Tally {
             congestion: String::new(),
             protect: format!("{:?}", opts.copy.session.protect).to_lowercase(),
             tcp_retransmits: self.retransmits,
+            zero_copy: None,
             checksums: opts
                 .copy
                 .session

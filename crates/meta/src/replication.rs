@@ -872,6 +872,7 @@ pub fn copy_options(
         link_bps: 10_000_000_000,
         checkpoint_interval: Duration::from_secs(5),
         control_pool,
+        zero_copy: true,
     }
 }
 

@@ -121,6 +121,9 @@ pub struct CopyOptions {
     /// Third-party sessions take their control connections from here and put them back when
     /// they end cleanly (the metadata server's; `None` connects anew each time).
     pub control_pool: Option<Arc<crate::control_pool::ControlPool>>,
+    /// Local files are sent on clear streams with `sendfile` from the page cache (`false`:
+    /// written from a buffer, as on TLS streams; `--no-zero-copy`).
+    pub zero_copy: bool,
 }
 
 /// One file in the report.
@@ -157,6 +160,8 @@ pub struct CopyReport {
     pub congestion: String,
     pub protect: String,
     pub tcp_retransmits: u64,
+    /// Local files were sent with `sendfile` (uploads; `null` when the source was remote).
+    pub zero_copy: Option<bool>,
     pub checksums: Vec<String>,
     pub file_list: Vec<FileReport>,
     pub failures: Vec<(String, String)>,
@@ -172,6 +177,8 @@ pub struct Attempt {
     pub source: SessionSummary,
     pub sink: SessionSummary,
     pub plan: String,
+    /// Whether this side, as the source, sent with `sendfile` (`None`: the source was remote).
+    pub zero_copy: Option<bool>,
 }
 
 /// An endpoint (or storage node) to talk to.
@@ -468,6 +475,7 @@ fn fill_report(
     report.congestion = a.source.congestion.clone();
     report.protect = format!("{:?}", opts.session.protect).to_lowercase();
     report.tcp_retransmits = a.source.tcp_retransmits;
+    report.zero_copy = a.zero_copy;
     report.checksums = opts
         .session
         .checksums
@@ -788,6 +796,7 @@ pub async fn upload(
         entries,
         range: opts.range,
         options: session.clone(),
+        zero_copy: opts.zero_copy,
     };
     let source = run_source(spec, rx, counters.clone(), events.clone(), cancel.clone());
     tokio::pin!(source);
@@ -855,6 +864,7 @@ pub async fn upload(
         },
         sink: sink_summary.unwrap_or_default(),
         plan: p.explanation,
+        zero_copy: Some(outcome.zero_copy),
     })
 }
 
@@ -1030,6 +1040,7 @@ pub async fn download(
             ..Default::default()
         },
         plan: p.explanation,
+        zero_copy: None,
     })
 }
 
@@ -1159,6 +1170,7 @@ pub async fn third_party(
         source,
         sink,
         plan,
+        zero_copy: None,
     })
 }
 

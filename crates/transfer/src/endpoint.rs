@@ -762,6 +762,7 @@ async fn source(
         entries,
         range,
         options,
+        zero_copy: true,
     };
     let run = run_source(spec, conns, counters.clone(), etx, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);

@@ -38,6 +38,8 @@ pub struct SourceSpec {
     /// Only this `(offset, length)` of a single file.
     pub range: Option<(u64, u64)>,
     pub options: SessionOptions,
+    /// Send clear streams with `sendfile` from the page cache (TLS streams never can).
+    pub zero_copy: bool,
 }
 
 /// What a finished source session did.
@@ -47,6 +49,8 @@ pub struct SourceOutcome {
     pub streams: u32,
     pub congestion: String,
     pub tcp_retransmits: u64,
+    /// Blocks went out with `sendfile` from the page cache.
+    pub zero_copy: bool,
 }
 
 /// A block read from disk, holding its share of the read-ahead budget until dropped.
@@ -716,7 +720,8 @@ pub async fn run_source(
         locators,
         expects,
         root: spec.root.clone(),
-        zero_copy: opts.protect == wire::control::Protect::Clear
+        zero_copy: spec.zero_copy
+            && opts.protect == wire::control::Protect::Clear
             && !faults::corrupt_enabled()
             && std::env::var("HAUL_ZERO_COPY")
                 .map(|v| v != "0")
@@ -848,6 +853,7 @@ pub async fn run_source(
         streams,
         congestion: sh.congestion.lock().expect("cc lock").clone(),
         tcp_retransmits: sh.retransmits.load(Ordering::Relaxed),
+        zero_copy: sh.zero_copy,
     })
 }
 
