@@ -232,6 +232,10 @@ pub fn variants(s: &Scenario, w: &str, quick: bool) -> Vec<Variant> {
         return out;
     }
     out.push(v(Tool::Haul, "defaults", &[]));
+    // What sendfile saves: the same copy with the payload read into a buffer and written.
+    if (s.id == "S4" || s.id == "S1") && w == "W1" {
+        out.push(v(Tool::Haul, "--no-zero-copy", &["--no-zero-copy"]));
+    }
     if s.id == "S4" && w == "W1" {
         out.push(v(
             Tool::HaulTls,
