@@ -683,7 +683,9 @@ pub fn commit(
         file.sync_all().map_err(err)?;
     }
     use std::os::unix::fs::PermissionsExt;
-    file.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
+    // Set-user-ID and set-group-ID bits are never taken from the peer: on an endpoint running
+    // as root they would make a received file a privileged program.
+    file.set_permissions(std::fs::Permissions::from_mode(mode & 0o1777))
         .map_err(err)?;
     let t = std::time::UNIX_EPOCH
         + std::time::Duration::new(mtime.secs.max(0) as u64, mtime.nanos.min(999_999_999));
@@ -850,5 +852,13 @@ mod tests {
             open_destination(&root, fp, 100, mtime, true).unwrap(),
             Opened::Complete
         ));
+        // Set-ID bits from the peer are dropped; the rest of the mode is kept.
+        let fp2 = Path::new("out/g.dat");
+        let Opened::Partial { file, .. } = open_destination(&root, fp2, 0, mtime, false).unwrap()
+        else {
+            panic!()
+        };
+        commit(&root, fp2, &file, 0o6755, mtime, false).unwrap();
+        assert_eq!(root.metadata(fp2).unwrap().mode, 0o755);
     }
 }
