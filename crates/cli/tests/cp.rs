@@ -590,6 +590,28 @@ fn a_root_endpoint_acts_as_the_mapped_account() {
     );
     assert_exit(&out, 5, "ermission denied");
     assert!(!denied.exists());
+    // A tree with a file nobody may not read: that file fails (named in the report, exit code
+    // of its cause), the rest arrives. (It was reported as copied before: silently missing.)
+    let tree = public.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    mode(&tree, 0o755);
+    write_file(&tree.join("readable.dat"), 5, 50_000);
+    write_file(&tree.join("secret.dat"), 6, 50_000);
+    mode(&tree.join("secret.dat"), 0o600);
+    let dl_tree = t.path().join("dl-tree");
+    let out = pki.cp(
+        "alice",
+        &["-r", &a.tls_url("pub/tree"), dl_tree.to_str().unwrap()],
+    );
+    assert_exit(&out, 5, "1 of 3 files failed");
+    let report = json(&out);
+    assert_eq!(report["files_failed"], 1, "{report}");
+    assert!(
+        report["failures"].to_string().contains("secret.dat"),
+        "{report}"
+    );
+    assert_same_file(&tree.join("readable.dat"), &dl_tree.join("readable.dat"));
+    assert!(!dl_tree.join("secret.dat").exists());
     // A subject mapped to an account this host does not have.
     let out = pki.cp("mallory", &[src.to_str().unwrap(), &a.tls_url("pub/m.dat")]);
     assert_exit(&out, 5, "does not exist");

@@ -615,10 +615,10 @@ async fn await_done(
                     });
                 }
             }
+            // Always relayed: a file the remote source failed before announcing it is known to
+            // nobody else (reports merge failures by path).
             Response::FileFailed { path, error } => {
-                if counters.is_some() {
-                    let _ = events.send(Event::FileFailed { path, error });
-                }
+                let _ = events.send(Event::FileFailed { path, error });
             }
             other => tracing::debug!(?other, "unexpected message during a session"),
         }
@@ -990,6 +990,9 @@ pub async fn download(
                 }
                 Ok(Response::Error(e)) => { cancel.cancel(); let _ = (&mut sink).await; return Err(e.into()); }
                 Ok(Response::Done(summary)) => source_summary = Some(summary),
+                // A file the source could not read, possibly before announcing it: the sink
+                // never hears of it, so this is the only report of its failure.
+                Ok(Response::FileFailed { path, error }) => { let _ = events.send(Event::FileFailed { path, error }); }
                                 Err(e) => { cancel.cancel(); let _ = (&mut sink).await; return Err(e); }
                 Ok(_) => {}
             },
