@@ -6,7 +6,10 @@ use std::path::PathBuf;
 const EXIT_CODES: &str = "\
 Exit codes:
   0    success
-  1    some files failed (others were copied), or another local failure
+  1    some files failed for no more specific reason (others were copied), or
+       another local failure; when files fail, the code is that of the first
+       failure's cause (e.g. 5 for a file that may not be read), and the JSON
+       summary lists every failed file
   2    usage error (bad flag or argument)
   3    source not found
   4    host unreachable or connection lost (after all retries)
