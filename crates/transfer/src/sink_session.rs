@@ -354,14 +354,7 @@ impl Shared {
                 ranges,
             } => {
                 if let Some(of) = self.file(file, attempt)
-                    && let Err(e) = store::checkpoint(
-                        &self.root,
-                        &of.final_path,
-                        &of.file,
-                        of.begin.size,
-                        of.begin.mtime,
-                        &ranges,
-                    )
+                    && let Err(e) = self.checkpoint(&of, &ranges)
                 {
                     tracing::warn!(path = %of.begin.path, error = %e, "checkpoint failed");
                 }
@@ -435,21 +428,25 @@ impl Shared {
         }
     }
 
-    /// Records what is on disk of an unfinished file so that a resume continues from it.
+    /// Syncs `ranges` of an open file and records them in its restart ledger.
+    fn checkpoint(&self, of: &OpenFile, ranges: &RangeSet) -> std::io::Result<()> {
+        store::checkpoint(
+            &self.root,
+            &of.final_path,
+            &of.file,
+            of.begin.size,
+            of.begin.mtime,
+            ranges,
+        )
+    }
+
     /// Keeps an unfinished file's data for a resume by writing its restart ledger; without a
     /// ledger (nothing written, or the ledger cannot be written, as on a full disk) the
     /// temporary file could never be resumed and would only hold space, so it is removed.
     fn save_partial(&self, file: FileId, of: &OpenFile) {
         let ranges = self.lock().written(file).cloned().unwrap_or_default();
         let kept = !ranges.is_empty()
-            && match store::checkpoint(
-                &self.root,
-                &of.final_path,
-                &of.file,
-                of.begin.size,
-                of.begin.mtime,
-                &ranges,
-            ) {
+            && match self.checkpoint(of, &ranges) {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(path = %of.begin.path, error = %e, "could not save the restart ledger: partial data dropped");
