@@ -51,6 +51,17 @@ fn frames(src: &mut Source<Vec<u8>>, stream: u32, now: Instant) -> Vec<String> {
     out
 }
 
+/// The sink refuses `len` bytes at `offset` of file 0 (first attempt) on `stream`.
+fn nack(src: &mut Source<Vec<u8>>, stream: u32, offset: u64, len: u64, now: Instant) {
+    let nack = Nack {
+        file: 0,
+        attempt: 0,
+        offset,
+        len,
+    };
+    src.on_frame(stream, DataFrame::Nack(nack), now).unwrap();
+}
+
 #[test]
 fn begin_precedes_blocks_and_end_follows() {
     let now = t0();
@@ -181,17 +192,7 @@ fn readers_have_work_only_for_files_rereads_and_the_end() {
         !src.has_reader_work(),
         "blocks in flight are the streams' business"
     );
-    src.on_frame(
-        0,
-        DataFrame::Nack(Nack {
-            file: 0,
-            attempt: 0,
-            offset: 1000,
-            len: 1000,
-        }),
-        now,
-    )
-    .unwrap();
+    nack(&mut src, 0, 1000, 1000, now);
     assert!(src.has_reader_work(), "a block to read again");
     let d = src.poll_reread().unwrap();
     assert!(!src.has_reader_work());
@@ -209,17 +210,7 @@ fn nack_rereads_and_resends_in_front() {
     let job = src.claim().unwrap();
     read_job(&mut src, &job, 1000);
     frames(&mut src, 0, now);
-    src.on_frame(
-        0,
-        DataFrame::Nack(Nack {
-            file: 0,
-            attempt: 0,
-            offset: 1000,
-            len: 1000,
-        }),
-        now,
-    )
-    .unwrap();
+    nack(&mut src, 0, 1000, 1000, now);
     let job_b = src.claim().unwrap();
     read_job(&mut src, &job_b, 1000);
     let d = src.poll_reread().unwrap();
