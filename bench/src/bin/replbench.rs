@@ -628,10 +628,10 @@ fn gf_name(h: &netlab::Host) -> String {
 }
 
 /// Pids of the processes whose parent is `pid`.
-fn children_of(pid: i32) -> Vec<i32> {
+fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
         let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
@@ -639,7 +639,7 @@ fn children_of(pid: i32) -> Vec<i32> {
         let ppid = stat
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|x| x.parse::<i32>().ok());
+            .and_then(|x| x.parse::<u32>().ok());
         if ppid == Some(pid) {
             out.push(p);
         }
@@ -648,10 +648,10 @@ fn children_of(pid: i32) -> Vec<i32> {
 }
 
 /// Pids of the processes running as `uid`.
-fn procs_of_uid(uid: u32) -> Vec<i32> {
+fn procs_of_uid(uid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
         let status = fs::read_to_string(e.path().join("status")).unwrap_or_default();
@@ -660,44 +660,17 @@ fn procs_of_uid(uid: u32) -> Vec<i32> {
             .find_map(|l| l.strip_prefix("Uid:"))
             .and_then(|l| l.split_whitespace().next())
             .and_then(|x| x.parse::<u32>().ok());
-        if real == Some(uid) && alive(p) {
+        if real == Some(uid) && netlab::running(p) {
             out.push(p);
         }
     }
     out
 }
 
-fn alive(pid: i32) -> bool {
-    // Zombies count as gone.
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().next())
-                .is_some_and(|st| st != "Z")
-        })
-        .unwrap_or(false)
-}
-
-/// SIGTERM to each pid, up to `wait` for them to end, then SIGKILL to the rest.
-fn stop_pids(pids: &[i32], wait: Duration) {
-    for &p in pids.iter().filter(|p| **p > 1) {
-        // SAFETY: kill(2) has no memory-safety preconditions.
-        unsafe { libc::kill(p, libc::SIGTERM) };
-    }
-    let t = Instant::now();
-    while pids.iter().any(|p| alive(*p)) && t.elapsed() < wait {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for &p in pids.iter().filter(|p| **p > 1 && alive(**p)) {
-        // SAFETY: as above.
-        unsafe { libc::kill(p, libc::SIGKILL) };
-    }
-}
-
-fn pid_file(p: &Path) -> Option<i32> {
+fn pid_file(p: &Path) -> Option<u32> {
     fs::read_to_string(p)
         .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
+        .and_then(|s| s.trim().parse::<u32>().ok())
         .filter(|p| *p > 1)
 }
 
@@ -1063,27 +1036,27 @@ impl<'a> Gfarm<'a> {
             if let Some(p) = pid_file(&pf) {
                 let mut all = vec![p];
                 all.extend(children_of(p));
-                stop_pids(&all, Duration::from_secs(5));
+                netlab::terminate(&all, Duration::from_secs(5));
                 let _ = fs::remove_file(&pf);
             }
         }
         if let Some(p) = pid_file(&piddir.join("gfmd.pid")) {
-            stop_pids(&[p], Duration::from_secs(10));
+            netlab::terminate(&[p], Duration::from_secs(10));
         }
         // The postmaster ends its backends itself on SIGTERM (smart) / SIGINT (fast).
         let pg = self.run.join("var/gfarm-pgsql/postmaster.pid");
         if let Some(p) = fs::read_to_string(&pg)
             .ok()
-            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
             .filter(|p| *p > 1)
         {
             // SAFETY: kill(2) has no memory-safety preconditions.
-            unsafe { libc::kill(p, libc::SIGINT) };
+            unsafe { libc::kill(p as libc::pid_t, libc::SIGINT) };
             let t = Instant::now();
-            while alive(p) && t.elapsed() < Duration::from_secs(15) {
+            while netlab::running(p) && t.elapsed() < Duration::from_secs(15) {
                 std::thread::sleep(Duration::from_millis(100));
             }
-            stop_pids(&[p], Duration::from_secs(1));
+            netlab::terminate(&[p], Duration::from_secs(1));
         }
         if let Some(uid) = self.uid {
             let left = procs_of_uid(uid);
@@ -1100,7 +1073,7 @@ impl<'a> Gfarm<'a> {
                     "haul-replbench: gfarm: stopping leftover processes of {GF_USER}: {}",
                     what.join("; ")
                 );
-                stop_pids(&left, Duration::from_secs(5));
+                netlab::terminate(&left, Duration::from_secs(5));
             }
         }
         if self.user_created {

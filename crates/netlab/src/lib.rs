@@ -38,6 +38,7 @@ pub use lab::{
     available, cleanup_leftovers,
 };
 pub use model::{DropCause, LinkParams};
+pub use netns::{running, terminate};
 pub use stats::{DirectionStats, Drops, Stats};
 
 /// CPU time of a thread or process in seconds, read from `/proc` (utime + stime, clock-tick

@@ -143,21 +143,32 @@ pub fn pids_in(names: &[String]) -> Vec<u32> {
 
 /// Ends the processes left in the namespaces: SIGTERM, then SIGKILL after up to 1 s.
 pub fn kill_processes_in(names: &[String]) {
-    let pids = pids_in(names);
+    terminate(&pids_in(names), Duration::from_secs(1));
+}
+
+/// Whether `pid` is a running process (zombies count as gone).
+pub fn running(pid: u32) -> bool {
+    sys::pid_alive(pid) && !is_zombie(pid)
+}
+
+/// SIGTERM to each process, up to `wait` for them to end, then SIGKILL to those still running.
+/// Pids 0 and 1 are never signalled.
+pub fn terminate(pids: &[u32], wait: Duration) {
+    let pids: Vec<u32> = pids.iter().copied().filter(|&p| p > 1).collect();
     if pids.is_empty() {
         return;
     }
     for &p in &pids {
         sys::kill(p, libc::SIGTERM);
     }
-    let deadline = Instant::now() + Duration::from_secs(1);
+    let deadline = Instant::now() + wait;
     while Instant::now() < deadline {
-        if pids.iter().all(|&p| !sys::pid_alive(p) || is_zombie(p)) {
+        if !pids.iter().any(|&p| running(p)) {
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    for &p in &pids {
+    for &p in pids.iter().filter(|&&p| running(p)) {
         sys::kill(p, libc::SIGKILL);
     }
 }
