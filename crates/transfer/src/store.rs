@@ -123,7 +123,7 @@ impl Root {
     }
 
     /// The account path operations run as, when not the process's own.
-    pub fn identity(&self) -> Option<&FsIdentity> {
+    fn identity(&self) -> Option<&FsIdentity> {
         match self {
             Root::Confined {
                 identity: Some(id), ..
