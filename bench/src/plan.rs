@@ -125,6 +125,8 @@ pub enum Tool {
     Xrdcp,
     Scp,
     Rsync,
+    /// `haul-floor`: sendfile into a socket, recv + pwrite out of it, nothing else (S4 only).
+    Floor,
 }
 
 impl Tool {
@@ -137,6 +139,7 @@ impl Tool {
             Tool::Xrdcp => "xrdcp",
             Tool::Scp => "scp",
             Tool::Rsync => "rsync",
+            Tool::Floor => "floor",
         }
     }
     pub fn display(self) -> &'static str {
@@ -148,6 +151,7 @@ impl Tool {
             Tool::Xrdcp => "xrdcp",
             Tool::Scp => "scp",
             Tool::Rsync => "rsync",
+            Tool::Floor => "kernel floor",
         }
     }
     /// The program whose presence decides whether the tool can run.
@@ -159,6 +163,7 @@ impl Tool {
             Tool::Xrdcp => &["xrdcp", "xrootd"],
             Tool::Scp => &["scp", "ssh", "sshd", "ssh-keygen"],
             Tool::Rsync => &["rsync", "ssh", "sshd", "ssh-keygen"],
+            Tool::Floor => &[],
         }
     }
 }
@@ -241,6 +246,15 @@ pub fn variants(s: &Scenario, w: &str, quick: bool) -> Vec<Variant> {
             Tool::HaulTls,
             "TLS, --protect private",
             &["--protect", "private"],
+        ));
+    }
+    if s.id == "S4" && w == "W1" {
+        // What any tool that stores the file must spend here: the bound the S4 ratios are
+        // read against (see bench/README.md).
+        out.push(v(
+            Tool::Floor,
+            "sendfile -> recv + pwrite, no checksum",
+            &[],
         ));
     }
     if w == "W1" {
@@ -399,7 +413,7 @@ impl Only {
         let mut o = Only::default();
         let scen: Vec<&str> = scenarios().iter().map(|s| s.id).collect();
         let tools = [
-            "haul", "haul-tls", "iperf3", "globus", "xrdcp", "scp", "rsync",
+            "haul", "haul-tls", "iperf3", "globus", "xrdcp", "scp", "rsync", "floor",
         ];
         for t in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             if let Some(s) = scen.iter().find(|s| s.eq_ignore_ascii_case(t)) {
@@ -447,7 +461,7 @@ pub fn expected_fraction(s: &Scenario, w: &str, v: &Variant) -> f64 {
     let l = v.label.as_str();
     let many = l.contains("-cc") || l.contains("parallel");
     match (s.id, v.tool) {
-        (_, Tool::Haul | Tool::HaulTls | Tool::Iperf3) => 0.9,
+        (_, Tool::Haul | Tool::HaulTls | Tool::Iperf3 | Tool::Floor) => 0.9,
         ("S1", Tool::Globus) => match w {
             "W1" => 0.85,
             _ if l.contains("-cc 8") => 0.45,
@@ -485,7 +499,7 @@ pub fn expected_files_per_s(s: &Scenario, v: &Variant) -> f64 {
     let l = v.label.as_str();
     let scale = 200.0 / s.rtt_ms.max(1) as f64;
     let base = match v.tool {
-        Tool::Haul | Tool::HaulTls | Tool::Iperf3 => return f64::INFINITY,
+        Tool::Haul | Tool::HaulTls | Tool::Iperf3 | Tool::Floor => return f64::INFINITY,
         Tool::Globus => 18.0,
         Tool::Xrdcp if l.contains("parallel") => 13.0,
         Tool::Xrdcp => 1.6,

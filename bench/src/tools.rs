@@ -18,6 +18,7 @@ pub const IPERF_PORT: u16 = 5201;
 pub const GRIDFTP_PORT: u16 = 2811;
 pub const XROOTD_PORT: u16 = 1094;
 pub const SSH_PORT: u16 = 22;
+pub const FLOOR_PORT: u16 = 5812;
 
 pub fn port(tool: Tool) -> u16 {
     match tool {
@@ -26,12 +27,15 @@ pub fn port(tool: Tool) -> u16 {
         Tool::Globus => GRIDFTP_PORT,
         Tool::Xrdcp => XROOTD_PORT,
         Tool::Scp | Tool::Rsync => SSH_PORT,
+        Tool::Floor => FLOOR_PORT,
     }
 }
 
 /// Things made once per benchmark run.
 pub struct Ctx {
     pub haul: PathBuf,
+    /// `haul-floor`, built beside `haul-bench`.
+    pub floor: PathBuf,
     /// Keys, certificates, configs, hosts file (on tmpfs, removed at the end).
     pub state: PathBuf,
     pub ssh_key: Option<PathBuf>,
@@ -58,8 +62,12 @@ impl Ctx {
             }
         }
         fs::write(&hosts_file, hosts)?;
+        let floor = std::env::current_exe()
+            .context("where haul-bench runs from")?
+            .with_file_name("haul-floor");
         Ok(Ctx {
             haul,
+            floor,
             state,
             ssh_key: None,
             pki: None,
@@ -183,6 +191,13 @@ pub fn start_server(ctx: &Ctx, tool: Tool, spot: &ServerSpot, cg: &Cgroup) -> Re
                 c.arg("--ca").arg(p.join("ca.pem"));
                 c.arg("--mapfile").arg(p.join("mapfile"));
             }
+            c
+        }
+        Tool::Floor => {
+            let mut c = spot.host.command(&ctx.floor);
+            c.arg("recv")
+                .arg(format!("{a}:{FLOOR_PORT}"))
+                .arg(&spot.dst);
             c
         }
         Tool::Iperf3 => {
@@ -386,6 +401,14 @@ pub fn client_command(
             c.arg("-a");
             c.arg("-e").arg(format!("ssh {}", ssh_opts(key).join(" ")));
             c.arg(&src).arg(format!("root@{addr}:{dst_s}/"));
+            c
+        }
+        Tool::Floor => {
+            if ds.tree {
+                bail!("haul-floor sends one file, not a tree");
+            }
+            let mut c = host.command(&ctx.floor);
+            c.arg("send").arg(format!("{addr}:{FLOOR_PORT}")).arg(&src);
             c
         }
         Tool::Iperf3 => unreachable!("handled above"),

@@ -1,0 +1,129 @@
+//! `haul-floor`: the least work any tool that stores a received file must do on this machine,
+//! measured so the loopback (S4) figures can be read against it.
+//!
+//! The sender `sendfile`s the file into one TCP connection (no copy on its side); the receiver
+//! reads the bytes into one reused 1 MiB buffer and `pwrite`s them into the destination file.
+//! No framing beyond a name and a size, no checksum, no acknowledgement per block, no threads:
+//! nothing a real transfer tool could leave out, and nothing more. What it costs per GiB on
+//! each side, and the rate it reaches with both cores busy, bound what longhaul (or any peer
+//! that writes the file) can reach here. Written by hand because it must be exactly this
+//! minimal loop; it is a measuring stick, not a transfer tool.
+//!
+//! ```text
+//! haul-floor recv LISTEN_ADDR DIR     receive files into DIR, one connection at a time, forever
+//! haul-floor send ADDR FILE           send FILE to the receiver at ADDR
+//! ```
+//!
+//! Wire: u16 name length, name (UTF-8, one path component), u64 size, then the bytes; the
+//! receiver answers one byte once the file is written and renamed into place. Exit codes: 0 sent
+//! (or receiver stopped), 1 any error (one line on stderr).
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["recv", listen, dir] => recv(listen, Path::new(dir)),
+        ["send", addr, file] => send(addr, Path::new(file)),
+        _ => Err(io::Error::other(
+            "usage: haul-floor recv LISTEN_ADDR DIR | haul-floor send ADDR FILE",
+        )),
+    };
+    if let Err(e) = result {
+        eprintln!("haul-floor: {e}");
+        std::process::exit(1);
+    }
+}
+
+const BUF: usize = 1 << 20;
+
+fn recv(listen: &str, dir: &Path) -> io::Result<()> {
+    let listener = TcpListener::bind(listen)?;
+    let mut buf = vec![0u8; BUF];
+    for conn in listener.incoming() {
+        // One bad connection does not stop the receiver.
+        if let Err(e) = conn.and_then(|c| recv_one(c, dir, &mut buf)) {
+            eprintln!("haul-floor: {e}");
+        }
+    }
+    Ok(())
+}
+
+fn recv_one(mut c: TcpStream, dir: &Path, buf: &mut [u8]) -> io::Result<()> {
+    let mut len = [0u8; 2];
+    c.read_exact(&mut len)?;
+    let mut name = vec![0u8; u16::from_be_bytes(len) as usize];
+    c.read_exact(&mut name)?;
+    let name = String::from_utf8(name).map_err(|_| io::Error::other("file name is not UTF-8"))?;
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(io::Error::other(format!("refused file name {name:?}")));
+    }
+    let mut size = [0u8; 8];
+    c.read_exact(&mut size)?;
+    let size = u64::from_be_bytes(size);
+    let part = dir.join(format!("{name}.floor-part"));
+    let file = File::create(&part)?;
+    let mut at = 0u64;
+    while at < size {
+        let want = (size - at).min(buf.len() as u64) as usize;
+        let mut got = 0;
+        while got < want {
+            let n = c.read(&mut buf[got..want])?;
+            if n == 0 {
+                let _ = fs::remove_file(&part);
+                return Err(io::Error::other(format!(
+                    "{name}: connection closed after {} of {size} bytes",
+                    at + got as u64
+                )));
+            }
+            got += n;
+        }
+        file.write_all_at(&buf[..got], at)?;
+        at += got as u64;
+    }
+    fs::rename(&part, dir.join(&name))?;
+    c.write_all(&[1])?;
+    Ok(())
+}
+
+fn send(addr: &str, path: &Path) -> io::Result<()> {
+    let file = File::open(path)?;
+    let size = file.metadata()?.len();
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| io::Error::other("source has no UTF-8 file name"))?;
+    let mut c = TcpStream::connect(addr)?;
+    let mut head = Vec::with_capacity(name.len() + 10);
+    head.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    head.extend_from_slice(name.as_bytes());
+    head.extend_from_slice(&size.to_be_bytes());
+    c.write_all(&head)?;
+    let mut offset: libc::off_t = 0;
+    while (offset as u64) < size {
+        let left = (size - offset as u64).min(1 << 30) as usize;
+        // SAFETY: both descriptors are open for the duration of the call and `offset` is a
+        // valid, exclusively borrowed off_t.
+        let n = unsafe { libc::sendfile(c.as_raw_fd(), file.as_raw_fd(), &mut offset, left) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::other("source file shrank while being sent"));
+        }
+    }
+    c.shutdown(Shutdown::Write)?;
+    let mut done = [0u8; 1];
+    c.read_exact(&mut done)
+        .map_err(|e| io::Error::other(format!("receiver did not confirm the file: {e}")))?;
+    Ok(())
+}
