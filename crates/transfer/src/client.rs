@@ -375,7 +375,7 @@ where
                 if e.retryable() && attempt < opts.retry.max_attempts && !cancel.is_cancelled() =>
             {
                 let delay = opts.retry.delay_before(attempt).unwrap_or_default();
-                history.push(format!("attempt {attempt}: {e}"));
+                history.push(e.to_string());
                 let _ = events.send(Event::Retrying {
                     attempt: attempt + 1,
                     delay_ms: delay.as_millis() as u64,
@@ -392,11 +392,7 @@ where
                 if history.is_empty() {
                     return Err(e);
                 }
-                history.push(format!("attempt {attempt}: {e}"));
-                let msg = format!(
-                    "{e}; tried {attempt} times, resuming each time ({})",
-                    history.join("; ")
-                );
+                let msg = retry_summary(&e.to_string(), &history);
                 return Err(match e {
                     TransferError::Stalled(_) => TransferError::Stalled(msg),
                     TransferError::Connect(_) => TransferError::Connect(msg),
@@ -406,6 +402,27 @@ where
             }
         }
     }
+}
+
+/// The final error of a transfer that was retried: the last attempt's error, how many
+/// attempts there were, and the earlier attempts' errors (`history`, oldest first) — once, when
+/// every attempt failed the same way.
+fn retry_summary(last: &str, history: &[String]) -> String {
+    let attempts = history.len() + 1;
+    if history.iter().all(|h| h == last) {
+        return format!(
+            "{last}; tried {attempts} times, resuming each time; every attempt failed the same way"
+        );
+    }
+    let earlier: Vec<String> = history
+        .iter()
+        .enumerate()
+        .map(|(i, h)| format!("attempt {}: {h}", i + 1))
+        .collect();
+    format!(
+        "{last}; tried {attempts} times, resuming each time (earlier: {})",
+        earlier.join("; ")
+    )
 }
 
 fn humanize(d: Duration) -> String {
@@ -1231,5 +1248,24 @@ pub async fn start_run(
             Response::Error(e) => return Err(e.into()),
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_summary;
+
+    #[test]
+    fn retried_errors_are_summarised_once_when_they_repeat() {
+        let same = vec!["refused".to_string(), "refused".to_string()];
+        assert_eq!(
+            retry_summary("refused", &same),
+            "refused; tried 3 times, resuming each time; every attempt failed the same way"
+        );
+        let mixed = vec!["stalled".to_string(), "refused".to_string()];
+        assert_eq!(
+            retry_summary("refused", &mixed),
+            "refused; tried 3 times, resuming each time (earlier: attempt 1: stalled; attempt 2: refused)"
+        );
     }
 }
