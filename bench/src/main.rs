@@ -597,6 +597,17 @@ mod tests {
             assert!(f.iter().any(|c| c.scenario.id == s), "{s}");
         }
         assert!(f.iter().any(|c| c.variant.tool == Tool::HaulTls));
+        // S4 W1's compared tools run in three interleaved rounds, the others once.
+        let s4 = |tool: Tool| {
+            f.iter()
+                .filter(|c| c.scenario.id == "S4" && c.workload == "W1" && c.variant.tool == tool)
+                .count()
+        };
+        assert_eq!(s4(Tool::Haul), 3 * 2);
+        assert_eq!(s4(Tool::Floor), 3 * 2);
+        assert_eq!(s4(Tool::Scp), 1);
+        let ids: std::collections::HashSet<String> = f.iter().map(runner::case_id).collect();
+        assert_eq!(ids.len(), f.len(), "case ids are unique");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::data::MIB;
+use crate::data::{GIB, MIB};
 use crate::runner::Measurement;
 
 /// The results header.
@@ -129,19 +129,26 @@ pub fn targets(runs: &[Measurement], quick: bool) -> Vec<Target> {
         .collect();
     let iperf4 = best(&iperf1);
     let xrd4 = best(&find(runs, "S4", "W1", "xrdcp"));
-    // The kernel floor (haul-floor: sendfile, recv + pwrite, nothing else) is no target; it is
-    // shown beside the S4 ratios as the most any tool that writes the file reaches here.
-    let floor4 = best(&find(runs, "S4", "W1", "floor"));
-    let floor_vs = |peer: Option<&Measurement>| -> String {
-        match (floor4, peer) {
-            (Some(f), Some(p)) => format!(
-                "; kernel floor {:.0} Mbit/s = {:.2}x",
-                f.goodput_mbps,
-                f.goodput_mbps / p.goodput_mbps.max(1e-9)
-            ),
-            _ => String::new(),
-        }
-    };
+    // The kernel floor (haul-floor: sendfile, recv + pwrite, nothing else; and the same with
+    // CRC32C at both ends) is no target; it is shown beside the S4 ratios: what the least work
+    // reaches here, and the most any tool doing that work could reach with every core busy.
+    let floors = find(runs, "S4", "W1", "floor");
+    let floor_plain = best(
+        &floors
+            .iter()
+            .copied()
+            .filter(|m| !m.variant.contains("CRC"))
+            .collect::<Vec<_>>(),
+    );
+    let floor_crc = best(
+        &floors
+            .iter()
+            .copied()
+            .filter(|m| m.variant.contains("CRC"))
+            .collect::<Vec<_>>(),
+    );
+    let floor_vs =
+        |peer: Option<&Measurement>| -> String { floor_text(floor_plain, floor_crc, peer) };
     t.push(Target {
         what: format!("S4 W1 longhaul vs best globus-url-copy (loopback){q}"),
         target: ">= 1.5x".into(),
@@ -196,8 +203,12 @@ pub fn targets(runs: &[Measurement], quick: bool) -> Vec<Target> {
                 if let Some(x) = xr {
                     let _ = write!(s, "; (xrdcp {x:.2})");
                 }
-                if let Some(f) = floor4.and_then(per) {
-                    let _ = write!(s, "; (kernel floor {f:.2})");
+                if let Some(f) = floor_plain.and_then(per) {
+                    let _ = write!(s, "; (kernel floor {f:.2}");
+                    if let Some(fc) = floor_crc.and_then(per) {
+                        let _ = write!(s, ", with CRC32C {fc:.2}");
+                    }
+                    s.push(')');
                 }
                 s
             }
@@ -242,6 +253,45 @@ pub fn targets(runs: &[Measurement], quick: bool) -> Vec<Target> {
         },
     });
     t
+}
+
+/// The kernel floor beside a peer's rate: each floor row's rate as a multiple of the peer's,
+/// and the CPU bound of the checksumming floor (cores / its CPU seconds per GiB, both sides).
+fn floor_text(
+    plain: Option<&Measurement>,
+    crc: Option<&Measurement>,
+    peer: Option<&Measurement>,
+) -> String {
+    let Some(p) = peer else { return String::new() };
+    let x = |m: &Measurement| m.goodput_mbps / p.goodput_mbps.max(1e-9);
+    let mut s = String::new();
+    if let Some(f) = plain {
+        let _ = write!(
+            s,
+            "; kernel floor {:.0} Mbit/s = {:.2}x",
+            f.goodput_mbps,
+            x(f)
+        );
+    }
+    if let Some(f) = crc {
+        let _ = write!(
+            s,
+            "; with CRC32C {:.0} Mbit/s = {:.2}x",
+            f.goodput_mbps,
+            x(f)
+        );
+        if let (Some(c), Some(sv)) = (f.cpu_client_s_per_gib, f.cpu_server_s_per_gib) {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            let bound = cores / (c + sv).max(1e-9) * 8.0 * GIB as f64 / 1e6;
+            let _ = write!(
+                s,
+                ", whose {:.2} CPU s/GiB allow at most {bound:.0} Mbit/s on {cores} cores = {:.2}x",
+                c + sv,
+                bound / p.goodput_mbps.max(1e-9)
+            );
+        }
+    }
+    s
 }
 
 fn f1(x: f64) -> String {

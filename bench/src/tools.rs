@@ -408,7 +408,10 @@ pub fn client_command(
                 bail!("haul-floor sends one file, not a tree");
             }
             let mut c = host.command(&ctx.floor);
-            c.arg("send").arg(format!("{addr}:{FLOOR_PORT}")).arg(&src);
+            c.arg("send")
+                .args(&variant.flags)
+                .arg(format!("{addr}:{FLOOR_PORT}"))
+                .arg(&src);
             c
         }
         Tool::Iperf3 => unreachable!("handled above"),

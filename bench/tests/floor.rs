@@ -53,10 +53,12 @@ fn a_file_arrives_whole_under_its_name() {
         .collect();
     std::fs::write(src.join("f.bin"), &data).unwrap();
     let (_r, addr) = start_receiver(&dst);
-    for _ in 0..2 {
+    for with_crc in [false, true] {
         // The receiver serves one connection after another.
+        let _ = std::fs::remove_file(dst.join("f.bin"));
         let st = Command::new(FLOOR)
             .arg("send")
+            .args(with_crc.then_some("--crc"))
             .arg(&addr)
             .arg(src.join("f.bin"))
             .status()
@@ -66,6 +68,28 @@ fn a_file_arrives_whole_under_its_name() {
         assert!(!dst.join("f.bin.floor-part").exists());
     }
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_wrong_crc_is_refused_and_the_file_removed() {
+    use std::io::{Read, Write};
+    let dst = std::env::temp_dir().join(format!("haul-floor-crc-{}", std::process::id()));
+    std::fs::create_dir_all(&dst).unwrap();
+    let (_r, addr) = start_receiver(&dst);
+    let mut c = std::net::TcpStream::connect(&addr).unwrap();
+    let mut msg = Vec::new();
+    msg.extend_from_slice(&1u16.to_be_bytes());
+    msg.push(b'g');
+    msg.extend_from_slice(&3u64.to_be_bytes());
+    msg.push(1);
+    msg.extend_from_slice(b"abc");
+    msg.extend_from_slice(&0xdead_beefu32.to_be_bytes());
+    c.write_all(&msg).unwrap();
+    let mut answer = [9u8; 1];
+    c.read_exact(&mut answer).unwrap();
+    assert_eq!(answer, [0]);
+    assert!(!dst.join("g").exists() && !dst.join("g.floor-part").exists());
+    let _ = std::fs::remove_dir_all(&dst);
 }
 
 #[test]

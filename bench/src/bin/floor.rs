@@ -3,20 +3,25 @@
 //!
 //! The sender `sendfile`s the file into one TCP connection (no copy on its side); the receiver
 //! reads the bytes into one reused 1 MiB buffer and `pwrite`s them into the destination file.
-//! No framing beyond a name and a size, no checksum, no acknowledgement per block, no threads:
-//! nothing a real transfer tool could leave out, and nothing more. What it costs per GiB on
-//! each side, and the rate it reaches with both cores busy, bound what longhaul (or any peer
-//! that writes the file) can reach here. Written by hand because it must be exactly this
-//! minimal loop; it is a measuring stick, not a transfer tool.
+//! No framing beyond a name and a size, no acknowledgement per block, no threads: nothing a
+//! real transfer tool could leave out, and nothing more. With `--crc` both ends also checksum
+//! every byte with CRC32C (the cheapest checksum, as longhaul does by default): the sender
+//! reads each 1 MiB piece through a 256 KiB buffer to checksum it before `sendfile`ing it, the
+//! receiver checksums what it received before writing it, and the file's CRC is compared at
+//! the end. What it costs per GiB on each side bounds what longhaul (or any peer that writes
+//! the file, with or without checksums) can reach here: with `c` CPU seconds per GiB in all,
+//! no tool doing the same work moves more than `cores / c` GiB/s. Written by hand because it
+//! must be exactly this minimal loop; it is a measuring stick, not a transfer tool.
 //!
 //! ```text
-//! haul-floor recv LISTEN_ADDR DIR     receive files into DIR, one connection at a time, forever
-//! haul-floor send ADDR FILE           send FILE to the receiver at ADDR
+//! haul-floor recv LISTEN_ADDR DIR      receive files into DIR, one connection at a time, forever
+//! haul-floor send [--crc] ADDR FILE    send FILE to the receiver at ADDR
 //! ```
 //!
-//! Wire: u16 name length, name (UTF-8, one path component), u64 size, then the bytes; the
-//! receiver answers one byte once the file is written and renamed into place. Exit codes: 0 sent
-//! (or receiver stopped), 1 any error (one line on stderr).
+//! Wire: u16 name length, name (UTF-8, one path component), u64 size, u8 flags (1: a CRC32C of
+//! the whole file follows the bytes, u32), then the bytes; the receiver answers one byte once
+//! the file is written and renamed into place: 1, or 0 when the CRC differed (the file is
+//! removed). Exit codes: 0 sent (or receiver stopped), 1 any error (one line on stderr).
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -29,9 +34,10 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["recv", listen, dir] => recv(listen, Path::new(dir)),
-        ["send", addr, file] => send(addr, Path::new(file)),
+        ["send", addr, file] => send(addr, Path::new(file), false),
+        ["send", "--crc", addr, file] => send(addr, Path::new(file), true),
         _ => Err(io::Error::other(
-            "usage: haul-floor recv LISTEN_ADDR DIR | haul-floor send ADDR FILE",
+            "usage: haul-floor recv LISTEN_ADDR DIR | haul-floor send [--crc] ADDR FILE",
         )),
     };
     if let Err(e) = result {
@@ -66,6 +72,10 @@ fn recv_one(mut c: TcpStream, dir: &Path, buf: &mut [u8]) -> io::Result<()> {
     let mut size = [0u8; 8];
     c.read_exact(&mut size)?;
     let size = u64::from_be_bytes(size);
+    let mut flags = [0u8; 1];
+    c.read_exact(&mut flags)?;
+    let with_crc = flags[0] & 1 != 0;
+    let mut crc = 0u32;
     let part = dir.join(format!("{name}.floor-part"));
     let file = File::create(&part)?;
     let mut at = 0u64;
@@ -83,15 +93,27 @@ fn recv_one(mut c: TcpStream, dir: &Path, buf: &mut [u8]) -> io::Result<()> {
             }
             got += n;
         }
+        if with_crc {
+            crc = wire::checksum::crc32c_append(crc, &buf[..got]);
+        }
         file.write_all_at(&buf[..got], at)?;
         at += got as u64;
+    }
+    if with_crc {
+        let mut sent = [0u8; 4];
+        c.read_exact(&mut sent)?;
+        if u32::from_be_bytes(sent) != crc {
+            let _ = fs::remove_file(&part);
+            c.write_all(&[0])?;
+            return Err(io::Error::other(format!("{name}: CRC32C differs")));
+        }
     }
     fs::rename(&part, dir.join(&name))?;
     c.write_all(&[1])?;
     Ok(())
 }
 
-fn send(addr: &str, path: &Path) -> io::Result<()> {
+fn send(addr: &str, path: &Path, with_crc: bool) -> io::Result<()> {
     let file = File::open(path)?;
     let size = file.metadata()?.len();
     let name = path
@@ -99,14 +121,49 @@ fn send(addr: &str, path: &Path) -> io::Result<()> {
         .and_then(|n| n.to_str())
         .ok_or_else(|| io::Error::other("source has no UTF-8 file name"))?;
     let mut c = TcpStream::connect(addr)?;
-    let mut head = Vec::with_capacity(name.len() + 10);
+    let mut head = Vec::with_capacity(name.len() + 11);
     head.extend_from_slice(&(name.len() as u16).to_be_bytes());
     head.extend_from_slice(name.as_bytes());
     head.extend_from_slice(&size.to_be_bytes());
+    head.push(u8::from(with_crc));
     c.write_all(&head)?;
-    let mut offset: libc::off_t = 0;
-    while (offset as u64) < size {
-        let left = (size - offset as u64).min(1 << 30) as usize;
+    let mut crc = 0u32;
+    let mut scratch = vec![0u8; 256 << 10];
+    // Pieces of 1 MiB with checksums (each checksummed, then sent), else the whole file.
+    let piece = if with_crc { BUF as u64 } else { size.max(1) };
+    let mut at = 0u64;
+    while at < size {
+        let end = (at + piece).min(size);
+        if with_crc {
+            let mut pos = at;
+            while pos < end {
+                let n = ((end - pos) as usize).min(scratch.len());
+                file.read_exact_at(&mut scratch[..n], pos)?;
+                crc = wire::checksum::crc32c_append(crc, &scratch[..n]);
+                pos += n as u64;
+            }
+        }
+        send_range(&c, &file, at, end)?;
+        at = end;
+    }
+    if with_crc {
+        c.write_all(&crc.to_be_bytes())?;
+    }
+    c.shutdown(Shutdown::Write)?;
+    let mut done = [0u8; 1];
+    c.read_exact(&mut done)
+        .map_err(|e| io::Error::other(format!("receiver did not confirm the file: {e}")))?;
+    if done[0] != 1 {
+        return Err(io::Error::other("receiver found a different CRC32C"));
+    }
+    Ok(())
+}
+
+/// `sendfile`s bytes `from..to` of `file` into `c`.
+fn send_range(c: &TcpStream, file: &File, from: u64, to: u64) -> io::Result<()> {
+    let mut offset = from as libc::off_t;
+    while (offset as u64) < to {
+        let left = (to - offset as u64).min(1 << 30) as usize;
         // SAFETY: both descriptors are open for the duration of the call and `offset` is a
         // valid, exclusively borrowed off_t.
         let n = unsafe { libc::sendfile(c.as_raw_fd(), file.as_raw_fd(), &mut offset, left) };
@@ -121,9 +178,5 @@ fn send(addr: &str, path: &Path) -> io::Result<()> {
             return Err(io::Error::other("source file shrank while being sent"));
         }
     }
-    c.shutdown(Shutdown::Write)?;
-    let mut done = [0u8; 1];
-    c.read_exact(&mut done)
-        .map_err(|e| io::Error::other(format!("receiver did not confirm the file: {e}")))?;
     Ok(())
 }
