@@ -132,21 +132,11 @@ pub fn targets(runs: &[Measurement], quick: bool) -> Vec<Target> {
     // The kernel floor (haul-floor: sendfile, recv + pwrite, nothing else; and the same with
     // CRC32C at both ends) is no target; it is shown beside the S4 ratios: what the least work
     // reaches here, and the most any tool doing that work could reach with every core busy.
-    let floors = find(runs, "S4", "W1", "floor");
-    let floor_plain = best(
-        &floors
-            .iter()
-            .copied()
-            .filter(|m| !m.variant.contains("CRC"))
-            .collect::<Vec<_>>(),
-    );
-    let floor_crc = best(
-        &floors
-            .iter()
-            .copied()
-            .filter(|m| m.variant.contains("CRC"))
-            .collect::<Vec<_>>(),
-    );
+    let (floors_crc, floors_plain): (Vec<&Measurement>, Vec<&Measurement>) =
+        find(runs, "S4", "W1", "floor")
+            .into_iter()
+            .partition(|m| m.variant.contains("CRC"));
+    let (floor_plain, floor_crc) = (best(&floors_plain), best(&floors_crc));
     let floor_vs =
         |peer: Option<&Measurement>| -> String { floor_text(floor_plain, floor_crc, peer) };
     t.push(Target {

@@ -43,8 +43,8 @@ fn start_receiver(dir: &Path) -> (Receiver, String) {
 
 #[test]
 fn a_file_arrives_whole_under_its_name() {
-    let tmp = std::env::temp_dir().join(format!("haul-floor-test-{}", std::process::id()));
-    let (src, dst) = (tmp.join("src"), tmp.join("dst"));
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
     std::fs::create_dir_all(&src).unwrap();
     std::fs::create_dir_all(&dst).unwrap();
     // 3 MiB + 1 byte: more than one receive buffer, and not a multiple of it.
@@ -67,15 +67,14 @@ fn a_file_arrives_whole_under_its_name() {
         assert_eq!(std::fs::read(dst.join("f.bin")).unwrap(), data);
         assert!(!dst.join("f.bin.floor-part").exists());
     }
-    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]
 fn a_wrong_crc_is_refused_and_the_file_removed() {
     use std::io::{Read, Write};
-    let dst = std::env::temp_dir().join(format!("haul-floor-crc-{}", std::process::id()));
-    std::fs::create_dir_all(&dst).unwrap();
-    let (_r, addr) = start_receiver(&dst);
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path();
+    let (_r, addr) = start_receiver(dst);
     let mut c = std::net::TcpStream::connect(&addr).unwrap();
     let mut msg = Vec::new();
     msg.extend_from_slice(&1u16.to_be_bytes());
@@ -89,7 +88,6 @@ fn a_wrong_crc_is_refused_and_the_file_removed() {
     c.read_exact(&mut answer).unwrap();
     assert_eq!(answer, [0]);
     assert!(!dst.join("g").exists() && !dst.join("g.floor-part").exists());
-    let _ = std::fs::remove_dir_all(&dst);
 }
 
 #[test]

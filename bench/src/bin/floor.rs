@@ -20,8 +20,8 @@
 //!
 //! Wire: u16 name length, name (UTF-8, one path component), u64 size, u8 flags (1: a CRC32C of
 //! the whole file follows the bytes, u32), then the bytes; the receiver answers one byte once
-//! the file is written and renamed into place: 1, or 0 when the CRC differed (the file is
-//! removed). Exit codes: 0 sent (or receiver stopped), 1 any error (one line on stderr).
+//! the file is written and renamed into place: 1, or 0 when it was not (the CRC differed, or
+//! a read or write failed; nothing is left behind). Exit codes: 0 sent (or receiver stopped), 1 any error (one line on stderr).
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -75,24 +75,34 @@ fn recv_one(mut c: TcpStream, dir: &Path, buf: &mut [u8]) -> io::Result<()> {
     let mut flags = [0u8; 1];
     c.read_exact(&mut flags)?;
     let with_crc = flags[0] & 1 != 0;
-    let mut crc = 0u32;
     let part = dir.join(format!("{name}.floor-part"));
-    let file = File::create(&part)?;
+    let result = receive_into(&mut c, &part, &name, size, with_crc, buf)
+        .and_then(|()| fs::rename(&part, dir.join(&name)));
+    if result.is_err() {
+        // Nothing is left behind, whatever failed.
+        let _ = fs::remove_file(&part);
+    }
+    // The sender learns either way; a failure's own cause is what the receiver reports.
+    let answered = c.write_all(&[u8::from(result.is_ok())]);
+    result.and(answered)
+}
+
+/// Receives `size` bytes (and with `with_crc` the file's CRC32C, checked) into `part`.
+fn receive_into(
+    c: &mut TcpStream,
+    part: &Path,
+    name: &str,
+    size: u64,
+    with_crc: bool,
+    buf: &mut [u8],
+) -> io::Result<()> {
+    let file = File::create(part)?;
+    let mut crc = 0u32;
     let mut at = 0u64;
     while at < size {
-        let want = (size - at).min(buf.len() as u64) as usize;
-        let mut got = 0;
-        while got < want {
-            let n = c.read(&mut buf[got..want])?;
-            if n == 0 {
-                let _ = fs::remove_file(&part);
-                return Err(io::Error::other(format!(
-                    "{name}: connection closed after {} of {size} bytes",
-                    at + got as u64
-                )));
-            }
-            got += n;
-        }
+        let got = (size - at).min(buf.len() as u64) as usize;
+        c.read_exact(&mut buf[..got])
+            .map_err(|e| io::Error::other(format!("{name}: {e} after {at} of {size} bytes")))?;
         if with_crc {
             crc = wire::checksum::crc32c_append(crc, &buf[..got]);
         }
@@ -103,13 +113,9 @@ fn recv_one(mut c: TcpStream, dir: &Path, buf: &mut [u8]) -> io::Result<()> {
         let mut sent = [0u8; 4];
         c.read_exact(&mut sent)?;
         if u32::from_be_bytes(sent) != crc {
-            let _ = fs::remove_file(&part);
-            c.write_all(&[0])?;
             return Err(io::Error::other(format!("{name}: CRC32C differs")));
         }
     }
-    fs::rename(&part, dir.join(&name))?;
-    c.write_all(&[1])?;
     Ok(())
 }
 
@@ -154,28 +160,23 @@ fn send(addr: &str, path: &Path, with_crc: bool) -> io::Result<()> {
     c.read_exact(&mut done)
         .map_err(|e| io::Error::other(format!("receiver did not confirm the file: {e}")))?;
     if done[0] != 1 {
-        return Err(io::Error::other("receiver found a different CRC32C"));
+        return Err(io::Error::other(
+            "receiver did not store the file (a different CRC32C, or it failed: see its log)",
+        ));
     }
     Ok(())
 }
 
 /// `sendfile`s bytes `from..to` of `file` into `c`.
 fn send_range(c: &TcpStream, file: &File, from: u64, to: u64) -> io::Result<()> {
-    let mut offset = from as libc::off_t;
-    while (offset as u64) < to {
-        let left = (to - offset as u64).min(1 << 30) as usize;
-        // SAFETY: both descriptors are open for the duration of the call and `offset` is a
-        // valid, exclusively borrowed off_t.
-        let n = unsafe { libc::sendfile(c.as_raw_fd(), file.as_raw_fd(), &mut offset, left) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::other("source file shrank while being sent"));
+    let mut at = from;
+    while at < to {
+        let left = (to - at).min(1 << 30) as usize;
+        match transfer::sys::sendfile_once(c.as_raw_fd(), file, at, left) {
+            Ok(0) => return Err(io::Error::other("source file shrank while being sent")),
+            Ok(n) => at += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(())
