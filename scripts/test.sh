@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
 # The README's second command: the whole test suite. Installs what the tests need (tools for
-# the emulated-network tests, the nightly fuzzer), then: formatting, lints, unit and
-# integration tests of every crate (emulated-WAN tests run when root and /dev/net/tun allow,
-# and say so when they skip), and a short run of every fuzz target.
-set -euo pipefail
+# the emulated-network tests, a private PostgreSQL for the catalog's conformance suite), then
+# runs every step to the end even when one fails: formatting, lints, unit and integration
+# tests of every crate (`--no-fail-fast`), and a short run of every fuzz target. It ends with a
+# summary: tests passed, failed (named) and skipped (named, with the reason).
+#
+# A test that cannot run here (not root, no TUN device, no PostgreSQL, no account `nobody`)
+# says so through the `testkit` crate and is listed as skipped, never counted as passed. With
+# HAUL_REQUIRE_ALL=1 (set by .ci/run: CI runs as root with TUN and PostgreSQL) such a test
+# fails instead.
+#
+# Environment: FUZZ_SECONDS (per fuzz target, default 15), HAUL_TEST_POSTGRES_URL (use this
+# PostgreSQL instead of starting one), HAUL_REQUIRE_ALL. Exit status: 0 when every step
+# passed, 1 otherwise.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+logs=$(mktemp -d /tmp/haul-test.XXXXXX)
+export HAUL_SKIP_LOG="$logs/skipped.tsv"
+: >"$HAUL_SKIP_LOG"
+failed_steps=()
 
 if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   need=()
@@ -14,6 +28,7 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   command -v ping >/dev/null || need+=(iputils-ping)
   command -v sha256sum >/dev/null || need+=(coreutils)
   command -v mount >/dev/null || need+=(mount)
+  command -v c++ >/dev/null || need+=(g++)
   if [ ${#need[@]} -gt 0 ]; then
     echo "test: installing ${need[*]}"
     apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
@@ -22,27 +37,87 @@ fi
 
 if [ "$(id -u)" = 0 ] && [ -z "${HAUL_TEST_POSTGRES_URL:-}" ]; then
   # The catalog's conformance suite also runs against PostgreSQL.
-  export HAUL_TEST_POSTGRES_URL="$(bash scripts/pg-test.sh)"
-  trap 'bash scripts/pg-test.sh stop' EXIT
-  echo "test: PostgreSQL for the catalog tests at $HAUL_TEST_POSTGRES_URL"
+  if url=$(bash scripts/pg-test.sh); then
+    export HAUL_TEST_POSTGRES_URL="$url"
+    trap 'bash scripts/pg-test.sh stop' EXIT
+    echo "test: PostgreSQL for the catalog tests at $HAUL_TEST_POSTGRES_URL"
+  else
+    echo "test: could not start PostgreSQL (scripts/pg-test.sh); its tests will say so"
+  fi
 fi
 
-echo "== format"
-cargo fmt --all -- --check
-echo "== lints"
-cargo clippy --locked --workspace --all-targets -- -D warnings
-echo "== tests"
-cargo test --locked --workspace
-echo "== fuzz (short runs of every target)"
-if cargo +nightly --version >/dev/null 2>&1; then
-  command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-  (cd fuzz && cargo +nightly fuzz build)
-  for t in $(cd fuzz && cargo +nightly fuzz list); do
-    (cd fuzz && cargo +nightly fuzz run "$t" -- -max_total_time="${FUZZ_SECONDS:-15}" -rss_limit_mb=2048 >/tmp/fuzz-$t.log 2>&1) \
-      || { echo "fuzz target $t failed:"; tail -30 /tmp/fuzz-$t.log; exit 1; }
-    echo "fuzz $t: $(grep -o 'Done [0-9]* runs' /tmp/fuzz-$t.log)"
+step() {
+  local name=$1
+  shift
+  echo "== $name"
+  if ! "$@"; then
+    failed_steps+=("$name")
+    echo "== $name: FAILED"
+  fi
+}
+
+tests() {
+  cargo test --locked --workspace --no-fail-fast 2>&1 | tee "$logs/tests.log"
+  return "${PIPESTATUS[0]}"
+}
+
+# The fuzz targets are built the way cargo-fuzz builds them (libFuzzer with the compiler's
+# coverage instrumentation) but on the stable toolchain and without AddressSanitizer, which
+# needs nightly: the decoders are safe Rust, so what the fuzzer finds is a panic, which
+# libFuzzer reports as a crash either way. `cargo +nightly fuzz run TARGET` still works for
+# longer runs with ASan.
+fuzz() {
+  local triple flags bin t ok=0
+  triple=$(rustc -vV | sed -n 's/^host: //p')
+  flags="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
+  flags="$flags -Cllvm-args=-sanitizer-coverage-inline-8bit-counters"
+  flags="$flags -Cllvm-args=-sanitizer-coverage-pc-table"
+  flags="$flags -Cllvm-args=-sanitizer-coverage-trace-compares"
+  flags="$flags --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
+  (cd fuzz && RUSTFLAGS="$flags" cargo build --release --locked --bins --target "$triple") || return 1
+  bin=fuzz/target/$triple/release
+  for t in $(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^haul-fuzz$'); do
+    mkdir -p "fuzz/corpus/$t"
+    if "$bin/$t" "fuzz/corpus/$t" -max_total_time="${FUZZ_SECONDS:-15}" -rss_limit_mb=2048 \
+      -artifact_prefix="$logs/fuzz-$t-" >"$logs/fuzz-$t.log" 2>&1; then
+      echo "fuzz $t: $(grep -o 'Done [0-9]* runs' "$logs/fuzz-$t.log")"
+    else
+      echo "fuzz target $t FAILED (log $logs/fuzz-$t.log):"
+      tail -30 "$logs/fuzz-$t.log"
+      ok=1
+    fi
   done
+  return $ok
+}
+
+step format cargo fmt --all -- --check
+step lints cargo clippy --locked --workspace --all-targets -- -D warnings
+step tests tests
+step fuzz fuzz
+
+# Summary. libtest prints one `test NAME ... ok|FAILED|ignored` line per test; a test that
+# skipped itself printed `ok` and is in $HAUL_SKIP_LOG.
+echo
+echo "== summary ($(($(date +%s) - start)) s; logs in $logs)"
+[ -f "$logs/tests.log" ] || : >"$logs/tests.log"
+ok=$(grep -cE '^test .* \.\.\. ok$' "$logs/tests.log")
+failed=$(grep -E '^test .* \.\.\. FAILED$' "$logs/tests.log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/')
+ignored=$(grep -cE '^test .* \.\.\. ignored' "$logs/tests.log")
+skipped=$(sort -u "$HAUL_SKIP_LOG" | grep -c . || true)
+echo "passed:  $((ok - skipped))"
+if [ -n "$failed" ]; then
+  echo "failed:  $(echo "$failed" | grep -c .)"
+  echo "$failed" | sed 's/^/  - /'
 else
-  echo "fuzz: SKIPPED (no nightly toolchain: install it with rustup toolchain install nightly)"
+  echo "failed:  0"
 fi
-echo "== all tests passed in $(( $(date +%s) - start )) s"
+# A test binary that crashed or could not be built names no test: say which one.
+grep -E '^error: (test failed|could not compile)' "$logs/tests.log" | sed 's/^/  /'
+echo "skipped: $skipped"
+sort -u "$HAUL_SKIP_LOG" | awk -F '\t' '{ printf "  - %s (%s): %s\n", $2, $1, $3 }'
+[ "$ignored" -gt 0 ] && echo "ignored: $ignored (#[ignore])"
+if [ ${#failed_steps[@]} -gt 0 ]; then
+  echo "steps failed: ${failed_steps[*]}"
+  exit 1
+fi
+echo "== all steps passed"

@@ -449,8 +449,7 @@ fn unreachable_host_fails_fast_with_exit_4() {
 fn disk_full_leaves_nothing_under_the_final_name() {
     let t = tempfile::tempdir().unwrap();
     let Some(fs) = SmallFs::mount(&t.path().join("small"), "2m") else {
-        eprintln!("SKIP disk_full test: cannot mount a tmpfs (needs root)");
-        return;
+        testkit::skip!("cannot mount a tmpfs (needs root)");
     };
     let a = serve_insecure(&fs.path);
     let src = t.path().join("f.dat");
@@ -475,8 +474,7 @@ fn disk_full_leaves_nothing_under_the_final_name() {
 fn disk_filling_up_during_the_copy_fails_cleanly_and_resumes() {
     let t = tempfile::tempdir().unwrap();
     let Some(fs) = SmallFs::mount(&t.path().join("small"), "3m") else {
-        eprintln!("SKIP disk filling test: cannot mount a tmpfs (needs root)");
-        return;
+        testkit::skip!("cannot mount a tmpfs (needs root)");
     };
     let a = serve_insecure(&fs.path);
     let src = t.path().join("tree");
@@ -533,12 +531,10 @@ fn disk_filling_up_during_the_copy_fails_cleanly_and_resumes() {
 #[test]
 fn a_root_endpoint_acts_as_the_mapped_account() {
     if transfer::sys::effective_uid() != 0 {
-        eprintln!("SKIP mapped account test: needs root");
-        return;
+        testkit::skip!("needs root");
     }
     let Some(nobody) = transfer::identity::FsIdentity::lookup("nobody").unwrap() else {
-        eprintln!("SKIP mapped account test: no account nobody");
-        return;
+        testkit::skip!("no account nobody");
     };
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let t = tempfile::tempdir().unwrap();

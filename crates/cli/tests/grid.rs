@@ -1268,8 +1268,7 @@ fn verify_repairs_while_another_replica_holder_is_down() {
 fn run_tasks_where_the_data_is() {
     let me = std::process::Command::new("id").arg("-u").output().unwrap();
     if String::from_utf8_lossy(&me.stdout).trim() != "0" {
-        eprintln!("SKIPPED: haul run needs the nodes to run as root to switch to `nobody`");
-        return;
+        testkit::skip!("haul run needs the nodes to run as root to switch to `nobody`");
     }
     let g = Grid::start();
     // Tasks run as nobody: the node roots must be reachable by it.

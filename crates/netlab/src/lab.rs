@@ -769,7 +769,7 @@ macro_rules! require {
     };
     ($ret:expr) => {
         if let Err(why) = $crate::Lab::available() {
-            eprintln!("skipping {} (netlab): {}", module_path!(), why);
+            $crate::__testkit::skip(format!("netlab cannot run here: {why}"));
             return $ret;
         }
     };

@@ -28,6 +28,7 @@ mod globals;
 mod lab;
 pub mod model;
 mod netns;
+pub mod probe;
 mod rng;
 mod stats;
 mod sys;
@@ -40,6 +41,8 @@ pub use lab::{
 pub use model::{DropCause, LinkParams};
 pub use netns::{running, terminate};
 pub use stats::{DirectionStats, Drops, Stats};
+#[doc(hidden)]
+pub use testkit as __testkit;
 
 /// CPU time of a thread or process in seconds, read from `/proc` (utime + stime, clock-tick
 /// resolution): `cpu_seconds_of("/proc/PID")` or `cpu_seconds_of("/proc/self/task/TID")`.

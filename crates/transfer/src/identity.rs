@@ -174,8 +174,7 @@ mod tests {
     #[test]
     fn a_thread_acts_as_the_account_only_inside_the_guard() {
         let Some(nobody) = FsIdentity::lookup("nobody").unwrap() else {
-            eprintln!("SKIP: no account nobody");
-            return;
+            testkit::skip!("no account nobody");
         };
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } != 0 {
