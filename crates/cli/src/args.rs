@@ -265,9 +265,8 @@ pub struct ServeArgs {
     /// Refuse writes.
     #[arg(long)]
     pub read_only: bool,
-    /// Most connections at once (control and data).
-    #[arg(long, value_name = "N", default_value_t = 512)]
-    pub max_connections: usize,
+    #[command(flatten)]
+    pub limits: ListenLimitArgs,
     /// Bandwidth to plan for when pushing to another endpoint, in bits/s.
     #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
     pub link_rate: u64,
@@ -279,6 +278,36 @@ pub struct ServeArgs {
     pub print_addr: bool,
     #[command(flatten)]
     pub creds: CredArgs,
+}
+
+/// What a listener admits: connections in all and per source, and how long they may take.
+#[derive(Args, Debug, Clone)]
+pub struct ListenLimitArgs {
+    /// Most connections at once (control and data), from all clients.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Most connections at once from one address (IPv6: one /64), so that one host cannot take
+    /// every slot; above the streams a client opens (16 per session).
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_per_host: usize,
+    /// A new connection must authenticate within this (TLS handshake, then the session proof
+    /// of a data connection or the first request of a control connection), or it is closed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: std::time::Duration,
+    /// An authenticated control connection that sends no request for this long is closed.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub idle_timeout: std::time::Duration,
+}
+
+impl ListenLimitArgs {
+    pub fn limits(&self) -> transfer::limits::Limits {
+        transfer::limits::Limits {
+            max_connections: self.max_connections,
+            max_per_host: self.max_per_host,
+            handshake_timeout: self.handshake_timeout,
+            idle_timeout: self.idle_timeout,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -526,6 +555,8 @@ pub struct MetaServeArgs {
     /// Verify (and repair) every replica this often, e.g. 7d [default: off]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub scrub_every: Option<std::time::Duration>,
+    #[command(flatten)]
+    pub limits: ListenLimitArgs,
     /// Print the bound API address on stdout once listening (useful with port 0).
     #[arg(long)]
     pub print_addr: bool,
@@ -569,9 +600,8 @@ pub struct NodeServeArgs {
     /// Bandwidth to plan for when pushing to another node, in bits/s.
     #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
     pub link_rate: u64,
-    /// Most connections at once.
-    #[arg(long, value_name = "N", default_value_t = 512)]
-    pub max_connections: usize,
+    #[command(flatten)]
+    pub limits: ListenLimitArgs,
     /// Print the bound data address on stdout once listening.
     #[arg(long)]
     pub print_addr: bool,

@@ -33,6 +33,12 @@ pub struct Serve {
     pub read_only: Option<bool>,
     /// Most connections at once.
     pub max_connections: Option<usize>,
+    /// Most connections at once from one address (IPv6: one /64).
+    pub max_per_host: Option<usize>,
+    /// A new connection must authenticate within this, e.g. "10s".
+    pub handshake_timeout: Option<String>,
+    /// An idle authenticated control connection is closed after this, e.g. "10m".
+    pub idle_timeout: Option<String>,
     /// Bandwidth to plan for when pushing to another endpoint, e.g. "10G".
     pub link_rate: Option<String>,
     /// How often received files are synced and their restart markers recorded, e.g. "5s".
@@ -122,6 +128,9 @@ impl Config {
             ("listen", s.listen.clone()),
             ("mapfile", path(&s.mapfile)),
             ("max_connections", s.max_connections.map(|v| v.to_string())),
+            ("max_per_host", s.max_per_host.map(|v| v.to_string())),
+            ("handshake_timeout", s.handshake_timeout.clone()),
+            ("idle_timeout", s.idle_timeout.clone()),
             ("link_rate", s.link_rate.clone()),
             ("checkpoint_interval", s.checkpoint_interval.clone()),
         ] {

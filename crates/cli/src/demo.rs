@@ -182,7 +182,7 @@ async fn start_node(
             server: tls::server_config(&c)?,
             client: tls::client_config(&c)?,
         },
-        max_connections: 256,
+        limits: transfer::limits::Limits::default(),
         link_bps: 10_000_000_000,
         capacity: Some(20_000_000_000),
     };

@@ -58,7 +58,7 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
             server: tls::server_config(&c)?,
             client: tls::client_config(&c)?,
         },
-        max_connections: a.max_connections,
+        limits: a.limits.limits(),
         link_bps: a.link_rate,
         capacity: a.capacity,
     };

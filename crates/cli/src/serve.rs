@@ -68,7 +68,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         root: a.root,
         tls,
         mapfile,
-        max_connections: a.max_connections,
+        limits: a.limits.limits(),
         read_only: a.read_only,
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,

@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tonic::Status;
 use tonic::transport::server::Connected;
+use transfer::limits::{Admission, ConnLimiter, Limits};
 use transfer::tls::Mapfile;
 
 /// What a handler knows about the connection a request came on.
@@ -25,10 +26,12 @@ pub struct PeerInfo {
     pub addr: SocketAddr,
 }
 
-/// A TLS connection carrying gRPC, with its peer's identity for the handlers.
+/// A TLS connection carrying gRPC, with its peer's identity for the handlers. It holds its
+/// slot in the listener's connection limits until tonic drops it.
 pub struct TlsConn {
     inner: TlsStream<TcpStream>,
     peer: PeerInfo,
+    _slot: Admission,
 }
 
 impl Connected for TlsConn {
@@ -74,12 +77,16 @@ impl AsyncWrite for TlsConn {
     }
 }
 
-/// Accepts TCP connections and completes their TLS handshakes concurrently (a slow or
-/// hostile client cannot hold up the others), yielding authenticated connections.
+/// Accepts TCP connections within `limits` (refused at once beyond them, see
+/// [`transfer::limits`]) and completes their TLS handshakes concurrently, each within the
+/// handshake timeout (a slow or hostile client cannot hold up the others), yielding
+/// authenticated connections.
 pub fn incoming(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
+    limits: Limits,
 ) -> tokio_stream::wrappers::ReceiverStream<Result<TlsConn, std::io::Error>> {
+    let limiter = ConnLimiter::new(limits);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tokio::spawn(async move {
@@ -92,12 +99,15 @@ pub fn incoming(
                     continue;
                 }
             };
+            let Ok(slot) = limiter.admit(addr.ip()) else {
+                transfer::limits::reset(tcp);
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             let (acceptor, conn_tx) = (acceptor.clone(), tx.clone());
+            let handshake_timeout = limiter.limits().handshake_timeout;
             tokio::spawn(async move {
-                let hs =
-                    tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp))
-                        .await;
+                let hs = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await;
                 let tls = match hs {
                     Ok(Ok(t)) => t,
                     Ok(Err(e)) => {
@@ -119,6 +129,7 @@ pub fn incoming(
                 let conn = TlsConn {
                     inner: tls,
                     peer: PeerInfo { subject, addr },
+                    _slot: slot,
                 };
                 let _ = conn_tx.send(Ok(conn)).await;
             });

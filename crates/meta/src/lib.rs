@@ -29,8 +29,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// Largest gRPC message either way (batches of thousands of files).
+/// Largest gRPC response (listings of thousands of files).
 pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// Largest gRPC request (batches of 2,000 files, inventories in parts of 50,000 replicas).
+pub const MAX_REQUEST: usize = 16 << 20;
+
+/// Calls at once on one connection.
+pub const MAX_STREAMS: u32 = 32;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +91,7 @@ pub async fn run(
         .map_err(|e| MetaError::Database(e.to_string()))?;
     let mut tls = (*tls).clone();
     tls.alpn_protocols = vec![transfer::tls::ALPN_GRPC.to_vec()];
-    let incoming = auth::incoming(listener, Arc::new(tls));
+    let incoming = auth::incoming(listener, Arc::new(tls), meta.settings.listen.clone());
     let stop = tokio_util::sync::CancellationToken::new();
     let tasks = spawn_background(meta.clone(), stop.clone());
     if let Some(h) = http {
@@ -98,16 +104,21 @@ pub async fn run(
         });
     }
     let ns = NamespaceServer::new(namespace::NamespaceService { meta: meta.clone() })
-        .max_decoding_message_size(MAX_MESSAGE)
+        .max_decoding_message_size(MAX_REQUEST)
         .max_encoding_message_size(MAX_MESSAGE);
     let files = FilesServer::new(files::FilesService { meta: meta.clone() })
-        .max_decoding_message_size(MAX_MESSAGE)
+        .max_decoding_message_size(MAX_REQUEST)
         .max_encoding_message_size(MAX_MESSAGE);
     let nodes = NodeServiceServer::new(nodes::NodeServiceImpl { meta: meta.clone() })
-        .max_decoding_message_size(MAX_MESSAGE)
+        .max_decoding_message_size(MAX_REQUEST)
         .max_encoding_message_size(MAX_MESSAGE);
+    // A peer that stops answering HTTP/2 pings is dropped; one connection carries at most
+    // MAX_STREAMS calls at once (a client uses a handful; each may buffer a request of up to
+    // MAX_REQUEST bytes while it is decoded).
     let r = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(Some(MAX_STREAMS))
         .tcp_nodelay(true)
         .add_service(ns)
         .add_service(files)

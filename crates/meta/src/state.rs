@@ -30,6 +30,8 @@ pub struct Settings {
     pub reconcile_every: Duration,
     /// Verify and repair every replica this often (off by default).
     pub scrub_every: Option<Duration>,
+    /// Connections the API admits (in all, per source), and the TLS handshake timeout.
+    pub listen: transfer::limits::Limits,
 }
 
 impl Default for Settings {
@@ -42,6 +44,7 @@ impl Default for Settings {
             grant_ttl: Duration::from_secs(3600),
             reconcile_every: Duration::from_secs(30),
             scrub_every: None,
+            listen: transfer::limits::Limits::default(),
         }
     }
 }

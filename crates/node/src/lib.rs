@@ -32,7 +32,8 @@ pub struct NodeConfig {
     /// Address other hosts reach the data service at (`host:port`).
     pub advertise: String,
     pub tls: EndpointTls,
-    pub max_connections: usize,
+    /// Connections the data service admits, and its handshake and idle timeouts.
+    pub limits: transfer::limits::Limits,
     pub link_bps: u64,
     /// Capacity to report instead of the file system's (for tests and shared disks).
     pub capacity: Option<u64>,
@@ -292,7 +293,7 @@ pub async fn run(
         root: cfg.root.clone(),
         tls: Some(cfg.tls.clone()),
         mapfile: transfer::tls::Mapfile::default(),
-        max_connections: cfg.max_connections,
+        limits: cfg.limits.clone(),
         read_only: false,
         link_bps: cfg.link_bps,
         checkpoint_interval: Duration::from_secs(5),

@@ -338,42 +338,57 @@ pub enum Accepted {
     Data { io: Io, bind: Bind, nonce: [u8; 32] },
 }
 
-/// Classifies and authenticates a new connection on the endpoint side.
+/// Classifies and authenticates a new connection on the endpoint side, all of it before
+/// `deadline` (the listener's handshake timeout): its first bytes, the TLS handshake, and the
+/// first frame after it (a data connection's bind, or a control connection's first request).
+///
+/// Every legitimate opening is at least 8 bytes sent at once (a magic, or a TLS ClientHello),
+/// so the socket is not readable for this until 8 bytes (or the end of the stream) are there
+/// (`SO_RCVLOWAT`): a client that sends one byte and closes is refused at once, one that sends
+/// a byte and waits holds its slot only until the deadline, and nothing is polled meanwhile.
 pub async fn accept(
+    tcp: TcpStream,
+    tls: Option<&tokio_rustls::TlsAcceptor>,
+    peer: &str,
+    deadline: tokio::time::Instant,
+) -> Result<Accepted, TransferError> {
+    let timed_out = || TransferError::Connect(format!("{peer}: handshake timed out"));
+    match tokio::time::timeout_at(deadline, classify(tcp, tls, peer)).await {
+        Ok(r) => r,
+        Err(_) => Err(timed_out()),
+    }
+}
+
+async fn classify(
     tcp: TcpStream,
     tls: Option<&tokio_rustls::TlsAcceptor>,
     peer: &str,
 ) -> Result<Accepted, TransferError> {
     let _ = sys::set_nodelay(&tcp);
     let mut magic = [0u8; 8];
-    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
-    loop {
-        let n = tokio::time::timeout_at(deadline, tcp.peek(&mut magic))
-            .await
-            .map_err(|_| TransferError::Connect(format!("{peer}: handshake timed out")))?
-            .map_err(|e| io_err(peer, e))?;
-        if n == 0 {
-            return Err(TransferError::Connect(format!(
-                "{peer}: closed before the handshake"
-            )));
-        }
-        if n >= 8 || magic[0] == 0x16 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    let _ = sys::set_rcvlowat(tcp.as_raw_fd(), magic.len());
+    let n = tcp.peek(&mut magic).await.map_err(|e| io_err(peer, e))?;
+    let _ = sys::set_rcvlowat(tcp.as_raw_fd(), 1);
+    if n == 0 {
+        return Err(TransferError::Connect(format!(
+            "{peer}: closed before the handshake"
+        )));
+    }
+    if n < magic.len()
+        || !(magic == *control::DATA_MAGIC || magic == *CONTROL_MAGIC || magic[0] == 0x16)
+    {
+        return Err(TransferError::Protocol(format!(
+            "{peer}: not a longhaul connection (no TLS handshake or known magic in the first bytes)"
+        )));
     }
     if &magic == control::DATA_MAGIC {
         let mut io = Io::Plain(tcp);
         io.read_exact(&mut magic)
             .await
             .map_err(|e| io_err(peer, e))?;
-        let (h, body) = tokio::time::timeout(
-            HANDSHAKE_TIMEOUT,
-            read_frame(&mut io, control::limits, peer),
-        )
-        .await
-        .map_err(|_| TransferError::Connect(format!("{peer}: bind timed out")))??
-        .ok_or_else(|| TransferError::Connect(format!("{peer}: closed before binding")))?;
+        let (h, body) = read_frame(&mut io, control::limits, peer)
+            .await?
+            .ok_or_else(|| TransferError::Connect(format!("{peer}: closed before binding")))?;
         let bind = control::decode_bind_frame(control::KIND_BIND, h, &body)
             .map_err(|e| decode_err(peer, e))?;
         return Ok(Accepted::Data {
@@ -408,17 +423,15 @@ pub async fn accept(
             "{peer}: TLS connection to an --insecure endpoint refused (the client must use --insecure too)"
         )));
     };
-    let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+    let stream = acceptor
+        .accept(tcp)
         .await
-        .map_err(|_| TransferError::Connect(format!("{peer}: TLS handshake timed out")))?
         .map_err(|e| tls::explain_tls_error(peer, &e))?;
     let subject = tls::peer_subject(stream.get_ref().1);
     let nonce = tls::exporter_nonce(stream.get_ref().1)?;
     let mut io = Io::Tls(Box::new(tokio_rustls::TlsStream::Server(stream)));
     let mut first = [0u8; 1];
-    let n = tokio::time::timeout(HANDSHAKE_TIMEOUT, peek_tls_kind(&mut io, &mut first))
-        .await
-        .map_err(|_| TransferError::Connect(format!("{peer}: no request after the handshake")))??;
+    let n = peek_tls_kind(&mut io, &mut first).await?;
     if n == 0 {
         return Err(TransferError::Connect(format!(
             "{peer}: closed after the handshake"

@@ -127,6 +127,10 @@ mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
+    fn far_deadline() -> tokio::time::Instant {
+        tokio::time::Instant::now() + std::time::Duration::from_secs(60)
+    }
+
     /// A plain endpoint stand-in that answers every hello with a welcome.
     async fn welcoming_server(listener: TcpListener, close_after_hello: bool) {
         use wire::control::{PROTOCOL_VERSION, Response};
@@ -136,7 +140,7 @@ mod tests {
             };
             tokio::spawn(async move {
                 let Ok(conn::Accepted::Control { io, first, .. }) =
-                    conn::accept(tcp, None, "test client").await
+                    conn::accept(tcp, None, "test client", far_deadline()).await
                 else {
                     return;
                 };

@@ -11,6 +11,7 @@ use crate::conn::{
     self, Accepted, ClientTls, ControlReader, ControlWriter, DataConn, Io, StreamTarget,
 };
 use crate::error::TransferError;
+use crate::limits::{ConnLimiter, Limits};
 use crate::progress::{Counters, Event};
 use crate::sink_session::{SinkSpec, run_sink};
 use crate::source_session::{SourceSpec, run_source};
@@ -24,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wire::control::{
     self, Bind, BindResult, DataKey, HostLimits, ListedFile, Protect, PushTarget, Request,
@@ -48,7 +49,8 @@ pub struct EndpointConfig {
     /// `None` runs without TLS (`--insecure`, local tests only).
     pub tls: Option<EndpointTls>,
     pub mapfile: Mapfile,
-    pub max_connections: usize,
+    /// Connections at once (in all and per source), handshake and idle timeouts.
+    pub limits: Limits,
     pub read_only: bool,
     /// Link rate assumed when planning pushes (bits/s).
     pub link_bps: u64,
@@ -87,7 +89,8 @@ struct Endpoint {
     acceptor: Option<tokio_rustls::TlsAcceptor>,
 }
 
-/// Serves until `shutdown` completes. Connections beyond `max_connections` are refused.
+/// Serves until `shutdown` completes. Connections beyond the limits are refused as they are
+/// accepted (see [`crate::limits`]).
 pub async fn run(
     cfg: EndpointConfig,
     listener: TcpListener,
@@ -110,7 +113,7 @@ pub async fn run(
     if limits.core_rmem_max >= limits.tcp_rmem_max && limits.tcp_rmem_max >= 16 << 20 {
         let _ = sys::set_listener_recv_buffer(&listener, limits.tcp_rmem_max);
     }
-    let limit = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    let limiter = ConnLimiter::new(cfg.limits.clone());
     let switch_users = cfg.tls.is_some() && cfg.spool.is_none() && sys::effective_uid() == 0;
     let ep = Arc::new(Endpoint {
         cfg,
@@ -133,15 +136,15 @@ pub async fn run(
                         continue;
                     }
                 };
-                let Ok(permit) = limit.clone().try_acquire_owned() else {
-                    tracing::warn!(%addr, "connection limit reached; refusing");
+                let Ok(admission) = limiter.admit(addr.ip()) else {
+                    crate::limits::reset(tcp);
                     continue;
                 };
                 let ep = ep.clone();
                 let stop = stop.child_token();
                 tokio::spawn(async move {
                     handle(ep, tcp, addr.to_string(), stop).await;
-                    drop(permit);
+                    drop(admission);
                 });
             }
             _ = &mut shutdown => break,
@@ -159,7 +162,8 @@ async fn handle(
     peer: String,
     stop: CancellationToken,
 ) {
-    match conn::accept(tcp, ep.acceptor.as_ref(), &peer).await {
+    let deadline = tokio::time::Instant::now() + ep.cfg.limits.handshake_timeout;
+    match conn::accept(tcp, ep.acceptor.as_ref(), &peer, deadline).await {
         Ok(Accepted::Data { io, bind, nonce }) => bind_data(&ep, io, bind, nonce, &peer).await,
         Ok(Accepted::Control { io, subject, first }) => {
             let conn = conn::ControlConn::new(io, first, peer.clone());
@@ -337,9 +341,18 @@ async fn control(
         }
     };
     tracing::info!(peer = %reader.peer, %identity, "control connection");
+    let idle = ep.cfg.limits.idle_timeout;
     loop {
+        // A whole request (header and body) must arrive within the idle timeout: a peer that
+        // stops talking, or trickles a frame, gives its connection back.
         let req = tokio::select! {
-            r = reader.request() => r?,
+            r = tokio::time::timeout(idle, reader.request()) => match r {
+                Ok(r) => r?,
+                Err(_) => {
+                    tracing::debug!(peer = %reader.peer, ?idle, "idle control connection closed");
+                    return Ok(());
+                }
+            },
             _ = stop.cancelled() => return Ok(()),
         };
         let Some(req) = req else { return Ok(()) };

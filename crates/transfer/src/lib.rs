@@ -13,6 +13,7 @@ pub mod endpoint;
 pub mod error;
 pub mod faults;
 pub mod identity;
+pub mod limits;
 pub mod pki;
 pub mod pool;
 pub mod progress;
