@@ -204,3 +204,114 @@ fn a_stalled_tls_handshake_is_cut_at_the_handshake_timeout() {
         "a stalled TLS handshake was kept open"
     );
 }
+
+/// C6: a user who can write the destination directory plants the temporary names of a file
+/// someone else is about to upload as links to a victim's files: a symlink for the part
+/// file, a symlink for the ledger's temporary file, and (for a resume) a hard link with a
+/// ledger that vouches for it. The upload lands under its own name and the victims are
+/// untouched.
+#[test]
+fn planted_links_under_temporary_names_are_not_followed() {
+    use std::os::unix::fs::symlink;
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("a");
+    let shared = root.join("shared");
+    let bob = root.join("bob");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::create_dir_all(&bob).unwrap();
+    let victim = write_file(&bob.join("important"), 1, 4096);
+    let victim2 = write_file(&bob.join("ledger-victim"), 2, 100);
+    symlink("../bob/important", shared.join(".report.haul-part")).unwrap();
+    symlink(
+        "../bob/ledger-victim",
+        shared.join(".report.haul-ledger.tmp"),
+    )
+    .unwrap();
+    let a = serve(&root, &["--insecure", "--checkpoint-interval", "10ms"], &[]);
+    let src = t.path().join("report");
+    write_file(&src, 3, 6 << 20);
+    let url = a.url("shared/report");
+    for resume in [false, true] {
+        let mut args = vec!["--rate", "200M"];
+        if resume {
+            args.push("--resume");
+        }
+        args.extend([src.to_str().unwrap(), url.as_str()]);
+        assert_ok(&cp(&args));
+        assert_same_file(&src, &shared.join("report"));
+        assert_eq!(std::fs::read(bob.join("important")).unwrap(), victim);
+        assert_eq!(std::fs::read(bob.join("ledger-victim")).unwrap(), victim2);
+        // Plant again for the resume round.
+        std::fs::remove_file(shared.join("report")).unwrap();
+        let _ = std::fs::remove_file(shared.join(".report.haul-part"));
+        symlink("../bob/important", shared.join(".report.haul-part")).unwrap();
+    }
+    // A hard link to the victim with a ledger claiming all of it is there: a resume must
+    // not take it as its partial file (it would be renamed into place, and the victim's
+    // content published under the upload's name, or written into).
+    let _ = std::fs::remove_file(shared.join(".report.haul-part"));
+    std::fs::hard_link(bob.join("important"), shared.join(".report.haul-part")).unwrap();
+    let m = std::fs::metadata(&src).unwrap();
+    let mtime = m
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    std::fs::write(
+        shared.join(".report.haul-ledger"),
+        format!(
+            r#"{{"version":1,"size":{},"mtime_secs":{},"mtime_nanos":{},"ranges":[[0,4096]]}}"#,
+            m.len(),
+            mtime.as_secs(),
+            mtime.subsec_nanos()
+        ),
+    )
+    .unwrap();
+    assert_ok(&cp(&[
+        "--resume",
+        src.to_str().unwrap(),
+        &a.url("shared/report"),
+    ]));
+    assert_same_file(&src, &shared.join("report"));
+    assert_eq!(std::fs::read(bob.join("important")).unwrap(), victim);
+    assert!(partials(&root).is_empty(), "{:?}", partials(&root));
+}
+
+/// C13: every file of a tree is copied or reported as failed: a name with a backslash is an
+/// ordinary name and is copied; a name of 250 bytes (too long for `.NAME.haul-part`) is
+/// received under a shorter temporary name; a FIFO is reported as failed (exit 1), not
+/// skipped in silence.
+#[test]
+fn every_file_of_a_tree_is_copied_or_reported() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let src = t.path().join("tree");
+    write_file(&src.join("back\\slash"), 1, 1000);
+    let long = "L".repeat(250);
+    write_file(&src.join(&long), 2, 300_000);
+    write_file(&src.join("plain"), 3, 10);
+    let out = cp(&["-r", src.to_str().unwrap(), &a.url("/")]);
+    assert_ok(&out);
+    assert_same_tree(&src, &a.root.join("tree"));
+    let j = json(&out);
+    assert_eq!(j["files_failed"], 0, "{j}");
+    // Downloads of the same tree.
+    let down = t.path().join("down");
+    std::fs::create_dir_all(&down).unwrap();
+    assert_ok(&cp(&["-r", &a.url("tree"), down.to_str().unwrap()]));
+    assert_same_tree(&src, &down.join("tree"));
+    // A special file is reported, with exit 1 and its name.
+    let fifo = src.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let out = cp(&["-r", src.to_str().unwrap(), &a.url("/again")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let j = json(&out);
+    assert_eq!(j["files_failed"], 1, "{j}");
+    assert!(
+        j["failures"][0][0].as_str().unwrap().ends_with("fifo"),
+        "{j}"
+    );
+    assert!(a.root.join("again/plain").exists());
+}

@@ -23,7 +23,7 @@ use transfer::client::{
 };
 use transfer::progress::{Counters, Event, EventSender};
 use transfer::spool::Naming;
-use transfer::store::{self, Destination, Root, SourceEntry};
+use transfer::store::{Destination, Root, SourceEntry};
 use wire::checksum::{Digest, parse_digests};
 use wire::control::ListedFile;
 use wire::data::{EntryKind, Timestamp};
@@ -363,13 +363,17 @@ impl Tally {
             .map(|(p, e)| (p.clone(), e.to_string()))
             .collect();
         let first = self.failed.values().next().cloned();
+        let moved = Counters::get(&counters.bytes_sent).max(Counters::get(&counters.bytes_done));
         let report = CopyReport {
             source: src,
             destination: dst,
             bytes_total: self.bytes,
-            bytes_moved: Counters::get(&counters.bytes_sent)
-                .max(Counters::get(&counters.bytes_done)),
+            bytes_moved: moved,
             bytes_skipped: 0,
+            // Every round's sessions add to the same counters.
+            bytes_moved_total: moved,
+            bytes_resent: moved.saturating_sub(self.bytes),
+            attempt_list: Vec::new(),
             files: self.files,
             files_failed: self.failed.len() as u64,
             seconds,
@@ -526,10 +530,15 @@ async fn upload(
     events: EventSender,
     cancel: CancellationToken,
 ) -> Result<CopyReport, TransferError> {
-    let entries = enumerate_local(local, opts.copy.recursive).await?;
+    let listing = transfer::client::enumerate_local(local, opts.copy.recursive).await?;
+    let entries = listing.entries;
     let source_is_dir = entries.first().is_some_and(|e| e.kind == EntryKind::Dir);
     let (base, into_dir) = grid_destination(meta, dest, source_is_dir).await?;
     let mut tally = Tally::new();
+    let unsendable = listing.unsendable.len() as u64;
+    for (rel, error) in listing.unsendable {
+        tally.fail(&map_grid(&base, into_dir, &rel), error.into());
+    }
     // Directories first, parents before children (enumeration order).
     for e in entries.iter().filter(|e| e.kind == EntryKind::Dir) {
         let p = map_grid(&base, into_dir, &e.rel);
@@ -540,7 +549,7 @@ async fn upload(
         .filter(|e| e.kind == EntryKind::File)
         .map(|e| (map_grid(&base, into_dir, &e.rel), e))
         .collect();
-    tally.files = files.len() as u64;
+    tally.files = files.len() as u64 + unsendable;
     tally.bytes = files.iter().map(|(_, e)| e.size).sum();
     Counters::set(&counters.total_bytes, tally.bytes);
     Counters::set(&counters.total_files, tally.files);
@@ -611,8 +620,8 @@ async fn upload(
                                     list,
                                     &peer,
                                     SinkRequest {
-                                        dest: String::new(),
                                         grant,
+                                        ..Default::default()
                                     },
                                     copy,
                                     copy.session.clone(),
@@ -687,21 +696,6 @@ async fn upload(
         &counters,
         &events,
     )
-}
-
-async fn enumerate_local(path: &Path, recursive: bool) -> Result<Vec<SourceEntry>, TransferError> {
-    let p = path.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        let mut out = Vec::new();
-        store::enumerate(&Root::Ambient, &p, recursive, &mut |e| {
-            out.push(e);
-            true
-        })
-        .map(|()| out)
-    })
-    .await
-    .map_err(|e| TransferError::Local(e.to_string()))?
-    .map_err(TransferError::from)
 }
 
 /// A file to read: its name at the destination and the replicas it can come from.
@@ -1204,8 +1198,8 @@ async fn within(
                                         },
                                         &to,
                                         SinkRequest {
-                                            dest: String::new(),
                                             grant: write,
+                                            ..Default::default()
                                         },
                                         copy,
                                         copy.session.clone(),

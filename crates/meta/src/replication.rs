@@ -741,11 +741,11 @@ async fn run_session(
             },
             &Peer::parse(&dst.node.address)?,
             SinkRequest {
-                dest: String::new(),
                 grant: Some(wire::grant::SignedGrant {
                     token: write.token,
                     mac: write.mac,
                 }),
+                ..Default::default()
             },
             &opts,
             opts.session.clone(),

@@ -146,6 +146,14 @@ pub struct CopyReport {
     pub bytes_moved: u64,
     /// Bytes the destination already had (resume) in the final attempt.
     pub bytes_skipped: u64,
+    /// Bytes that crossed the network in all attempts together.
+    pub bytes_moved_total: u64,
+    /// Bytes that crossed the network more than once: everything moved minus what the
+    /// destination lacked when the command started (the data of interrupted attempts that
+    /// was not yet durable at the destination, and blocks sent again within an attempt).
+    pub bytes_resent: u64,
+    /// Every attempt, in order: what it moved, what it found already there, how it ended.
+    pub attempt_list: Vec<AttemptRecord>,
     pub files: u64,
     pub files_failed: u64,
     pub seconds: f64,
@@ -167,6 +175,19 @@ pub struct CopyReport {
     pub failures: Vec<(String, String)>,
     #[serde(skip)]
     pub first_failure: Option<ErrorInfo>,
+}
+
+/// One attempt of a copy, as the report shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AttemptRecord {
+    pub attempt: u32,
+    pub seconds: f64,
+    /// Payload bytes that crossed the network in this attempt.
+    pub bytes_moved: u64,
+    /// Bytes the destination already had when this attempt started (resumed or complete).
+    pub bytes_resumed: u64,
+    /// Why the attempt ended, if it failed.
+    pub error: Option<String>,
 }
 
 /// What one session (one attempt of a copy) did.
@@ -219,8 +240,21 @@ impl std::fmt::Display for Peer {
 pub struct SinkRequest {
     /// Destination path (cp semantics); ignored by storage nodes, which name files by id.
     pub dest: String,
+    /// How the destination takes `dest` (see `Request::OpenSink`); `None`: it decides.
+    pub into_dir: Option<bool>,
+    /// Where to record how the destination resolved `dest` (its `SinkReady`), so that the
+    /// retries of a transfer keep the first attempt's naming.
+    pub resolved: Option<Arc<std::sync::OnceLock<bool>>>,
     /// Capability for a storage node.
     pub grant: Option<SignedGrant>,
+}
+
+impl SinkRequest {
+    fn note_resolved(&self, dest_is_dir: bool) {
+        if let Some(r) = &self.resolved {
+            let _ = r.set(dest_is_dir);
+        }
+    }
 }
 
 /// What a source endpoint is asked to send.
@@ -254,6 +288,20 @@ pub async fn copy(
             "--offset/--length apply to a single file, not with -r".into(),
         ));
     }
+    // How the destination names the copy is decided once, by the first attempt, and kept by
+    // every retry: the directory the first attempt created must not make a retry copy *into*
+    // it. A local destination is resolved here; an endpoint reports its decision.
+    let local_dest = match dst {
+        Location::Local(p) => {
+            let wants_dir = p.to_string_lossy().ends_with('/');
+            Some(Destination::resolve(&Root::Ambient, p, wants_dir).map_err(TransferError::from)?)
+        }
+        Location::Remote { .. } => None,
+    };
+    let naming = DestNaming {
+        local: local_dest,
+        remote: Arc::new(std::sync::OnceLock::new()),
+    };
     with_retries(
         src.to_string(),
         dst.to_string(),
@@ -262,10 +310,18 @@ pub async fn copy(
         events,
         cancel,
         |resume, counters, events, cancel| {
-            run_attempt(src, dst, opts, resume, counters, events, cancel)
+            run_attempt(src, dst, &naming, opts, resume, counters, events, cancel)
         },
     )
     .await
+}
+
+/// The destination's naming, as decided by the first attempt of a copy.
+struct DestNaming {
+    /// A local destination, resolved before the first attempt.
+    local: Option<Destination>,
+    /// An endpoint's answer to the first attempt: whether it copies into `dest`.
+    remote: Arc<std::sync::OnceLock<bool>>,
 }
 
 /// Runs attempts of a transfer until one succeeds, the error cannot pass, or the retry limit
@@ -299,6 +355,10 @@ where
     let mut failed_files: std::collections::BTreeMap<String, ErrorInfo> = Default::default();
     loop {
         let resume = opts.session.resume || attempt > 1;
+        let attempt_started = Instant::now();
+        let moved_before =
+            Counters::get(&counters.bytes_sent) + Counters::get(&counters.bytes_received);
+        Counters::set(&counters.bytes_skipped, 0);
         let attempt_cancel = cancel.child_token();
         let run = run_attempt(
             resume,
@@ -339,6 +399,19 @@ where
             record(&ev, &mut done_files, &mut failed_files);
             let _ = events.send(ev);
         }
+        let moved = Counters::get(&counters.bytes_sent) + Counters::get(&counters.bytes_received)
+            - moved_before;
+        let resumed = match &result {
+            Ok(a) => a.source.bytes_skipped.max(a.sink.bytes_skipped),
+            Err(_) => Counters::get(&counters.bytes_skipped),
+        };
+        report.attempt_list.push(AttemptRecord {
+            attempt,
+            seconds: attempt_started.elapsed().as_secs_f64(),
+            bytes_moved: moved,
+            bytes_resumed: resumed,
+            error: result.as_ref().err().map(|e| e.to_string()),
+        });
         // Files that failed in this attempt but are retryable get another chance.
         let retryable_files =
             !failed_files.is_empty() && failed_files.values().all(|e| e.retryable);
@@ -479,6 +552,17 @@ fn fill_report(
     report.bytes_total = a.bytes_total;
     report.bytes_moved = a.source.bytes_moved;
     report.bytes_skipped = a.source.bytes_skipped.max(a.sink.bytes_skipped);
+    report.bytes_moved_total = report.attempt_list.iter().map(|r| r.bytes_moved).sum();
+    // What the destination lacked at the start: all of it, less what the first attempt found
+    // already there (a `--resume` of an earlier command).
+    let had = report
+        .attempt_list
+        .first()
+        .map(|r| r.bytes_resumed)
+        .unwrap_or(0);
+    report.bytes_resent = report
+        .bytes_moved_total
+        .saturating_sub(a.bytes_total.saturating_sub(had));
     report.files = a.files;
     report.files_failed = failed.len() as u64;
     report.seconds = started.elapsed().as_secs_f64();
@@ -518,9 +602,11 @@ fn choices(opts: &CopyOptions) -> Choices {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_attempt(
     src: &Location,
     dst: &Location,
+    naming: &DestNaming,
     opts: &CopyOptions,
     resume: bool,
     counters: Arc<Counters>,
@@ -537,14 +623,17 @@ async fn run_attempt(
     };
     let sink_request = |path: &str| SinkRequest {
         dest: path.to_string(),
+        into_dir: naming.remote.get().copied(),
+        resolved: Some(naming.remote.clone()),
         grant: None,
     };
     match (src, dst) {
         (Location::Local(p), Location::Remote { host, port, path }) => {
-            let entries = enumerate_local(p, opts.recursive).await?;
+            let listing = enumerate_local(p, opts.recursive).await?;
+            listing.report_unsendable(&events, |rel| rel.to_string());
             let peer = Peer::new(host.clone(), *port);
             upload(
-                entries,
+                listing.entries,
                 &peer,
                 sink_request(path),
                 opts,
@@ -555,10 +644,11 @@ async fn run_attempt(
             )
             .await
         }
-        (Location::Remote { host, port, path }, Location::Local(p)) => {
-            let wants_dir = p.to_string_lossy().ends_with('/');
-            let dest =
-                Destination::resolve(&Root::Ambient, p, wants_dir).map_err(TransferError::from)?;
+        (Location::Remote { host, port, path }, Location::Local(_)) => {
+            let dest = naming
+                .local
+                .clone()
+                .expect("resolved before the first attempt");
             let peer = Peer::new(host.clone(), *port);
             download(
                 &peer,
@@ -612,7 +702,7 @@ async fn await_done(
         match s.reader.response().await? {
             Response::Done(summary) => return Ok(summary),
             Response::Error(e) => return Err(e.into()),
-            Response::Progress { bytes, files } => {
+            Response::Progress { bytes, files, .. } => {
                 if let Some(c) = counters {
                     Counters::set(&c.bytes_done, bytes);
                     Counters::set(&c.files_done, files);
@@ -662,15 +752,39 @@ fn plan_for(
     )
 }
 
-async fn enumerate_local(
+/// A local file or tree to send: the entries, and what cannot be sent (each to be reported
+/// as a failed file).
+#[derive(Debug, Default)]
+pub struct LocalListing {
+    pub entries: Vec<SourceEntry>,
+    pub unsendable: Vec<(String, ErrorInfo)>,
+}
+
+impl LocalListing {
+    /// Reports every unsendable entry as a failed file, named as `name` maps its `rel`.
+    pub fn report_unsendable(&self, events: &EventSender, name: impl Fn(&str) -> String) {
+        for (rel, error) in &self.unsendable {
+            let _ = events.send(Event::FileFailed {
+                path: name(rel),
+                error: error.clone(),
+            });
+        }
+    }
+}
+
+/// Enumerates a local file, or with `recursive` a tree (see [`store::enumerate`]).
+pub async fn enumerate_local(
     path: &std::path::Path,
     recursive: bool,
-) -> Result<Vec<SourceEntry>, TransferError> {
+) -> Result<LocalListing, TransferError> {
     let p = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let mut out = Vec::new();
-        store::enumerate(&Root::Ambient, &p, recursive, &mut |e| {
-            out.push(e);
+        let mut out = LocalListing::default();
+        store::enumerate(&Root::Ambient, &p, recursive, &mut |f| {
+            match f {
+                store::Found::Entry(e) => out.entries.push(e),
+                store::Found::Unsendable { rel, error } => out.unsendable.push((rel, error)),
+            }
             true
         })
         .map(|()| out)
@@ -803,9 +917,10 @@ pub async fn upload(
         .send_request(&Request::OpenSink {
             session: id,
             key,
-            dest: request.dest,
+            dest: request.dest.clone(),
+            into_dir: request.into_dir,
             options: session.clone(),
-            grant: request.grant,
+            grant: request.grant.clone(),
         })
         .await?;
     let spec = SourceSpec {
@@ -833,8 +948,9 @@ pub async fn upload(
                     p = Plan { streams: refined.streams.max(p.streams), ..refined };
                     let _ = events.send(Event::Plan { streams: p.streams, explanation: p.explanation.clone() });
                 }
+                Ok(Response::SinkReady { dest_is_dir }) => request.note_resolved(dest_is_dir),
                 Ok(Response::Error(e)) => { cancel.cancel(); let _ = (&mut source).await; return Err(e.into()); }
-                                Ok(Response::Done(summary)) => { sink_summary = Some(summary); control_open = false; tx = None; }
+                Ok(Response::Done(summary)) => { sink_summary = Some(summary); control_open = false; tx = None; }
                                 Ok(_) => {}
                 // Without its control connection the endpoint drops the session.
                 Err(e) => { cancel.cancel(); let _ = (&mut source).await; return Err(e); }
@@ -1096,9 +1212,10 @@ pub async fn third_party(
         .send_request(&Request::OpenSink {
             session: id_b,
             key: key_b,
-            dest: sink.dest,
+            dest: sink.dest.clone(),
+            into_dir: sink.into_dir,
             options: session.clone(),
-            grant: sink.grant,
+            grant: sink.grant.clone(),
         })
         .await?;
     // The source may start pushing before the destination confirms: its data connections wait
@@ -1125,6 +1242,7 @@ pub async fn third_party(
         })
         .await?;
     let (mut files, mut bytes) = (0u64, 0u64);
+    let mut reported_written = 0u64;
     let mut done_a: Option<SessionSummary> = None;
     let mut done_b: Option<SessionSummary> = None;
     while done_a.is_none() || done_b.is_none() {
@@ -1144,15 +1262,20 @@ pub async fn third_party(
                 _ => {}
             },
             r = sb.reader.response(), if done_b.is_none() => match r? {
-                Response::SinkReady { .. } => {}
+                Response::SinkReady { dest_is_dir } => sink.note_resolved(dest_is_dir),
                 Response::Done(s) => done_b = Some(s),
                 Response::Error(e) => {
                     let _ = sa.writer.send_request(&Request::Cancel).await;
                     return Err(e.into());
                 }
-                Response::Progress { bytes, files } => {
+                Response::Progress { bytes, files, skipped } => {
                     Counters::set(&counters.bytes_done, bytes);
                     Counters::set(&counters.files_done, files);
+                    Counters::set(&counters.bytes_skipped, skipped);
+                    // What the destination wrote in this session, as it grows.
+                    let written = bytes.saturating_sub(skipped);
+                    Counters::add(&counters.bytes_received, written.saturating_sub(reported_written));
+                    reported_written = reported_written.max(written);
                 }
                 Response::FileDone { path, bytes, digests } => {
                     let _ = events.send(Event::FileDone { path, size: bytes, digests, skipped: false });
@@ -1169,6 +1292,10 @@ pub async fn third_party(
     }
     let source = done_a.unwrap_or_default();
     let sink = done_b.unwrap_or_default();
+    Counters::add(
+        &counters.bytes_received,
+        sink.bytes_moved.saturating_sub(reported_written),
+    );
     Counters::set(
         &counters.bytes_done,
         source.bytes_moved + source.bytes_skipped,

@@ -166,6 +166,7 @@ async fn handle(
     match conn::accept(tcp, ep.acceptor.as_ref(), &peer, deadline).await {
         Ok(Accepted::Data { io, bind, nonce }) => bind_data(&ep, io, bind, nonce, &peer).await,
         Ok(Accepted::Control { io, subject, first }) => {
+            let _ = sys::set_keepalive(io.tcp());
             let conn = conn::ControlConn::new(io, first, peer.clone());
             if let Err(e) = control(ep, conn, subject, stop).await {
                 tracing::debug!(%peer, error = %e, "control connection ended");
@@ -410,10 +411,11 @@ async fn control(
                 session,
                 key,
                 dest,
+                into_dir,
                 options,
                 grant,
             } => {
-                let naming = match sink_naming(&ep, &root, &dest, grant.as_ref()) {
+                let naming = match sink_naming(&ep, &root, &dest, into_dir, grant.as_ref()) {
                     Ok(n) => n,
                     Err(e) => {
                         writer.send_response(&Response::Error(e)).await?;
@@ -443,7 +445,7 @@ async fn control(
                 files,
                 grant,
             } => {
-                let entries =
+                let (entries, unsendable) =
                     match source_entries(&ep, &root, &path, recursive, files, grant.as_ref()).await
                     {
                         Ok(e) => e,
@@ -452,6 +454,11 @@ async fn control(
                             continue;
                         }
                     };
+                for (path, error) in unsendable {
+                    writer
+                        .send_response(&Response::FileFailed { path, error })
+                        .await?;
+                }
                 source(
                     &ep,
                     &root,
@@ -545,6 +552,7 @@ async fn relay<T>(
                 let p = Response::Progress {
                     bytes: now,
                     files: Counters::get(&counters.files_done),
+                    skipped: Counters::get(&counters.bytes_skipped),
                 };
                 if writer.send_response(&p).await.is_err() {
                     cancel.cancel();
@@ -837,20 +845,25 @@ pub async fn open_streams(
     errors
 }
 
+/// The entries of `path` below the root, and what cannot be sent (reported to the client as
+/// failed files).
 async fn enumerate_remote(
     root: &Arc<Root>,
     path: &str,
     recursive: bool,
-) -> Result<Vec<SourceEntry>, ErrorInfo> {
+) -> Result<(Vec<SourceEntry>, Vec<(String, ErrorInfo)>), ErrorInfo> {
     let rel = store::remote_rel_path(path)?;
     let root = root.clone();
     tokio::task::spawn_blocking(move || {
-        let mut out = Vec::new();
-        store::enumerate(&root, &rel, recursive, &mut |e| {
-            out.push(e);
+        let (mut entries, mut unsendable) = (Vec::new(), Vec::new());
+        store::enumerate(&root, &rel, recursive, &mut |f| {
+            match f {
+                store::Found::Entry(e) => entries.push(e),
+                store::Found::Unsendable { rel, error } => unsendable.push((rel, error)),
+            }
             true
         })
-        .map(|()| out)
+        .map(|()| (entries, unsendable))
     })
     .await
     .map_err(|e| ErrorInfo::new(ErrorKind::Io, format!("enumeration failed: {e}")))?
@@ -862,6 +875,7 @@ fn sink_naming(
     ep: &Endpoint,
     root: &Arc<Root>,
     dest: &str,
+    into_dir: Option<bool>,
     grant: Option<&SignedGrant>,
 ) -> Result<Naming, ErrorInfo> {
     if let Some(sp) = &ep.cfg.spool {
@@ -878,7 +892,7 @@ fn sink_naming(
         ));
     }
     let rel = store::remote_rel_path(dest)?;
-    Destination::resolve(root, &rel, dest.ends_with('/')).map(Naming::Tree)
+    Destination::pinned(root, &rel, dest.ends_with('/'), into_dir).map(Naming::Tree)
 }
 
 /// What a source session sends: the tree at `path`, or, on a storage node, exactly the listed
@@ -891,7 +905,7 @@ async fn source_entries(
     recursive: bool,
     files: Vec<ListedFile>,
     grant: Option<&SignedGrant>,
-) -> Result<Vec<SourceEntry>, ErrorInfo> {
+) -> Result<(Vec<SourceEntry>, Vec<(String, ErrorInfo)>), ErrorInfo> {
     let Some(sp) = &ep.cfg.spool else {
         if !files.is_empty() {
             return Err(ErrorInfo::new(
@@ -951,7 +965,7 @@ async fn source_entries(
             expect: f.expect,
         });
     }
-    Ok(entries)
+    Ok((entries, Vec::new()))
 }
 
 /// Recomputes the checksums of replicas on a storage node, two files at a time.

@@ -143,6 +143,31 @@ pub fn io_info(what: &str, e: &std::io::Error) -> ErrorInfo {
     ErrorInfo::new(kind, msg)
 }
 
+/// Classifies an I/O error on the destination side: a missing directory or an over-long name
+/// there means the destination cannot take the file (exit 6), not that a source is missing,
+/// and retrying cannot help.
+pub fn dest_io_info(what: &str, e: &std::io::Error) -> ErrorInfo {
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => ErrorInfo::new(
+            ErrorKind::NotWritable,
+            format!("{what}: cannot create it here ({e})"),
+        ),
+        Some(libc::ENAMETOOLONG) => ErrorInfo::new(
+            ErrorKind::NotWritable,
+            format!("{what}: name too long for the destination file system"),
+        ),
+        Some(libc::ELOOP) => ErrorInfo::new(
+            ErrorKind::NotWritable,
+            format!("{what}: a symbolic link is in the way of a temporary file; not followed"),
+        ),
+        Some(libc::EEXIST) => ErrorInfo::new(
+            ErrorKind::NotWritable,
+            format!("{what}: a temporary file of this name appeared while it was being created"),
+        ),
+        _ => io_info(what, e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +197,11 @@ mod tests {
         let t: TransferError =
             io_info("x", &std::io::Error::from_raw_os_error(libc::ENOSPC)).into();
         assert_eq!(t.exit_code(), 6);
+        for errno in [libc::ENOENT, libc::ENAMETOOLONG, libc::ELOOP, libc::EEXIST] {
+            let info = dest_io_info("x", &std::io::Error::from_raw_os_error(errno));
+            assert_eq!(info.kind, ErrorKind::NotWritable, "errno {errno}");
+            assert!(!info.retryable);
+            assert_eq!(TransferError::from(info).exit_code(), 6);
+        }
     }
 }

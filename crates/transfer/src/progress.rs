@@ -16,8 +16,11 @@ pub struct Counters {
     pub files_failed: AtomicU64,
     pub total_bytes: AtomicU64,
     pub total_files: AtomicU64,
-    /// Bytes not sent because the destination already had them.
+    /// Bytes not sent because the destination already had them (set per attempt).
     pub bytes_skipped: AtomicU64,
+    /// Payload bytes received and written by a local sink, or reported written by the
+    /// destination of a third-party copy (cumulative over attempts, including rewrites).
+    pub bytes_received: AtomicU64,
     /// Any sign of life from the data path (frames, acks), for stall detection.
     pub activity: AtomicU64,
 }

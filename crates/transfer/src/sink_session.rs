@@ -7,6 +7,7 @@
 //! checkpoint the restart ledger, commit, discard) run on a separate pool so that no stream
 //! waits for an fsync.
 
+use crate::claims::{self, Claim};
 use crate::conn::{self, Reader, Writer};
 use crate::error::{TransferError, io_info};
 use crate::faults;
@@ -51,7 +52,31 @@ struct OpenFile {
     final_path: PathBuf,
     begin: FileBegin,
     digest: Mutex<Option<InOrderDigest<SharedSlice>>>,
+    /// Held by every checkpoint and by the commit or discard that closes the file: no ledger
+    /// is written once the file is committed or given up (a checkpoint racing a commit used to
+    /// leave a ledger beside the finished file), and the claim on the destination is released
+    /// only when the file is closed.
+    life: Mutex<Life>,
 }
+
+struct Life {
+    closed: bool,
+    /// This session's right to write the destination (see [`crate::claims`]).
+    claim: Option<Claim>,
+}
+
+impl OpenFile {
+    /// Closes the file for good: later checkpoints do nothing. Returns the claim, to be
+    /// dropped once the file's fate on disk is settled.
+    fn close(life: &mut Life) -> Option<Claim> {
+        life.closed = true;
+        life.claim.take()
+    }
+}
+
+/// How long a session waits for an earlier session writing the same destination to give it
+/// up (that one writes the file's ledger and closes it).
+const TAKEOVER_WAIT: Duration = Duration::from_secs(30);
 
 enum Op {
     Action(SinkAction),
@@ -229,6 +254,7 @@ impl Shared {
             .write_all_at(job.payload.as_ref(), job.offset)
             .map_err(|e| io_info(&self.root.display(&of.final_path), &e));
         if result.is_ok() {
+            Counters::add(&self.counters.bytes_received, len);
             faults::moved(len);
             let whole = job.new_ranges.pairs() == [(job.offset, job.offset + len)];
             let buf = Arc::new(job.payload);
@@ -266,17 +292,68 @@ impl Shared {
         self.catch_up(&of, job.file, job.attempt);
     }
 
-    fn do_op(&self, op: Op) {
+    /// Another session wants to write a file this one has open: give it up (its ledger is
+    /// written by the discard that follows), see [`crate::claims`].
+    fn give_up(&self, file: FileId, attempt: u32) {
+        let mut st = self.lock();
+        st.give_up(
+            file,
+            attempt,
+            // Not retryable: the newer transfer finishes the file; this one (a retry's
+            // abandoned predecessor, usually) must not take it back.
+            ErrorInfo::new(
+                ErrorKind::Io,
+                "taken over by a newer transfer of the same file (it resumes from what was received)",
+            )
+            .retryable(false),
+        );
+        self.dispatch(&mut st);
+    }
+
+    /// Claims the destination of `file` for this session, asking an earlier session that has
+    /// it open to give it up.
+    fn claim(
+        self: &Arc<Self>,
+        file: FileId,
+        attempt: u32,
+        final_path: &std::path::Path,
+    ) -> Result<Claim, ErrorInfo> {
+        let key = store::destination_key(&self.root, final_path)?;
+        let me = Arc::downgrade(self);
+        let give_up: claims::Yield = Arc::new(move || {
+            if let Some(sh) = me.upgrade() {
+                sh.give_up(file, attempt);
+            }
+        });
+        claims::claim(key, give_up, TAKEOVER_WAIT).ok_or_else(|| {
+            ErrorInfo::new(
+                ErrorKind::Io,
+                format!(
+                    "{}: an earlier transfer still writes this file and did not let go within {} s",
+                    self.root.display(final_path),
+                    TAKEOVER_WAIT.as_secs()
+                ),
+            )
+        })
+    }
+
+    fn do_op(self: &Arc<Self>, op: Op) {
         let Op::Action(action) = op;
         let now = Instant::now();
         match action {
+            // A session that has ended opens nothing more (its files are being saved).
+            SinkAction::Open { .. } if self.cancel.is_cancelled() => {}
             SinkAction::Open {
                 file,
                 attempt,
                 begin,
             } => {
-                let final_path = match self.naming.map(&begin.path) {
-                    Ok(p) => p,
+                let claimed = self
+                    .naming
+                    .map(&begin.path)
+                    .and_then(|p| self.claim(file, attempt, &p).map(|c| (p, c)));
+                let (final_path, claim) = match claimed {
+                    Ok(c) => c,
                     Err(e) => {
                         let mut st = self.lock();
                         st.on_opened(file, attempt, Err(e), now);
@@ -303,6 +380,10 @@ impl Shared {
                             final_path,
                             begin,
                             digest: Mutex::new(Some(digest)),
+                            life: Mutex::new(Life {
+                                closed: false,
+                                claim: Some(claim),
+                            }),
                         });
                         self.files
                             .lock()
@@ -378,19 +459,27 @@ impl Shared {
                     .lock()
                     .expect("files lock")
                     .remove(&(file, attempt));
-                let r = match of {
-                    Some(of) => store::commit(
-                        &self.root,
-                        &of.final_path,
-                        &of.file,
-                        begin.mode,
-                        begin.mtime,
-                        self.fsync,
+                let (r, _claim) = match of {
+                    Some(of) => {
+                        let mut life = of.life.lock().expect("file life lock");
+                        let claim = OpenFile::close(&mut life);
+                        let r = store::commit(
+                            &self.root,
+                            &of.final_path,
+                            &of.file,
+                            begin.mode,
+                            begin.mtime,
+                            self.fsync,
+                        );
+                        (r, claim)
+                    }
+                    None => (
+                        Err(ErrorInfo::new(
+                            ErrorKind::Io,
+                            format!("{}: file handle lost", begin.path),
+                        )),
+                        None,
                     ),
-                    None => Err(ErrorInfo::new(
-                        ErrorKind::Io,
-                        format!("{}: file handle lost", begin.path),
-                    )),
                 };
                 // A storage node reports the file before its sender hears it is done; if the
                 // metadata server refuses it, the local copy goes.
@@ -420,16 +509,28 @@ impl Shared {
                 if let Some(of) = of {
                     if keep_partial {
                         self.save_partial(file, &of);
+                    } else {
+                        let mut life = of.life.lock().expect("file life lock");
+                        let _claim = OpenFile::close(&mut life);
+                        store::discard(&self.root, &of.final_path, false);
                     }
-                    store::discard(&self.root, &of.final_path, keep_partial);
                 }
             }
             SinkAction::Send { .. } | SinkAction::Event(_) => unreachable!("handled in dispatch"),
         }
     }
 
-    /// Syncs `ranges` of an open file and records them in its restart ledger.
+    /// Syncs `ranges` of an open file and records them in its restart ledger, unless the file
+    /// was closed meanwhile (committed or given up).
     fn checkpoint(&self, of: &OpenFile, ranges: &RangeSet) -> std::io::Result<()> {
+        let life = of.life.lock().expect("file life lock");
+        if life.closed {
+            return Ok(());
+        }
+        self.write_ledger(of, ranges)
+    }
+
+    fn write_ledger(&self, of: &OpenFile, ranges: &RangeSet) -> std::io::Result<()> {
         store::checkpoint(
             &self.root,
             &of.final_path,
@@ -440,13 +541,19 @@ impl Shared {
         )
     }
 
-    /// Keeps an unfinished file's data for a resume by writing its restart ledger; without a
-    /// ledger (nothing written, or the ledger cannot be written, as on a full disk) the
-    /// temporary file could never be resumed and would only hold space, so it is removed.
+    /// Keeps an unfinished file's data for a resume by writing its restart ledger, and closes
+    /// it (releasing its claim: a newer session taking the file over resumes from that
+    /// ledger). Without a ledger (nothing written, or the ledger cannot be written, as on a
+    /// full disk) the temporary file could never be resumed and would only hold space, so it
+    /// is removed.
     fn save_partial(&self, file: FileId, of: &OpenFile) {
         let ranges = self.lock().written(file).cloned().unwrap_or_default();
+        let mut life = of.life.lock().expect("file life lock");
+        if life.closed {
+            return;
+        }
         let kept = !ranges.is_empty()
-            && match self.checkpoint(of, &ranges) {
+            && match self.write_ledger(of, &ranges) {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(path = %of.begin.path, error = %e, "could not save the restart ledger: partial data dropped");
@@ -456,6 +563,7 @@ impl Shared {
         if !kept {
             store::discard(&self.root, &of.final_path, false);
         }
+        let _claim = OpenFile::close(&mut life);
     }
 }
 
@@ -807,6 +915,11 @@ pub async fn run_sink(
         s.cancel();
     }
     sh.cancel.cancel();
+    // The workers see the cancellation and exit once their queues are empty (queued commits
+    // still run; queued opens do not). Only then is every open file known.
+    for t in threads {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
     // Unfinished files keep their data and ledger for a resume.
     let open: Vec<(FileId, Arc<OpenFile>)> = sh
         .files
@@ -823,10 +936,6 @@ pub async fn run_sink(
     })
     .await;
     let stats = sh.lock().stats().clone();
-    // The workers see the cancellation and exit once their queues are empty.
-    for t in threads {
-        let _ = tokio::task::spawn_blocking(move || t.join()).await;
-    }
     outcome.map(|()| SinkOutcome { stats, streams })
 }
 

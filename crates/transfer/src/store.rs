@@ -9,7 +9,7 @@
 //! atomically), and the commit (sync, mode and mtime, rename, sync the directory). Nothing is
 //! ever written under the final name until the data has verified.
 
-use crate::error::io_info;
+use crate::error::{dest_io_info, io_info};
 use crate::identity::{FsGuard, FsIdentity};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -93,11 +93,18 @@ impl Meta {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
     Read,
-    /// Create or truncate, read-write.
-    CreateTruncate,
-    /// Open an existing file read-write without truncating.
+    /// A new file, read-write, private to its owner (0600), created exclusively: it fails if
+    /// anything already has the name, a symlink (even a dangling one) included
+    /// (`O_CREAT|O_EXCL|O_NOFOLLOW`). Temporary files are made this way, so that a user who
+    /// can write the destination directory cannot plant a link that redirects them.
+    CreateNew,
+    /// An existing file, read-write, not through a symlink in its last component
+    /// (`O_NOFOLLOW`: a symlink fails with ELOOP).
     Existing,
 }
+
+/// `O_NOFOLLOW` for the std and cap-std `OpenOptions`.
+const NOFOLLOW: i32 = libc::O_NOFOLLOW;
 
 impl Root {
     /// Exports `path`; it must be an existing directory.
@@ -176,49 +183,67 @@ impl Root {
         }
     }
 
+    /// Metadata of the entry itself (a symlink is not followed).
+    pub fn metadata_nofollow(&self, rel: &Path) -> io::Result<Meta> {
+        self.check(rel)?;
+        let _as = self.act()?;
+        match self {
+            Root::Ambient => std::fs::symlink_metadata(rel).map(|m| Meta::from_std(&m)),
+            Root::Confined { dir, .. } => dir
+                .symlink_metadata(self.p(rel))
+                .map(|m| Meta::from_cap(&m)),
+        }
+    }
+
     pub fn open(&self, rel: &Path, mode: OpenMode) -> io::Result<File> {
         self.check(rel)?;
         let _as = self.act()?;
         match self {
             Root::Ambient => {
+                use std::os::unix::fs::OpenOptionsExt;
                 let mut o = std::fs::OpenOptions::new();
                 match mode {
                     OpenMode::Read => o.read(true),
-                    OpenMode::CreateTruncate => {
-                        o.read(true).write(true).create(true).truncate(true)
-                    }
-                    OpenMode::Existing => o.read(true).write(true),
+                    OpenMode::CreateNew => o
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .custom_flags(NOFOLLOW),
+                    OpenMode::Existing => o.read(true).write(true).custom_flags(NOFOLLOW),
                 };
                 o.open(rel)
             }
             Root::Confined { dir, .. } => {
+                use cap_std::fs::OpenOptionsExt;
                 let mut o = cap_std::fs::OpenOptions::new();
                 match mode {
                     OpenMode::Read => o.read(true),
-                    OpenMode::CreateTruncate => {
-                        o.read(true).write(true).create(true).truncate(true)
-                    }
-                    OpenMode::Existing => o.read(true).write(true),
+                    OpenMode::CreateNew => o
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .custom_flags(NOFOLLOW),
+                    OpenMode::Existing => o.read(true).write(true).custom_flags(NOFOLLOW),
                 };
                 dir.open_with(self.p(rel), &o).map(|f| f.into_std())
             }
         }
     }
 
-    /// Names in a directory, sorted.
-    pub fn list(&self, rel: &Path) -> io::Result<Vec<String>> {
+    /// Names in a directory, sorted (as the file system has them: not always UTF-8).
+    pub fn list(&self, rel: &Path) -> io::Result<Vec<std::ffi::OsString>> {
         self.check(rel)?;
         let _as = self.act()?;
-        let mut names: Vec<String> = match self {
+        let mut names: Vec<std::ffi::OsString> = match self {
             Root::Ambient => std::fs::read_dir(rel)?
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect(),
+                .map(|e| e.map(|e| e.file_name()))
+                .collect::<io::Result<_>>()?,
             Root::Confined { dir, .. } => dir
                 .read_dir(self.p(rel))?
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect(),
+                .map(|e| e.map(|e| e.file_name()))
+                .collect::<io::Result<_>>()?,
         };
         names.sort();
         Ok(names)
@@ -255,26 +280,64 @@ impl Root {
         }
     }
 
-    pub fn read_to_string(&self, rel: &Path) -> io::Result<String> {
-        self.check(rel)?;
-        let _as = self.act()?;
-        match self {
-            Root::Ambient => std::fs::read_to_string(rel),
-            Root::Confined { dir, .. } => dir.read_to_string(rel),
+    /// Reads a small regular file of ours (a restart ledger): not through a symlink in its
+    /// last component, and at most `max` bytes (anything else is an error).
+    pub fn read_private(&self, rel: &Path, max: u64) -> io::Result<Vec<u8>> {
+        use std::io::Read;
+        let f = {
+            self.check(rel)?;
+            let _as = self.act()?;
+            match self {
+                Root::Ambient => {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(NOFOLLOW)
+                        .open(rel)?
+                }
+                Root::Confined { dir, .. } => {
+                    use cap_std::fs::OpenOptionsExt;
+                    let mut o = cap_std::fs::OpenOptions::new();
+                    o.read(true).custom_flags(NOFOLLOW);
+                    dir.open_with(self.p(rel), &o)?.into_std()
+                }
+            }
+        };
+        let m = f.metadata()?;
+        if !m.is_file() || m.len() > max {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a small regular file",
+            ));
         }
+        let mut out = Vec::with_capacity(m.len() as usize);
+        f.take(max).read_to_end(&mut out)?;
+        Ok(out)
     }
 
-    pub fn set_mode(&self, rel: &Path, mode: u32) -> io::Result<()> {
+    /// Sets a directory's mode through a descriptor opened without following a symlink, so
+    /// that a directory swapped for a link between its creation and this call is not chmod-ed
+    /// through the link.
+    pub fn set_dir_mode(&self, rel: &Path, mode: u32) -> io::Result<()> {
         self.check(rel)?;
         let _as = self.act()?;
         use std::os::unix::fs::PermissionsExt;
-        match self {
-            Root::Ambient => std::fs::set_permissions(rel, std::fs::Permissions::from_mode(mode)),
-            Root::Confined { dir, .. } => {
-                use cap_std::fs::PermissionsExt as _;
-                dir.set_permissions(self.p(rel), cap_std::fs::Permissions::from_mode(mode))
+        let f = match self {
+            Root::Ambient => {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(NOFOLLOW | libc::O_DIRECTORY)
+                    .open(self.p(rel))?
             }
-        }
+            Root::Confined { dir, .. } => {
+                use cap_std::fs::OpenOptionsExt;
+                let mut o = cap_std::fs::OpenOptions::new();
+                o.read(true).custom_flags(NOFOLLOW | libc::O_DIRECTORY);
+                dir.open_with(self.p(rel), &o)?.into_std()
+            }
+        };
+        f.set_permissions(std::fs::Permissions::from_mode(mode))
     }
 
     /// Makes a directory's entries durable.
@@ -297,14 +360,21 @@ impl Root {
         }
     }
 
-    /// Writes a small file atomically: temporary name, sync, rename.
+    /// Writes a small file atomically: a new temporary file (created exclusively, after
+    /// removing whatever had its name: a leftover, or a planted link), sync, rename. The
+    /// temporary file is removed if any step fails (a full disk leaves nothing behind).
     pub fn write_atomic(&self, rel: &Path, bytes: &[u8]) -> io::Result<()> {
         let tmp = sibling(rel, ".tmp");
-        let mut f = self.open(&tmp, OpenMode::CreateTruncate)?;
-        f.write_all(bytes)?;
-        f.sync_data()?;
-        drop(f);
-        self.rename(&tmp, rel)
+        let _ = self.remove_file(&tmp);
+        let written = self.open(&tmp, OpenMode::CreateNew).and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_data()
+        });
+        let r = written.and_then(|()| self.rename(&tmp, rel));
+        if r.is_err() {
+            let _ = self.remove_file(&tmp);
+        }
+        r
     }
 
     /// How the root is shown in messages.
@@ -322,17 +392,36 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// `dir/.name.haul-part` and `dir/.name.haul-ledger` for `dir/name`.
+/// Longest file name the temporary names are derived from as they are; longer ones (up to
+/// the 255 bytes a name may have) would overflow with `.NAME.haul-ledger.tmp` (17 more bytes).
+const MAX_PLAIN_NAME: usize = 255 - ".".len() - ".haul-ledger.tmp".len();
+
+/// `dir/.name.haul-part` and `dir/.name.haul-ledger` for `dir/name`. For a name too long to
+/// take the decoration, `dir/.haul-HASH.haul-part` (and `-ledger`), HASH being the first 128
+/// bits of the name's SHA-256 in hex: still one per destination, and within the name limit.
 pub fn partial_paths(final_path: &Path) -> (PathBuf, PathBuf) {
-    let name = final_path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    use std::os::unix::ffi::OsStrExt;
+    use wire::checksum::{Algorithm, digest_bytes};
+    let name = final_path.file_name().unwrap_or_default();
     let dir = final_path.parent().unwrap_or(Path::new(""));
-    (
-        dir.join(format!(".{name}.haul-part")),
-        dir.join(format!(".{name}.haul-ledger")),
-    )
+    let stem = if name.len() <= MAX_PLAIN_NAME {
+        let mut s = std::ffi::OsString::from(".");
+        s.push(name);
+        s
+    } else {
+        let hex = digest_bytes(&[Algorithm::Sha256], name.as_bytes())
+            .into_iter()
+            .find(|d| d.algorithm == Algorithm::Sha256)
+            .map(|d| d.hex())
+            .unwrap_or_default();
+        std::ffi::OsString::from(format!(".haul-{}", &hex[..32]))
+    };
+    let with = |suffix: &str| {
+        let mut s = stem.clone();
+        s.push(suffix);
+        dir.join(s)
+    };
+    (with(".haul-part"), with(".haul-ledger"))
 }
 
 /// Parses a path from a peer or a URL into a path below a confined root: leading `/` stripped,
@@ -375,14 +464,25 @@ pub struct SourceEntry {
     pub expect: Vec<wire::checksum::Digest>,
 }
 
+/// What enumerating a tree finds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// An entry to send.
+    Entry(SourceEntry),
+    /// An entry that cannot be sent (unreadable, a special file, a name that is not UTF-8):
+    /// reported as a failed file with `error`, so that nothing of a tree is left out silently.
+    Unsendable { rel: String, error: ErrorInfo },
+}
+
 /// Enumerates `path` (a file, or with `recursive` a tree) depth-first in name order, calling
 /// `emit` for every entry. Symlinks are followed (inside a confined root they must stay inside
-/// it); cycles and special files are skipped with a warning.
+/// it); a directory seen before (a symlink loop) is not entered again. Entries that cannot be
+/// sent are emitted as [`Found::Unsendable`]; `emit` returning false stops the walk.
 pub fn enumerate(
     root: &Root,
     path: &Path,
     recursive: bool,
-    emit: &mut dyn FnMut(SourceEntry) -> bool,
+    emit: &mut dyn FnMut(Found) -> bool,
 ) -> Result<(), ErrorInfo> {
     let shown = root.display(path);
     let meta = root.metadata(path).map_err(|e| match e.kind() {
@@ -432,7 +532,7 @@ fn walk(
     path: &Path,
     rel: String,
     meta: Meta,
-    emit: &mut dyn FnMut(SourceEntry) -> bool,
+    emit: &mut dyn FnMut(Found) -> bool,
     seen: &mut std::collections::HashSet<(u64, u64)>,
 ) -> Result<bool, ErrorInfo> {
     let entry = SourceEntry {
@@ -448,18 +548,22 @@ fn walk(
         locator: path.to_path_buf(),
         expect: Vec::new(),
     };
-    if validate_relative_path(&entry.rel).is_err() {
-        tracing::warn!(path = %entry.rel, "skipping a name that cannot be sent");
-        return Ok(true);
+    if let Err(why) = validate_relative_path(&entry.rel) {
+        let error = ErrorInfo::new(
+            ErrorKind::Io,
+            format!("{}: cannot be sent: {why}", root.display(path)),
+        )
+        .retryable(false);
+        return Ok(emit(Found::Unsendable { rel, error }));
     }
-    if !emit(entry) {
+    if !emit(Found::Entry(entry)) {
         return Ok(false);
     }
     if !meta.is_dir {
         return Ok(true);
     }
     if !seen.insert((meta.dev, meta.ino)) {
-        tracing::warn!(path = %root.display(path), "skipping a directory seen before (symlink loop)");
+        tracing::warn!(path = %root.display(path), "not entering a directory seen before (symlink loop)");
         return Ok(true);
     }
     let names = root
@@ -467,21 +571,44 @@ fn walk(
         .map_err(|e| io_info(&root.display(path), &e))?;
     for name in names {
         let child = path.join(&name);
+        let shown = root.display(&child);
+        let unsendable = |error: ErrorInfo| Found::Unsendable {
+            rel: format!("{rel}/{}", name.to_string_lossy()),
+            error: error.retryable(false),
+        };
+        let Some(utf8) = name.to_str() else {
+            let error = ErrorInfo::new(
+                ErrorKind::Io,
+                format!("{shown}: the name is not valid UTF-8 and cannot be sent"),
+            );
+            if !emit(unsendable(error)) {
+                return Ok(false);
+            }
+            continue;
+        };
         let m = match root.metadata(&child) {
             Ok(m) => m,
             Err(e) if e.to_string().contains("outside of the filesystem") => {
-                return Err(io_info(&root.display(&child), &e));
+                return Err(io_info(&shown, &e));
             }
             Err(e) => {
-                tracing::warn!(path = %root.display(&child), error = %e, "skipping unreadable entry");
+                if !emit(unsendable(io_info(&shown, &e))) {
+                    return Ok(false);
+                }
                 continue;
             }
         };
         if !m.is_dir && !m.is_file {
-            tracing::warn!(path = %root.display(&child), "skipping a special file");
+            let error = ErrorInfo::new(
+                ErrorKind::Io,
+                format!("{shown}: not a regular file or directory; not copied"),
+            );
+            if !emit(unsendable(error)) {
+                return Ok(false);
+            }
             continue;
         }
-        if !walk(root, &child, format!("{rel}/{name}"), m, emit, seen)? {
+        if !walk(root, &child, format!("{rel}/{utf8}"), m, emit, seen)? {
             return Ok(false);
         }
     }
@@ -535,6 +662,42 @@ impl Destination {
                 })
             }
             Err(e) => Err(io_info(&shown, &e)),
+        }
+    }
+
+    /// [`Destination::resolve`], or as an earlier attempt of the same transfer decided:
+    /// `into_dir` `Some(true)`, `dest` must be a directory that receives entries; `Some(false)`,
+    /// `dest` names the copy (a directory that attempt created is written into as the copy).
+    pub fn pinned(
+        root: &Root,
+        dest: &Path,
+        wants_dir: bool,
+        into_dir: Option<bool>,
+    ) -> Result<Self, ErrorInfo> {
+        match into_dir {
+            None => Self::resolve(root, dest, wants_dir),
+            Some(true) => match root.metadata(dest) {
+                Ok(m) if m.is_dir => Ok(Self {
+                    base: dest.to_path_buf(),
+                    into_dir: true,
+                }),
+                _ => Err(ErrorInfo::new(
+                    ErrorKind::NotWritable,
+                    format!(
+                        "destination directory {} is gone since the first attempt",
+                        root.display(dest)
+                    ),
+                )
+                .retryable(false)),
+            },
+            Some(false) if dest.as_os_str().is_empty() => Err(ErrorInfo::new(
+                ErrorKind::Invalid,
+                "the root cannot name a copy",
+            )),
+            Some(false) => Ok(Self {
+                base: dest.to_path_buf(),
+                into_dir: false,
+            }),
         }
     }
 
@@ -597,8 +760,31 @@ pub enum Opened {
     Complete,
 }
 
+/// Creates the directories above `final_path` and names the destination for
+/// [`crate::claims`]: its directory's device and inode, and its file name.
+pub fn destination_key(root: &Root, final_path: &Path) -> Result<crate::claims::Key, ErrorInfo> {
+    let parent = final_path.parent().unwrap_or(Path::new(""));
+    let shown = root.display(parent);
+    root.create_dir_all(parent)
+        .map_err(|e| dest_io_info(&shown, &e))?;
+    let m = root
+        .metadata(parent)
+        .map_err(|e| dest_io_info(&shown, &e))?;
+    let name = final_path.file_name().unwrap_or_default().to_owned();
+    Ok((m.dev, m.ino, name))
+}
+
+/// Largest restart ledger read back (a ledger of a badly fragmented file is a few KiB).
+const MAX_LEDGER: u64 = 4 << 20;
+
 /// Opens the temporary file of destination `final_path` for a file of `size` bytes. With
 /// `resume`, a valid ledger's ranges are kept and an identical final file counts as done.
+///
+/// A new temporary file is created exclusively and without following links, after removing
+/// whatever had its name; an existing one is resumed only if it is a regular file with a
+/// single link, opened without following a link. So a user who can write the destination
+/// directory cannot make the transfer write through a planted `.NAME.haul-part` symlink or
+/// hard link into another file.
 pub fn open_destination(
     root: &Root,
     final_path: &Path,
@@ -610,7 +796,7 @@ pub fn open_destination(
     let (part, ledger_path) = partial_paths(final_path);
     if let Some(parent) = final_path.parent() {
         root.create_dir_all(parent)
-            .map_err(|e| io_info(&root.display(parent), &e))?;
+            .map_err(|e| dest_io_info(&root.display(parent), &e))?;
     }
     if let Ok(m) = root.metadata(final_path) {
         if m.is_dir {
@@ -627,29 +813,49 @@ pub fn open_destination(
     }
     if resume {
         let ledger = root
-            .read_to_string(&ledger_path)
+            .read_private(&ledger_path, MAX_LEDGER)
             .ok()
-            .and_then(|t| serde_json::from_str::<Ledger>(&t).ok())
+            .and_then(|t| serde_json::from_slice::<Ledger>(&t).ok())
             .and_then(|l| l.valid_for(size, mtime));
         if let Some(have) = ledger
             && let Ok(file) = root.open(&part, OpenMode::Existing)
-            && file.metadata().map(|m| m.len() == size).unwrap_or(false)
+            && resumable(&file, size, &have)
         {
             return Ok(Opened::Partial { file, have });
         }
     }
     let _ = root.remove_file(&ledger_path);
+    let _ = root.remove_file(&part);
     let file = root
-        .open(&part, OpenMode::CreateTruncate)
-        .map_err(|e| io_info(&shown, &e))?;
+        .open(&part, OpenMode::CreateNew)
+        .map_err(|e| dest_io_info(&shown, &e))?;
     crate::sys::reserve(&file, size).map_err(|e| {
         let _ = root.remove_file(&part);
-        io_info(&shown, &e)
+        dest_io_info(&shown, &e)
     })?;
     Ok(Opened::Partial {
         file,
         have: RangeSet::new(),
     })
+}
+
+/// Whether a partial file may be resumed with the ranges its ledger lists: a regular file
+/// with one link (not a link a user made to some other file), holding every listed range, and
+/// of the file's full length (a file cut short, e.g. by a crash before it was extended, is
+/// extended first).
+fn resumable(file: &File, size: u64, have: &RangeSet) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = file.metadata() else {
+        return false;
+    };
+    if !m.is_file() || m.nlink() != 1 {
+        return false;
+    }
+    let end = have.pairs().last().map(|p| p.1).unwrap_or(0);
+    if m.len() == size {
+        return true;
+    }
+    m.len() < size && end <= m.len() && file.set_len(size).is_ok()
 }
 
 /// Makes the ranges durable and records them in the ledger.
@@ -691,6 +897,19 @@ pub fn commit(
         + std::time::Duration::new(mtime.secs.max(0) as u64, mtime.nanos.min(999_999_999));
     file.set_times(std::fs::FileTimes::new().set_modified(t))
         .map_err(err)?;
+    // Only our own temporary file goes into place: the name must still lead to the file we
+    // wrote (not to one swapped in under it).
+    let ours = file.metadata().map_err(err)?;
+    let there = root.metadata_nofollow(&part).map_err(err)?;
+    {
+        use std::os::unix::fs::MetadataExt;
+        if (there.dev, there.ino) != (ours.dev(), ours.ino()) {
+            return Err(ErrorInfo::new(
+                ErrorKind::NotWritable,
+                format!("{shown}: its temporary file was replaced while being written"),
+            ));
+        }
+    }
     root.rename(&part, final_path).map_err(err)?;
     if durable {
         let parent = final_path.parent().unwrap_or(Path::new(""));
@@ -708,6 +927,7 @@ pub fn discard(root: &Root, final_path: &Path, keep_partial: bool) {
     let (part, ledger_path) = partial_paths(final_path);
     let _ = root.remove_file(&part);
     let _ = root.remove_file(&ledger_path);
+    let _ = root.remove_file(&sibling(&ledger_path, ".tmp"));
 }
 
 /// Creates a directory entry of a tree.
@@ -721,10 +941,12 @@ pub fn make_dir(root: &Root, path: &Path, mode: u32) -> Result<(), ErrorInfo> {
                 format!("{shown} exists and is not a directory"),
             ));
         }
-        Err(_) => root.create_dir_all(path).map_err(|e| io_info(&shown, &e))?,
+        Err(_) => root
+            .create_dir_all(path)
+            .map_err(|e| dest_io_info(&shown, &e))?,
     }
-    // Keep the directory writable by us whatever the source mode says.
-    let _ = root.set_mode(path, (mode & 0o7777) | 0o700);
+    // Keep the directory writable by us whatever the source mode says; never set-user-ID.
+    let _ = root.set_dir_mode(path, (mode & 0o3777) | 0o700);
     Ok(())
 }
 
@@ -764,10 +986,25 @@ mod tests {
         std::fs::create_dir_all(t.join("sub/empty")).unwrap();
         std::fs::write(t.join("b"), b"12").unwrap();
         std::fs::write(t.join("sub/a"), b"1").unwrap();
+        // Names POSIX allows but that once were left out silently: a backslash is sent, a
+        // name that is not UTF-8 and a special file are reported as failed, not skipped.
+        std::fs::write(t.join("back\\slash"), b"3").unwrap();
+        use std::os::unix::ffi::OsStrExt;
+        std::fs::write(t.join(std::ffi::OsStr::from_bytes(b"latin1-\xe9")), b"4").unwrap();
+        let fifo = std::ffi::CString::new(t.join("fifo").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         let root = confined(d.path());
         let mut got = Vec::new();
-        enumerate(&root, Path::new("tree"), true, &mut |e| {
-            got.push((e.rel, e.kind, e.size));
+        let mut failed = Vec::new();
+        enumerate(&root, Path::new("tree"), true, &mut |f| {
+            match f {
+                Found::Entry(e) => got.push((e.rel, e.kind, e.size)),
+                Found::Unsendable { rel, error } => {
+                    assert!(!error.retryable);
+                    failed.push(rel)
+                }
+            }
             true
         })
         .unwrap();
@@ -776,11 +1013,13 @@ mod tests {
             vec![
                 ("tree".into(), EntryKind::Dir, 0),
                 ("tree/b".into(), EntryKind::File, 2),
+                ("tree/back\\slash".into(), EntryKind::File, 1),
                 ("tree/sub".into(), EntryKind::Dir, 0),
                 ("tree/sub/a".into(), EntryKind::File, 1),
                 ("tree/sub/empty".into(), EntryKind::Dir, 0),
             ]
         );
+        assert_eq!(failed, vec!["tree/fifo", "tree/latin1-\u{fffd}"]);
         let err = enumerate(&root, Path::new("tree"), false, &mut |_| true).unwrap_err();
         assert!(err.message.contains("use -r"));
         let err = enumerate(&root, Path::new("nope"), false, &mut |_| true).unwrap_err();

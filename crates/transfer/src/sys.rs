@@ -143,13 +143,19 @@ pub fn set_nodelay(sock: &impl AsFd) -> io::Result<()> {
 
 /// TCP keepalive on a control connection: probes after 30 s of silence, every 10 s, 3 of
 /// them, so that an idle connection kept for reuse neither dies silently in a firewall's
-/// connection table nor goes on looking open after its peer vanished.
+/// connection table nor goes on looking open after its peer vanished. And a user timeout of
+/// 2 minutes: a connection whose data stays unacknowledged that long (its peer vanished
+/// while a session ran, e.g. behind a link outage) is dropped instead of retransmitting for
+/// the kernel's default quarter of an hour, so the session it carries ends and saves its
+/// files' restart ledgers.
 pub fn set_keepalive(sock: &impl AsFd) -> io::Result<()> {
     let ka = socket2::TcpKeepalive::new()
         .with_time(std::time::Duration::from_secs(30))
         .with_interval(std::time::Duration::from_secs(10))
         .with_retries(3);
-    socket2::SockRef::from(sock).set_tcp_keepalive(&ka)
+    let s = socket2::SockRef::from(sock);
+    s.set_tcp_keepalive(&ka)?;
+    s.set_tcp_user_timeout(Some(std::time::Duration::from_secs(120)))
 }
 
 /// The kernel's `struct tcp_info` (include/uapi/linux/tcp.h) up to the fields we read. Fields
@@ -247,15 +253,19 @@ pub fn tcp_info(sock: &impl AsFd) -> io::Result<TcpInfo> {
 /// keeps a large file contiguous. On memory-backed ones (tmpfs, ramfs) it allocates and accounts
 /// every page up front, so the writes that follow walk the page cache a second time: measured on
 /// loopback tmpfs to tmpfs, a 4 GiB file arrived at 20-22 Gbit/s with it and 27-30 without. There
-/// the free space is checked instead; a file system that fills up while the data arrives still
-/// fails the write with "no space left". File systems without `fallocate` get the same check.
+/// the free space is checked instead and the file is only extended (sparse); a file system that
+/// fills up while the data arrives still fails the write with "no space left". File systems
+/// without `fallocate` get the same check.
 pub fn reserve(file: &File, len: u64) -> io::Result<()> {
     if len == 0 {
         return Ok(());
     }
     let fs = fs_stat(file)?;
     if matches!(fs.f_type, TMPFS_MAGIC | RAMFS_MAGIC) {
-        return check_free(&fs, len);
+        // The file still gets its full length, as a hole (no page is allocated): a partial
+        // file's length says how large it will be, which is what a resume checks.
+        check_free(&fs, len)?;
+        return file.set_len(len);
     }
     // SAFETY: plain syscall on an owned descriptor.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
@@ -446,11 +456,9 @@ mod tests {
         {
             let f = File::create(dir.path().join("f")).unwrap();
             reserve(&f, 8 << 20).unwrap();
-            assert_eq!(
-                f.metadata().unwrap().blocks(),
-                0,
-                "tmpfs: nothing allocated"
-            );
+            let m = f.metadata().unwrap();
+            assert_eq!(m.blocks(), 0, "tmpfs: nothing allocated");
+            assert_eq!(m.len(), 8 << 20, "tmpfs: the file has its full length");
             let err = reserve(&f, u64::MAX / 2).unwrap_err();
             assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
         } else {

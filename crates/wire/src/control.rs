@@ -21,7 +21,7 @@ use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 
 /// Version of the control and data protocol; peers refuse other versions.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// First bytes of a clear-text data connection (control and private data connections start with
 /// a TLS ClientHello instead).
@@ -147,6 +147,12 @@ pub enum Request {
         session: SessionId,
         key: DataKey,
         dest: String,
+        /// How `dest` is taken: `None` resolves it (an existing directory receives entries,
+        /// anything else names the copy); `Some(true)` it must be a directory that receives
+        /// entries; `Some(false)` it names the copy even if it is a directory now. A retried
+        /// transfer pins what its first attempt decided (`SinkReady`), so the directory that
+        /// attempt created does not make the retry copy into it.
+        into_dir: Option<bool>,
         options: SessionOptions,
         grant: Option<SignedGrant>,
     },
@@ -305,8 +311,11 @@ pub enum Response {
         bytes: u64,
     },
     Progress {
+        /// Bytes done (written, or acknowledged by the destination, plus resumed).
         bytes: u64,
         files: u64,
+        /// Of `bytes`, what the destination already had (resumed, not sent again).
+        skipped: u64,
     },
     FileDone {
         path: String,
@@ -453,6 +462,7 @@ mod tests {
                 session: [1; 16],
                 key: [2; 32],
                 dest: "data/run1".into(),
+                into_dir: Some(false),
                 options: SessionOptions::default(),
                 grant: Some(SignedGrant {
                     token: vec![1, 2],

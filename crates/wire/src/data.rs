@@ -252,7 +252,8 @@ pub fn decode_any(header: FrameHeader, body: &[u8]) -> Result<Decoded, DecodeErr
 }
 
 /// Checks a relative path from a peer: non-empty `/`-separated components, none of them `.`,
-/// `..` or containing NUL or `\`, not absolute, at most 4096 bytes.
+/// `..` or containing NUL, not absolute, at most 4096 bytes. Any other byte is allowed in a
+/// name, as POSIX allows it (a `\` is an ordinary character in a Unix file name).
 pub fn validate_relative_path(path: &str) -> Result<(), String> {
     if path.is_empty() {
         return Err("empty path".into());
@@ -269,8 +270,8 @@ pub fn validate_relative_path(path: &str) -> Result<(), String> {
         if part.is_empty() || part == "." || part == ".." {
             return Err(format!("path {path:?} has an empty, '.' or '..' component"));
         }
-        if part.contains('\0') || part.contains('\\') {
-            return Err(format!("path {path:?} contains NUL or backslash"));
+        if part.contains('\0') {
+            return Err(format!("path {path:?} contains NUL"));
         }
     }
     Ok(())
@@ -364,7 +365,8 @@ mod tests {
             "a//b",
             "a/./b",
             "",
-            "a\\..\\b",
+            "a/b\0c",
+            "a/../../b",
         ] {
             let f = DataFrame::Begin(FileBegin {
                 file: 1,
@@ -382,6 +384,9 @@ mod tests {
             let (h, body) = fb.next_frame(limits).unwrap().unwrap();
             assert!(decode_any(h, &body).is_err(), "{bad:?} accepted");
         }
+        // A backslash is an ordinary character of a Unix name, not a separator.
+        assert_eq!(validate_relative_path("a\\..\\b"), Ok(()));
+        assert_eq!(validate_relative_path("dir/x\\y"), Ok(()));
     }
 
     #[test]

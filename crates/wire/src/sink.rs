@@ -753,6 +753,22 @@ impl<P> Sink<P> {
             }));
     }
 
+    /// Another transfer of the same destination wants the file (a retry of this one, while
+    /// this session has not yet noticed that its client is gone): give it up, keeping what is
+    /// on disk and its ledger for that transfer to resume from. A file already being committed
+    /// or finished is not given up.
+    pub fn give_up(&mut self, file: FileId, attempt: u32, error: ErrorInfo) {
+        let Some(f) = self.files.get(&file) else {
+            return;
+        };
+        if f.begin.attempt != attempt
+            || matches!(f.state, State::Committing | State::Done | State::Failed)
+        {
+            return;
+        }
+        self.fail(file, error, true);
+    }
+
     fn fail(&mut self, file: FileId, error: ErrorInfo, keep_partial: bool) {
         let Some(f) = self.files.get_mut(&file) else {
             return;

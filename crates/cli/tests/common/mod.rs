@@ -53,9 +53,15 @@ impl Drop for Endpoint {
 
 /// Starts `haul serve` on an ephemeral loopback port.
 pub fn serve(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Endpoint {
+    serve_on("127.0.0.1:0", root, args, env)
+}
+
+/// Starts `haul serve` listening on `listen` (e.g. the address of an endpoint that was
+/// killed, to restart it where its clients look for it).
+pub fn serve_on(listen: &str, root: &Path, args: &[&str], env: &[(&str, &str)]) -> Endpoint {
     std::fs::create_dir_all(root).unwrap();
     let mut cmd = haul();
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--print-addr", "--root"])
+    cmd.args(["serve", "--listen", listen, "--print-addr", "--root"])
         .arg(root)
         .args(args);
     for (k, v) in env {

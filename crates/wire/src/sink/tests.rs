@@ -422,3 +422,59 @@ fn already_complete_files_are_reported_as_skipped() {
     ));
     assert_eq!(sink.open_files(), 0);
 }
+
+/// A file wanted by another transfer is given up with its partial data kept (the driver
+/// writes its ledger), unless it is already being committed.
+#[test]
+fn a_file_given_up_keeps_its_partial_data_unless_committing() {
+    let now = Instant::now();
+    let mut sink = Sink::new(SinkConfig::default());
+    sink.add_stream(0);
+    sink.on_begin(0, begin(1, 2000, false), now).unwrap();
+    sink.on_begin(0, begin(2, 1000, false), now).unwrap();
+    drain(&mut sink);
+    sink.on_opened(1, 0, Ok(RangeSet::new()), now);
+    sink.on_opened(2, 0, Ok(RangeSet::new()), now);
+    let v = sink.on_block(0, hdr(1, 0), 1000, true, vec![0; 1000], now);
+    write_all(&mut sink, v, now);
+    drain(&mut sink);
+    let taken = ErrorInfo::new(ErrorKind::Io, "taken over");
+    // A stale attempt number changes nothing.
+    sink.give_up(1, 7, taken.clone());
+    assert!(drain(&mut sink).is_empty());
+    sink.give_up(1, 0, taken.clone());
+    let acts = drain(&mut sink);
+    assert!(acts.iter().any(|a| matches!(
+        a,
+        SinkAction::Discard {
+            file: 1,
+            keep_partial: true,
+            ..
+        }
+    )));
+    assert!(
+        acts.iter()
+            .any(|a| matches!(a, SinkAction::Event(SinkEvent::FileFailed { file: 1, .. })))
+    );
+    // File 2 is complete and committing: it is not given up.
+    let v = sink.on_block(0, hdr(2, 0), 1000, true, vec![0; 1000], now);
+    write_all(&mut sink, v, now);
+    let digests = digest_bytes(&[Algorithm::Crc32c], &[0; 1000]);
+    sink.on_end(
+        0,
+        FileEnd {
+            file: 2,
+            attempt: 0,
+            digests: digests.clone(),
+        },
+    )
+    .unwrap();
+    sink.on_digest_complete(2, 0, digests);
+    assert!(
+        drain(&mut sink)
+            .iter()
+            .any(|a| matches!(a, SinkAction::Commit { file: 2, .. }))
+    );
+    sink.give_up(2, 0, taken);
+    assert!(drain(&mut sink).is_empty());
+}
