@@ -297,6 +297,16 @@ pub struct ListenLimitArgs {
     /// An authenticated control connection that sends no request for this long is closed.
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
     pub idle_timeout: std::time::Duration,
+    /// Data streams one transfer session may open (binds beyond are refused).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_streams: u32,
+    /// Memory one receiving session may hold in block buffers (what a slow or hostile
+    /// sender can make it keep).
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
+    pub session_buffer: u64,
+    /// Memory all receiving sessions together may hold in block buffers.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
+    pub max_buffer: u64,
 }
 
 impl ListenLimitArgs {
@@ -306,6 +316,9 @@ impl ListenLimitArgs {
             max_per_host: self.max_per_host,
             handshake_timeout: self.handshake_timeout,
             idle_timeout: self.idle_timeout,
+            max_streams: self.max_streams,
+            session_buffer: self.session_buffer,
+            total_buffer: self.max_buffer,
         }
     }
 }

@@ -39,6 +39,12 @@ pub struct Serve {
     pub handshake_timeout: Option<String>,
     /// An idle authenticated control connection is closed after this, e.g. "10m".
     pub idle_timeout: Option<String>,
+    /// Data streams one session may open.
+    pub max_streams: Option<u32>,
+    /// Memory one receiving session may hold in block buffers, e.g. "256MiB".
+    pub session_buffer: Option<String>,
+    /// Memory all receiving sessions together may hold in block buffers, e.g. "1GiB".
+    pub max_buffer: Option<String>,
     /// Bandwidth to plan for when pushing to another endpoint, e.g. "10G".
     pub link_rate: Option<String>,
     /// How often received files are synced and their restart markers recorded, e.g. "5s".
@@ -131,6 +137,9 @@ impl Config {
             ("max_per_host", s.max_per_host.map(|v| v.to_string())),
             ("handshake_timeout", s.handshake_timeout.clone()),
             ("idle_timeout", s.idle_timeout.clone()),
+            ("max_streams", s.max_streams.map(|v| v.to_string())),
+            ("session_buffer", s.session_buffer.clone()),
+            ("max_buffer", s.max_buffer.clone()),
             ("link_rate", s.link_rate.clone()),
             ("checkpoint_interval", s.checkpoint_interval.clone()),
         ] {

@@ -315,3 +315,257 @@ fn every_file_of_a_tree_is_copied_or_reported() {
     );
     assert!(a.root.join("again/plain").exists());
 }
+
+/// Resident memory of a process, in bytes.
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(0)
+}
+
+/// Opens a sink session on an `--insecure` endpoint as an attacker would (any client may
+/// there; with TLS, any mapped user may) and returns its control connection, id and key.
+fn open_attacker_session(
+    addr: &str,
+    options: wire::control::SessionOptions,
+) -> (TcpStream, [u8; 16], [u8; 32]) {
+    let mut c = attacker_connect(addr).unwrap();
+    c.write_all(transfer::conn::CONTROL_MAGIC).unwrap();
+    let (session, key) = ([7u8; 16], [9u8; 32]);
+    for r in [
+        wire::control::Request::Hello {
+            version: wire::control::PROTOCOL_VERSION,
+            agent: "adversary".into(),
+            limits: Default::default(),
+        },
+        wire::control::Request::OpenSink {
+            session,
+            key,
+            dest: "victim".into(),
+            into_dir: None,
+            options,
+            grant: None,
+        },
+    ] {
+        c.write_all(&r.encode()).unwrap();
+    }
+    (c, session, key)
+}
+
+/// A data stream of the attacker's session that announces a block of `len` bytes and sends
+/// all but its last byte, then waits.
+fn stream_short_of_a_block(
+    addr: &str,
+    session: [u8; 16],
+    key: [u8; 32],
+    stream: u32,
+    len: u32,
+) -> Option<TcpStream> {
+    use wire::control::{Bind, CLEAR_NONCE, DATA_MAGIC, bind_proof, encode_bind};
+    let mut s = attacker_connect(addr).ok()?;
+    s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let bind = Bind {
+        version: wire::control::PROTOCOL_VERSION,
+        session,
+        stream,
+        proof: bind_proof(&key, &CLEAR_NONCE, &session, stream),
+        limits: Default::default(),
+        buffer: None,
+    };
+    let mut hello = DATA_MAGIC.to_vec();
+    hello.extend(encode_bind(&bind));
+    s.write_all(&hello).ok()?;
+    let header = wire::data::BlockHeader {
+        file: 1,
+        offset: 0,
+        crc: 0,
+    };
+    s.write_all(&header.frame_prefix(len)).ok()?;
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut left = len as usize - 1;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        // A stream the endpoint does not read (no budget for it) blocks here: fine.
+        if s.write_all(&chunk[..n]).is_err() {
+            break;
+        }
+        left -= n;
+    }
+    Some(s)
+}
+
+/// C12: one session opens 30 streams, each stopping one byte short of a 16 MiB block. The
+/// endpoint used to allocate a block buffer per stream (about 500 MB). Now it reads a block
+/// only within the session's buffer budget (here 32 MiB) and the endpoint's (64 MiB), so its
+/// memory grows by about the budget; a client of another session is served meanwhile; and
+/// the stalled streams are closed after the frame idle time (5 s), giving the memory back.
+#[test]
+fn a_session_cannot_make_the_endpoint_hold_more_than_its_buffer_budget() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve(
+        &t.path().join("a"),
+        &[
+            "--insecure",
+            "--session-buffer",
+            "32MiB",
+            "--max-buffer",
+            "64MiB",
+            "--max-streams",
+            "24",
+        ],
+        &[],
+    );
+    let pid = a.child.id();
+    let before = rss_of(pid);
+    let options = wire::control::SessionOptions {
+        block_size: 16 << 20,
+        stall_timeout_ms: 5_000,
+        ..Default::default()
+    };
+    let (_control, session, key) = open_attacker_session(&a.addr, options);
+    let addr = a.addr.clone();
+    let attackers: Vec<_> = (0..30u32)
+        .map(|i| {
+            let addr = addr.clone();
+            std::thread::spawn(move || stream_short_of_a_block(&addr, session, key, i, 16 << 20))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let during = rss_of(pid);
+    let src = small_file(t.path());
+    assert_ok(&cp(&[
+        "--retries",
+        "0",
+        src.to_str().unwrap(),
+        &a.url("f.dat"),
+    ]));
+    assert_same_file(&src, &a.root.join("f.dat"));
+    let grown = during.saturating_sub(before);
+    assert!(
+        grown < 96 << 20,
+        "the endpoint grew by {} MiB under the attack (budget 32 MiB per session)",
+        grown >> 20
+    );
+    let held: Vec<_> = attackers
+        .into_iter()
+        .filter_map(|t| t.join().unwrap())
+        .collect();
+    assert!(!held.is_empty());
+    // Streams beyond --max-streams were refused; the rest are closed after 5 s idle (in the
+    // middle of a block, or waiting for buffer room).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for mut s in held {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(
+            closed_by_peer(&mut s, left.max(Duration::from_millis(10))),
+            "a stream stopped short of a block was kept open"
+        );
+    }
+}
+
+/// C9: a mapped user asks an endpoint to push a file to an address of their choice (a plain
+/// TCP listener, not a longhaul endpoint). The endpoint used to connect and stream the file
+/// there. Now it first checks, with a TLS handshake, that the target is an endpoint of its CA
+/// named as asked, and refuses otherwise (exit 5 class, "push target ... refused"); the
+/// listener never receives a data stream. A real third-party copy between two endpoints of
+/// the CA still works.
+#[test]
+fn an_endpoint_pushes_only_to_endpoints_of_its_ca() {
+    let t = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&t.path().join("pki"));
+    let args: Vec<String> = pki.serve_args();
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let a = serve(&t.path().join("a"), &args, &[]);
+    let b = serve(&t.path().join("b"), &args, &[]);
+    let secret = write_file(&a.root.join("secret.dat"), 5, 200_000);
+    // The legitimate third-party copy.
+    assert_ok(&pki.cp("alice", &[&a.tls_url("secret.dat"), &b.tls_url("copy.dat")]));
+    assert_eq!(std::fs::read(b.root.join("copy.dat")).unwrap(), secret);
+    // The attack: a push to a listener that records what it receives.
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let trap_addr = trap.local_addr().unwrap().to_string();
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let r2 = received.clone();
+    std::thread::spawn(move || {
+        for c in trap.incoming() {
+            let Ok(mut c) = c else { return };
+            let r = r2.clone();
+            std::thread::spawn(move || {
+                c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    r.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            });
+        }
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let reply = rt.block_on(async {
+        let creds = transfer::tls::Credentials::load(&transfer::tls::CredentialPaths {
+            cert: pki.dir.join("alice.pem"),
+            key: pki.dir.join("alice.key"),
+            ca: pki.dir.join("ca/ca.pem"),
+        })
+        .unwrap();
+        let tls = transfer::conn::ClientTls {
+            config: transfer::tls::client_config(&creds).unwrap(),
+        };
+        let port: u16 = a.addr.rsplit_once(':').unwrap().1.parse().unwrap();
+        let mut s =
+            transfer::conn::connect_control("localhost", port, Some(&tls), &Default::default())
+                .await
+                .unwrap();
+        let push = wire::control::PushTarget {
+            addr: trap_addr.clone(),
+            server_name: "localhost".into(),
+            session: [3; 16],
+            key: [4; 32],
+            peer_limits: Default::default(),
+        };
+        s.writer
+            .send_request(&wire::control::Request::OpenSource {
+                session: [5; 16],
+                key: [6; 32],
+                path: "secret.dat".into(),
+                recursive: false,
+                range: None,
+                options: Default::default(),
+                push: Some(Box::new(push)),
+                files: Vec::new(),
+                grant: None,
+            })
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(20), s.reader.response())
+            .await
+            .expect("an answer")
+            .unwrap()
+    });
+    match reply {
+        wire::control::Response::Error(e) => {
+            assert!(e.message.contains("push target"), "{}", e.message);
+            assert_eq!(e.kind, wire::error::ErrorKind::PermissionDenied);
+        }
+        other => panic!("the push was not refused: {other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let got = received.lock().unwrap().clone();
+    assert!(
+        !got.windows(8).any(|w| w == wire::control::DATA_MAGIC),
+        "a data stream reached the trap"
+    );
+    assert!(
+        !got.windows(16)
+            .any(|w| secret.windows(16).next() == Some(w)),
+        "file data reached the trap"
+    );
+}

@@ -7,8 +7,9 @@
 use crate::conn::{self, ClientTls, Session, StreamTarget};
 use crate::endpoint::open_streams;
 use crate::error::TransferError;
+use crate::pool::MemoryBudget;
 use crate::progress::{Counters, Event, EventSender};
-use crate::sink_session::{SinkSpec, run_sink};
+use crate::sink_session::{DEFAULT_SESSION_BUFFER, SinkSpec, run_sink};
 use crate::source_session::{SourceSpec, run_source};
 use crate::spool::Naming;
 use crate::store::{self, Destination, Root, SourceEntry};
@@ -894,6 +895,7 @@ pub async fn upload(
         key,
         buffer: session.tcp_buffer,
         limits: limits.clone(),
+        confirm_bind: false,
     };
     let mut openers = vec![tokio::spawn(open_streams(
         target.clone(),
@@ -1061,6 +1063,7 @@ pub async fn download(
         key,
         buffer,
         limits: limits.clone(),
+        confirm_bind: false,
     };
     let early = tokio::spawn(open_streams(
         target.clone(),
@@ -1097,6 +1100,7 @@ pub async fn download(
         naming,
         options: session,
         checkpoint_interval: opts.checkpoint_interval,
+        budget: MemoryBudget::new(DEFAULT_SESSION_BUFFER, None),
     };
     let sink = run_sink(spec, rx, counters.clone(), events.clone(), cancel.clone());
     tokio::pin!(sink);

@@ -257,6 +257,11 @@ pub struct StreamTarget {
     pub key: DataKey,
     pub buffer: Option<u64>,
     pub limits: HostLimits,
+    /// Wait for the `BindResult` before handing the connection over, so that no data is sent
+    /// before the other side accepted the stream (an endpoint pushing to an address a client
+    /// named). A client sending to the endpoint it chose starts at once instead, saving a
+    /// round trip.
+    pub confirm_bind: bool,
 }
 
 /// A data connection ready for a session.
@@ -299,10 +304,13 @@ pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<DataConn,
     hello.extend_from_slice(&control::encode_bind(&bind));
     write_all(&mut io, &hello, &peer).await?;
     io.flush().await.map_err(|e| io_err(&peer, e))?;
+    if t.confirm_bind {
+        read_bind_result(&mut io, &peer).await?;
+    }
     Ok(DataConn {
         stream,
         io,
-        await_bind: true,
+        await_bind: !t.confirm_bind,
     })
 }
 

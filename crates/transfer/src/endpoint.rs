@@ -12,6 +12,7 @@ use crate::conn::{
 };
 use crate::error::TransferError;
 use crate::limits::{ConnLimiter, Limits};
+use crate::pool::MemoryBudget;
 use crate::progress::{Counters, Event};
 use crate::sink_session::{SinkSpec, run_sink};
 use crate::source_session::{SourceSpec, run_source};
@@ -87,6 +88,10 @@ struct Endpoint {
     sessions: Mutex<HashMap<SessionId, Arc<Registered>>>,
     limits: HostLimits,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
+    /// Block buffer bytes of all receiving sessions together.
+    buffers: Arc<tokio::sync::Semaphore>,
+    /// Push targets that proved to be endpoints of this CA, and when (address, server name).
+    push_targets: Mutex<HashMap<(String, String), std::time::Instant>>,
 }
 
 /// Serves until `shutdown` completes. Connections beyond the limits are refused as they are
@@ -114,6 +119,7 @@ pub async fn run(
         let _ = sys::set_listener_recv_buffer(&listener, limits.tcp_rmem_max);
     }
     let limiter = ConnLimiter::new(cfg.limits.clone());
+    let cfg_total_buffer = cfg.limits.total_buffer;
     let switch_users = cfg.tls.is_some() && cfg.spool.is_none() && sys::effective_uid() == 0;
     let ep = Arc::new(Endpoint {
         cfg,
@@ -122,6 +128,8 @@ pub async fn run(
         sessions: Mutex::new(HashMap::new()),
         limits: sys::host_limits(),
         acceptor,
+        buffers: MemoryBudget::shared(cfg_total_buffer),
+        push_targets: Mutex::new(HashMap::new()),
     });
     let stop = CancellationToken::new();
     tokio::pin!(shutdown);
@@ -228,6 +236,16 @@ async fn bind_data(ep: &Endpoint, mut io: Io, bind: Bind, nonce: [u8; 32], peer:
         let e = ErrorInfo::new(
             ErrorKind::Authentication,
             "this session is private: data streams must use TLS",
+        );
+        return refuse(io, e, peer).await;
+    }
+    if bind.stream >= ep.cfg.limits.max_streams {
+        let e = ErrorInfo::new(
+            ErrorKind::Invalid,
+            format!(
+                "stream {} refused: this endpoint takes at most {} streams per session (--max-streams)",
+                bind.stream, ep.cfg.limits.max_streams
+            ),
         );
         return refuse(io, e, peer).await;
     }
@@ -629,6 +647,7 @@ async fn sink(
         naming,
         options,
         checkpoint_interval: ep.cfg.checkpoint_interval,
+        budget: MemoryBudget::new(ep.cfg.limits.session_buffer, Some(ep.buffers.clone())),
     };
     let run = run_sink(spec, conns, counters.clone(), etx, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
@@ -728,6 +747,14 @@ async fn source(
                     return writer.send_response(&Response::Error(e)).await;
                 }
             };
+            // Push only to a longhaul endpoint of this grid's CA, and send nothing before it
+            // accepted each stream: a client must not make this endpoint stream files to (or
+            // even probe) any address it likes.
+            if let (Some(t), Protect::Clear) = (&ep.cfg.tls, options.protect)
+                && let Err(e) = verify_push_target(ep, t, target).await
+            {
+                return writer.send_response(&Response::Error(e)).await;
+            }
             let st = StreamTarget {
                 addr: target.addr.clone(),
                 host: target.server_name.clone(),
@@ -736,6 +763,7 @@ async fn source(
                 key: target.key,
                 buffer: options.tcp_buffer,
                 limits: ep.limits.clone(),
+                confirm_bind: true,
             };
             // The first stream measures the path; the plan decides how many follow.
             let first = match conn::open_data_stream(&st, 0).await {
@@ -810,6 +838,54 @@ async fn source(
         tcp_retransmits: o.tcp_retransmits,
     });
     finish(writer, summary).await
+}
+
+/// How long a push target, once it proved to be an endpoint of this grid's CA, is trusted
+/// without proving it again.
+const PUSH_TARGET_TRUST: Duration = Duration::from_secs(600);
+
+/// Checks that a push target is a longhaul endpoint of this endpoint's CA, named as the client
+/// said: a TLS handshake with its host certificate, verified for `server_name`. Data streams
+/// of a clear session are plain TCP, so without this check a client could make this endpoint
+/// connect to any address; private sessions verify the target on every stream anyway.
+/// Targets that passed are remembered for a while (replication pushes to the same nodes
+/// again and again).
+async fn verify_push_target(
+    ep: &Endpoint,
+    tls: &EndpointTls,
+    target: &PushTarget,
+) -> Result<(), ErrorInfo> {
+    let key = (target.addr.clone(), target.server_name.clone());
+    if let Some(t) = ep.push_targets.lock().expect("push targets lock").get(&key)
+        && t.elapsed() < PUSH_TARGET_TRUST
+    {
+        return Ok(());
+    }
+    let refused = |why: String| {
+        ErrorInfo::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "push target {} refused: not reachable as a longhaul endpoint named {} with a certificate of this CA ({why})",
+                target.addr, target.server_name
+            ),
+        )
+        .retryable(false)
+    };
+    let tcp = conn::connect_tcp(&target.addr, None)
+        .await
+        .map_err(|e| refused(e.to_string()))?;
+    let client = ClientTls {
+        config: tls.client.clone(),
+    };
+    let io = client
+        .handshake(tcp, &target.server_name, &target.addr)
+        .await
+        .map_err(|e| refused(e.to_string()))?;
+    drop(io);
+    let mut known = ep.push_targets.lock().expect("push targets lock");
+    known.retain(|_, t| t.elapsed() < PUSH_TARGET_TRUST);
+    known.insert(key, std::time::Instant::now());
+    Ok(())
 }
 
 /// Opens streams `from..to` concurrently and hands them over as they bind; gives up on a

@@ -6,7 +6,9 @@
 //!
 //! The per-source limit keeps one host (or one attacker) from taking every slot; the handshake
 //! timeout keeps connections that never finish authenticating (slowloris) from holding a slot
-//! for long; the idle timeout closes authenticated connections that stopped talking.
+//! for long; the idle timeout closes authenticated connections that stopped talking. The
+//! stream and buffer limits bound what one authenticated session can make an endpoint hold
+//! (see `pool::MemoryBudget`).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -26,6 +28,12 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// An authenticated control connection with no request for this long is closed.
     pub idle_timeout: Duration,
+    /// Data streams one session may open (binds of higher stream numbers are refused).
+    pub max_streams: u32,
+    /// Bytes one receiving session may hold in block buffers.
+    pub session_buffer: u64,
+    /// Bytes all receiving sessions together may hold in block buffers.
+    pub total_buffer: u64,
 }
 
 impl Default for Limits {
@@ -35,6 +43,9 @@ impl Default for Limits {
             max_per_host: 128,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(600),
+            max_streams: 64,
+            session_buffer: 256 << 20,
+            total_buffer: 1 << 30,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A pool of reusable byte buffers.
 #[derive(Clone)]
@@ -38,10 +39,16 @@ impl BufPool {
         PooledBuf {
             buf,
             pool: Some(self.clone()),
+            _held: Vec::new(),
         }
     }
 
     fn put(&self, buf: Vec<u8>) {
+        // Only ordinary blocks are kept: a peer sending 16 MiB blocks must not leave the pool
+        // holding dozens of them once its session is idle.
+        if buf.capacity() > MAX_KEPT_BUFFER {
+            return;
+        }
         let mut idle = self.inner.lock().expect("pool lock");
         if idle.len() < self.keep {
             idle.push(buf);
@@ -49,13 +56,23 @@ impl BufPool {
     }
 }
 
+/// Largest idle buffer a pool keeps (the default block is 1 MiB).
+const MAX_KEPT_BUFFER: usize = 4 << 20;
+
 /// A buffer that goes back to its pool when dropped.
 pub struct PooledBuf {
     buf: Vec<u8>,
     pool: Option<BufPool>,
+    /// Budget permits the buffer's bytes hold until it is dropped (see [`MemoryBudget`]).
+    _held: Vec<OwnedSemaphorePermit>,
 }
 
 impl PooledBuf {
+    /// Makes the buffer hold `permits` until it is dropped.
+    pub fn hold(&mut self, permits: Vec<OwnedSemaphorePermit>) {
+        self._held = permits;
+    }
+
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.buf
     }
@@ -99,6 +116,55 @@ pub struct SharedSlice {
 impl AsRef<[u8]> for SharedSlice {
     fn as_ref(&self) -> &[u8] {
         &AsRef::<[u8]>::as_ref(&*self.buf)[self.start..self.end]
+    }
+}
+
+/// Bytes a receiving session may hold in block buffers, in that session and, shared by all the
+/// sessions of an endpoint, in all: a block is read only once its bytes fit both budgets, so
+/// a peer that opens many streams and stops each one short of the end of a large block holds
+/// at most the budget, never a buffer per stream (blocks queued for writing and blocks kept
+/// for a file not yet announced count too, until they are written or dropped).
+#[derive(Clone)]
+pub struct MemoryBudget {
+    session: Arc<Semaphore>,
+    total: Option<Arc<Semaphore>>,
+    session_bytes: u64,
+}
+
+/// Budgets count in pages, so that a semaphore's 32-bit permits cover large budgets.
+const PAGE: u64 = 4096;
+
+fn pages(bytes: u64) -> u32 {
+    bytes.div_ceil(PAGE).min(u32::MAX as u64 >> 1) as u32
+}
+
+impl MemoryBudget {
+    /// `session_bytes` for this session, within `total` (shared with other sessions), if any.
+    pub fn new(session_bytes: u64, total: Option<Arc<Semaphore>>) -> Self {
+        Self {
+            session: Arc::new(Semaphore::new(pages(session_bytes) as usize)),
+            total,
+            session_bytes,
+        }
+    }
+
+    /// A budget shared by sessions: `bytes` in all.
+    pub fn shared(bytes: u64) -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(pages(bytes) as usize))
+    }
+
+    /// Waits until `len` bytes fit; `None` if they never can (larger than the session's
+    /// budget, which the caller treats as a protocol error).
+    pub async fn acquire(&self, len: u64) -> Option<Vec<OwnedSemaphorePermit>> {
+        if len > self.session_bytes {
+            return None;
+        }
+        let n = pages(len);
+        let mut held = vec![self.session.clone().acquire_many_owned(n).await.ok()?];
+        if let Some(t) = &self.total {
+            held.push(t.clone().acquire_many_owned(n).await.ok()?);
+        }
+        Some(held)
     }
 }
 
@@ -160,6 +226,43 @@ mod tests {
         let b = pool.get(500);
         assert_eq!(b.as_ref().as_ptr(), ptr);
         assert_eq!(b.len(), 500);
+    }
+
+    #[tokio::test]
+    async fn memory_budget_bounds_what_buffers_hold() {
+        let total = MemoryBudget::shared(8 << 20);
+        let a = MemoryBudget::new(6 << 20, Some(total.clone()));
+        let b = MemoryBudget::new(6 << 20, Some(total.clone()));
+        let pool = BufPool::new(4);
+        assert!(
+            a.acquire(7 << 20).await.is_none(),
+            "larger than the session"
+        );
+        let mut x = pool.get(4 << 20);
+        x.hold(a.acquire(4 << 20).await.unwrap());
+        let mut y = pool.get(2 << 20);
+        y.hold(a.acquire(2 << 20).await.unwrap());
+        // Session a is full; b still has room, but only 2 MiB remain in all.
+        let wait = tokio::time::timeout(Duration::from_millis(50), a.acquire(1 << 20)).await;
+        assert!(wait.is_err(), "session a is at its budget");
+        let wait = tokio::time::timeout(Duration::from_millis(50), b.acquire(3 << 20)).await;
+        assert!(wait.is_err(), "the shared budget is nearly spent");
+        let z = b.acquire(2 << 20).await.unwrap();
+        drop(x);
+        drop(z);
+        let _w = tokio::time::timeout(Duration::from_secs(1), b.acquire(3 << 20))
+            .await
+            .expect("released bytes are available again")
+            .unwrap();
+    }
+
+    #[test]
+    fn big_buffers_are_not_kept_idle() {
+        let pool = BufPool::new(4);
+        drop(pool.get(16 << 20));
+        assert!(pool.inner.lock().unwrap().is_empty());
+        drop(pool.get(1 << 20));
+        assert_eq!(pool.inner.lock().unwrap().len(), 1);
     }
 
     #[test]

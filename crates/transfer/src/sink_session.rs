@@ -11,7 +11,7 @@ use crate::claims::{self, Claim};
 use crate::conn::{self, Reader, Writer};
 use crate::error::{TransferError, io_info};
 use crate::faults;
-use crate::pool::{BufPool, PooledBuf, SharedSlice};
+use crate::pool::{BufPool, MemoryBudget, PooledBuf, SharedSlice};
 use crate::progress::{Counters, Event, EventSender};
 use crate::spool::Naming;
 use crate::store::{self, Opened, Root};
@@ -38,7 +38,13 @@ pub struct SinkSpec {
     pub options: SessionOptions,
     /// How often unfinished files are synced and their restart ledgers written.
     pub checkpoint_interval: Duration,
+    /// Bytes the session may hold in block buffers (see [`MemoryBudget`]).
+    pub budget: MemoryBudget,
 }
+
+/// Memory a receiving session may hold in block buffers unless told otherwise: enough for
+/// the writer queues, the stash and a block per stream with 4 MiB blocks.
+pub const DEFAULT_SESSION_BUFFER: u64 = 256 << 20;
 
 /// What a finished sink session did.
 #[derive(Clone, Debug, Default)]
@@ -108,6 +114,13 @@ struct Shared {
     /// zeroing fresh ones (1 MiB allocations go to `mmap`): 22,000 page faults per 4 GiB with
     /// a small pool. A session-wide pool never keeps more idle than were in flight at once.
     blocks: BufPool,
+    /// What the block buffers may hold in all.
+    budget: MemoryBudget,
+    /// Largest block the session accepts: its block size.
+    max_block: usize,
+    /// A frame whose bytes stop arriving for this long closes its stream (a peer that stops
+    /// short of a block's end gives its buffer back).
+    frame_idle: Duration,
     digest_budget: u64,
     counters: Arc<Counters>,
     events: EventSender,
@@ -598,8 +611,30 @@ async fn stream_reader(
                     .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
                 let bh = BlockHeader::decode(&bh);
                 let len = h.len as usize - BLOCK_HEADER_LEN;
+                if len > sh.max_block {
+                    return Err(TransferError::Protocol(format!(
+                        "{peer}: a block of {len} bytes in a session of {}-byte blocks",
+                        sh.max_block
+                    )));
+                }
+                // The buffer is allocated only once its bytes fit the session's budget. A block
+                // that finds no room within the frame idle time counts as a stalled stream,
+                // like one whose bytes stop arriving (its blocks go to the other streams).
+                let held = tokio::select! {
+                    h = tokio::time::timeout(sh.frame_idle, sh.budget.acquire(len as u64)) => h
+                        .map_err(|_| TransferError::Connect(format!(
+                            "{peer}: no buffer free for a block within {} s", sh.frame_idle.as_secs()
+                        )))?,
+                    _ = stop.cancelled() => return Ok(false),
+                };
+                let Some(held) = held else {
+                    return Err(TransferError::Protocol(format!(
+                        "{peer}: a block of {len} bytes exceeds the session's buffer budget"
+                    )));
+                };
                 let mut buf = sh.blocks.get(len);
-                read_payload(&mut r, buf.as_mut_slice(), lowat)
+                buf.hold(held);
+                read_payload(&mut r, buf.as_mut_slice(), lowat, sh.frame_idle)
                     .await
                     .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
                 let crc_ok = block_crc(buf.as_ref()) == bh.crc;
@@ -639,7 +674,9 @@ async fn stream_reader(
                     }
                 }
             } else {
-                let body = conn::read_body(&mut r, h.len, &peer).await?;
+                let body = tokio::time::timeout(sh.frame_idle, conn::read_body(&mut r, h.len, &peer))
+                    .await
+                    .map_err(|_| TransferError::Connect(format!("{peer}: a frame stopped short")))??;
                 let frame = DataFrame::decode(h, &body)
                     .map_err(|e| TransferError::Protocol(format!("{peer}: {e}")))?;
                 let end = frame == DataFrame::StreamEnd;
@@ -683,7 +720,8 @@ async fn stream_reader(
 /// Most bytes a block read waits for before waking (SO_RCVLOWAT).
 const LOWAT_CHUNK: usize = 256 << 10;
 
-/// Reads a block's payload. With `lowat` (a plain socket on a short path), the socket is told
+/// Reads a block's payload; no byte arriving for `idle` is an error (the stream closes and
+/// the buffer is given back). With `lowat` (a plain socket on a short path), the socket is told
 /// how much of the payload is still to come, up to [`LOWAT_CHUNK`], so the reader wakes once
 /// per chunk rather than for every few segments; it never waits for more than the block still
 /// needs, and is set back to 1 for the small frames that follow.
@@ -691,24 +729,32 @@ async fn read_payload(
     r: &mut BufReader<Reader>,
     buf: &mut [u8],
     lowat: Option<std::os::fd::RawFd>,
+    idle: Duration,
 ) -> std::io::Result<()> {
-    let Some(fd) = lowat else {
-        r.read_exact(buf).await?;
-        return Ok(());
-    };
     let mut pos = 0;
     while pos < buf.len() {
-        let from_socket = (buf.len() - pos).saturating_sub(r.buffer().len());
-        if from_socket > 0 {
-            let _ = crate::sys::set_rcvlowat(fd, from_socket.min(LOWAT_CHUNK));
+        if let Some(fd) = lowat {
+            let from_socket = (buf.len() - pos).saturating_sub(r.buffer().len());
+            if from_socket > 0 {
+                let _ = crate::sys::set_rcvlowat(fd, from_socket.min(LOWAT_CHUNK));
+            }
         }
-        let n = r.read(&mut buf[pos..]).await?;
+        let n = tokio::time::timeout(idle, r.read(&mut buf[pos..]))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no data for {} s in the middle of a block", idle.as_secs()),
+                )
+            })??;
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         pos += n;
     }
-    let _ = crate::sys::set_rcvlowat(fd, 1);
+    if let Some(fd) = lowat {
+        let _ = crate::sys::set_rcvlowat(fd, 1);
+    }
     Ok(())
 }
 
@@ -805,6 +851,9 @@ pub async fn run_sink(
         algos: opts.checksums.clone(),
         fsync: opts.fsync,
         blocks: BufPool::new(WRITERS * WRITE_QUEUE + 8),
+        budget: spec.budget.clone(),
+        max_block: opts.block_size.max(4096) as usize,
+        frame_idle: Duration::from_millis(opts.stall_timeout_ms.clamp(5_000, 120_000)),
         digest_budget: if needs_bytes {
             (128u64 << 20) / opts.concurrency.clamp(1, 64) as u64
         } else {
@@ -977,7 +1026,7 @@ mod tests {
         let mut buf = vec![0u8; payload.len()];
         tokio::time::timeout(
             Duration::from_secs(5),
-            read_payload(&mut r, &mut buf, Some(fd)),
+            read_payload(&mut r, &mut buf, Some(fd), Duration::from_secs(5)),
         )
         .await
         .expect("the payload completes without more data behind it")
