@@ -817,3 +817,78 @@ fn rate_cap_and_congestion_control_are_applied() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// C15: errors with the right exit code and words. A certificate not valid yet is not called
+/// "expired" (the TLS alert has one name for both); a certificate from another CA fails at
+/// once with exit 5, in every direction, never as a "broken pipe" retried with exit 4; a
+/// destination where no file can be created (in /proc) is exit 6, not "source not found".
+#[test]
+fn certificate_and_destination_errors_have_their_own_exit_codes() {
+    let t = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&t.path().join("pki"));
+    let out = haul()
+        .args([
+            "cert",
+            "issue",
+            "--ca",
+            "ca",
+            "--user",
+            "early",
+            "--out",
+            "early",
+            "--not-before",
+            "2090-01-01T00:00:00Z",
+            "--not-after",
+            "2091-01-01T00:00:00Z",
+        ])
+        .current_dir(&pki.dir)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let args = pki.serve_args();
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let a = serve(&t.path().join("a"), &args, &[]);
+    let src = t.path().join("f.dat");
+    write_file(&src, 4, 3 << 20);
+    assert_ok(&pki.cp("alice", &[src.to_str().unwrap(), &a.tls_url("f.dat")]));
+    let early = pki.cp("early", &[src.to_str().unwrap(), &a.tls_url("e")]);
+    assert_exit(&early, 5, "not valid before");
+    assert!(!stderr(&early).contains("expired"), "{}", stderr(&early));
+    assert_exit(
+        &pki.cp("old", &[src.to_str().unwrap(), &a.tls_url("o")]),
+        5,
+        "expired on",
+    );
+    for (what, args) in [
+        (
+            "upload",
+            vec![src.to_str().unwrap().to_string(), a.tls_url("o")],
+        ),
+        (
+            "download",
+            vec![
+                a.tls_url("f.dat"),
+                t.path().join("d").to_string_lossy().into_owned(),
+            ],
+        ),
+        (
+            "tree upload",
+            vec![
+                "-r".into(),
+                a.root.to_string_lossy().into_owned(),
+                a.tls_url("t"),
+            ],
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let out = pki.cp("forged", &args);
+        assert_exit(&out, 5, "refused our certificate");
+        assert!(
+            !stderr(&out).contains("tried"),
+            "{what}: retried: {}",
+            stderr(&out)
+        );
+    }
+    let out = pki.cp("alice", &[&a.tls_url("f.dat"), "/proc/"]);
+    assert_exit(&out, 6, "/proc/f.dat");
+}

@@ -838,6 +838,8 @@ async fn control_error(s: &mut Session) -> Option<TransferError> {
         match tokio::time::timeout_at(deadline, s.reader.response()).await {
             Ok(Ok(Response::Error(e))) => return Some(e.into()),
             Ok(Ok(_)) => continue,
+            // A refused certificate: the TLS alert says why the streams failed.
+            Ok(Err(e @ TransferError::Auth(_))) => return Some(e),
             _ => return None,
         }
     }
@@ -915,16 +917,15 @@ pub async fn upload(
     // sender is gone, the session knows no stream will come any more.
     let mut tx = Some(tx);
     let mut s = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
-    s.writer
-        .send_request(&Request::OpenSink {
-            session: id,
-            key,
-            dest: request.dest.clone(),
-            into_dir: request.into_dir,
-            options: session.clone(),
-            grant: request.grant.clone(),
-        })
-        .await?;
+    s.send(&Request::OpenSink {
+        session: id,
+        key,
+        dest: request.dest.clone(),
+        into_dir: request.into_dir,
+        options: session.clone(),
+        grant: request.grant.clone(),
+    })
+    .await?;
     let spec = SourceSpec {
         root: Arc::new(Root::Ambient),
         entries,
@@ -1080,19 +1081,18 @@ pub async fn download(
     let mut p = plan_for(rtt, limits.clone(), limits.clone(), kb, kf, opts);
     p.streams = p.streams.max(opened);
     let mut s = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
-    s.writer
-        .send_request(&Request::OpenSource {
-            session: id,
-            key,
-            path: request.path,
-            recursive: request.recursive,
-            range: request.range,
-            options: session.clone(),
-            push: None,
-            files: request.files,
-            grant: request.grant,
-        })
-        .await?;
+    s.send(&Request::OpenSource {
+        session: id,
+        key,
+        path: request.path,
+        recursive: request.recursive,
+        range: request.range,
+        options: session.clone(),
+        push: None,
+        files: request.files,
+        grant: request.grant,
+    })
+    .await?;
     let mut openers = vec![early];
     let mut tx = Some(tx);
     let spec = SinkSpec {
@@ -1212,16 +1212,15 @@ pub async fn third_party(
     let (sa, sb) = tokio::join!(connect(a), connect(b));
     let (mut sa, mut sb) = (sa?, sb?);
     let (id_b, key_b) = random_ids();
-    sb.writer
-        .send_request(&Request::OpenSink {
-            session: id_b,
-            key: key_b,
-            dest: sink.dest.clone(),
-            into_dir: sink.into_dir,
-            options: session.clone(),
-            grant: sink.grant.clone(),
-        })
-        .await?;
+    sb.send(&Request::OpenSink {
+        session: id_b,
+        key: key_b,
+        dest: sink.dest.clone(),
+        into_dir: sink.into_dir,
+        options: session.clone(),
+        grant: sink.grant.clone(),
+    })
+    .await?;
     // The source may start pushing before the destination confirms: its data connections wait
     // for the session, and a refusal comes back on the destination's control connection.
     let (id_a, key_a) = random_ids();
@@ -1232,19 +1231,18 @@ pub async fn third_party(
         key: key_b,
         peer_limits: sb.limits.clone(),
     };
-    sa.writer
-        .send_request(&Request::OpenSource {
-            session: id_a,
-            key: key_a,
-            path: source.path,
-            recursive: source.recursive,
-            range: source.range,
-            options: session.clone(),
-            push: Some(Box::new(push)),
-            files: source.files,
-            grant: source.grant,
-        })
-        .await?;
+    sa.send(&Request::OpenSource {
+        session: id_a,
+        key: key_a,
+        path: source.path,
+        recursive: source.recursive,
+        range: source.range,
+        options: session.clone(),
+        push: Some(Box::new(push)),
+        files: source.files,
+        grant: source.grant,
+    })
+    .await?;
     let (mut files, mut bytes) = (0u64, 0u64);
     let mut reported_written = 0u64;
     let mut done_a: Option<SessionSummary> = None;

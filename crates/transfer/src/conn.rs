@@ -431,10 +431,13 @@ async fn classify(
             "{peer}: TLS connection to an --insecure endpoint refused (the client must use --insecure too)"
         )));
     };
-    let stream = acceptor
-        .accept(tcp)
-        .await
-        .map_err(|e| tls::explain_tls_error(peer, &e))?;
+    let stream = match acceptor.accept(tcp).into_fallible().await {
+        Ok(s) => s,
+        Err((e, tcp)) => {
+            close_after_alert(tcp).await;
+            return Err(tls::explain_tls_error(peer, &e));
+        }
+    };
     let subject = tls::peer_subject(stream.get_ref().1);
     let nonce = tls::exporter_nonce(stream.get_ref().1)?;
     let mut io = Io::Tls(Box::new(tokio_rustls::TlsStream::Server(stream)));
@@ -464,6 +467,19 @@ async fn classify(
         subject,
         first: Some(first[0]),
     })
+}
+
+/// Closes a connection whose TLS handshake we refused, after the alert saying why: our side is
+/// shut down (a FIN after the alert) and what the client still sends is read and dropped for
+/// up to a second. Closing with unread input would send a reset instead, which can overtake the
+/// alert and leave the client with a bare "broken pipe" (and a retry) instead of the reason.
+async fn close_after_alert(mut tcp: TcpStream) {
+    let _ = tcp.shutdown().await;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        while matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {}
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 async fn peek_tls_kind(io: &mut Io, first: &mut [u8; 1]) -> Result<usize, TransferError> {
@@ -592,6 +608,16 @@ pub struct Session {
 }
 
 impl Session {
+    /// Sends a request. If that fails before the endpoint's welcome, the cause is usually a
+    /// refused certificate, whose TLS alert is waiting to be read: that is returned (exit 5)
+    /// instead of the bare "broken pipe" the write saw (exit 4, and retries).
+    pub async fn send(&mut self, r: &control::Request) -> Result<(), TransferError> {
+        match self.writer.send_request(r).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(explain_failed_send(&mut self.reader, e).await),
+        }
+    }
+
     /// Whether the endpoint has not closed (or reset) the connection, checked without
     /// reading: an idle connection is reused only then (see `control_pool`).
     pub fn is_open(&self) -> bool {
@@ -689,13 +715,7 @@ pub async fn start_control(
         limits: limits.clone(),
     };
     if let Err(e) = writer.send_request(&hello).await {
-        // A refused certificate closes the connection; the TLS alert saying why is readable.
-        return Err(
-            match tokio::time::timeout(Duration::from_millis(500), reader.frame()).await {
-                Ok(Err(tls @ TransferError::Auth(_))) => tls,
-                _ => e,
-            },
-        );
+        return Err(explain_failed_send(&mut reader, e).await);
     }
     Ok(Session {
         reader,
@@ -709,6 +729,15 @@ pub async fn start_control(
         fd,
         local_port,
     })
+}
+
+/// A write on a control connection failed: a refused certificate closes the connection, and
+/// the TLS alert saying why is readable; return that if it comes within half a second.
+async fn explain_failed_send(reader: &mut ControlReader, e: TransferError) -> TransferError {
+    match tokio::time::timeout(Duration::from_millis(500), reader.frame()).await {
+        Ok(Err(tls @ TransferError::Auth(_))) => tls,
+        _ => e,
+    }
 }
 
 /// Connects a control connection to `host:port` and exchanges hellos.

@@ -60,6 +60,7 @@ impl Credentials {
             Ok(certs)
         };
         let chain = read_certs(&paths.cert)?;
+        check_own_certificate(&paths.cert, &chain[0], std::time::SystemTime::now())?;
         let key_data = std::fs::read(&paths.key).map_err(|e| {
             TransferError::Auth(format!(
                 "cannot read key {}: {e}; {hint}",
@@ -87,6 +88,62 @@ impl Credentials {
             roots: Arc::new(roots),
         })
     }
+}
+
+/// OIDs of the proxyCertInfo extension that marks an X.509 proxy certificate: RFC 3820's,
+/// and the one of the pre-RFC Globus proxies.
+const PROXY_CERT_INFO: [&str; 2] = ["1.3.6.1.5.5.7.1.14", "1.3.6.1.4.1.3536.1.222"];
+
+/// Whether a certificate is an X.509 proxy certificate (RFC 3820).
+pub fn is_proxy_certificate(cert: &CertificateDer<'_>) -> bool {
+    x509_parser::parse_x509_certificate(cert.as_ref()).is_ok_and(|(_, c)| {
+        c.extensions()
+            .iter()
+            .any(|e| PROXY_CERT_INFO.contains(&e.oid.to_id_string().as_str()))
+    })
+}
+
+/// Refuses, with what to do about it, a certificate of our own that cannot work: an X.509
+/// proxy certificate (which the TLS library would reject with a baffling "key does not match:
+/// UnsupportedCriticalExtension"), or one outside its validity period (which a peer would
+/// only report as "expired", even when it is not valid *yet*).
+fn check_own_certificate(
+    path: &Path,
+    cert: &CertificateDer<'_>,
+    now: std::time::SystemTime,
+) -> Result<(), TransferError> {
+    let Ok((_, c)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return Err(TransferError::Auth(format!(
+            "{} is not a valid X.509 certificate",
+            path.display()
+        )));
+    };
+    if is_proxy_certificate(cert) {
+        return Err(TransferError::Auth(format!(
+            "{} is an X.509 proxy certificate (RFC 3820); longhaul does not accept proxies: pass your end-entity certificate and its key (e.g. usercert.pem and userkey.pem)",
+            path.display()
+        )));
+    }
+    let now = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let v = c.validity();
+    if now < v.not_before.timestamp() {
+        return Err(TransferError::Auth(format!(
+            "{} is not valid before {} (is this machine's clock right?)",
+            path.display(),
+            v.not_before
+        )));
+    }
+    if now > v.not_after.timestamp() {
+        return Err(TransferError::Auth(format!(
+            "{} expired on {}; issue a new one with `haul cert issue`",
+            path.display(),
+            v.not_after
+        )));
+    }
+    Ok(())
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -244,9 +301,20 @@ pub fn explain_tls_error(peer: &str, e: &std::io::Error) -> TransferError {
         | Some(R::InvalidCertificate(C::NotValidForNameContext { .. })) => {
             format!("{peer}: its certificate is not issued for this host name")
         }
+        // TLS has one alert for both ends of the validity period.
         Some(R::AlertReceived(A::CertificateExpired)) => {
             format!(
-                "{peer} refused our certificate: it has expired (issue a new one with `haul cert issue`)"
+                "{peer} refused our certificate as expired or not yet valid (check its dates and both clocks; issue a new one with `haul cert issue`)"
+            )
+        }
+        Some(R::InvalidCertificate(C::Other(o)))
+            if matches!(
+                o.0.downcast_ref::<webpki::Error>(),
+                Some(webpki::Error::UnsupportedCriticalExtension)
+            ) =>
+        {
+            format!(
+                "{peer}: its certificate has a critical extension we do not support (an X.509 proxy certificate? longhaul accepts end-entity certificates only)"
             )
         }
         Some(R::AlertReceived(A::UnknownCA)) | Some(R::AlertReceived(A::BadCertificate)) => {
@@ -276,6 +344,60 @@ pub fn explain_tls_error(peer: &str, e: &std::io::Error) -> TransferError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A self-signed certificate, optionally with the proxyCertInfo extension, valid from
+    /// `from` to `to` (years).
+    fn made(proxy: bool, from: i32, to: i32) -> CertificateDer<'static> {
+        let mut p = rcgen::CertificateParams::new(vec!["x".into()]).unwrap();
+        p.not_before = rcgen::date_time_ymd(from, 1, 1);
+        p.not_after = rcgen::date_time_ymd(to, 1, 1);
+        if proxy {
+            // ProxyCertInfo { proxyPolicy { id-ppl-inheritAll } }, critical as RFC 3820 says.
+            let info = vec![
+                0x30, 0x0c, 0x30, 0x0a, 0x06, 0x08, 0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x15, 0x01,
+            ];
+            let mut ext =
+                rcgen::CustomExtension::from_oid_content(&[1, 3, 6, 1, 5, 5, 7, 1, 14], info);
+            ext.set_criticality(true);
+            p.custom_extensions.push(ext);
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        p.self_signed(&key).unwrap().der().clone()
+    }
+
+    #[test]
+    fn own_certificates_that_cannot_work_are_refused_with_the_reason() {
+        let now = std::time::SystemTime::now();
+        let path = Path::new("me.pem");
+        assert!(check_own_certificate(path, &made(false, 2020, 2099), now).is_ok());
+        let proxy = made(true, 2020, 2099);
+        assert!(is_proxy_certificate(&proxy));
+        let e = check_own_certificate(path, &proxy, now)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("proxy certificate (RFC 3820)"), "{e}");
+        let e = check_own_certificate(path, &made(false, 2090, 2099), now)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not valid before") && e.contains("2090"), "{e}");
+        let e = check_own_certificate(path, &made(false, 2000, 2001), now)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expired on") && e.contains("2001"), "{e}");
+    }
+
+    /// A peer presenting a proxy certificate is refused by the verifier with a message that
+    /// says what it is.
+    #[test]
+    fn a_proxy_certificate_from_a_peer_is_named_as_such() {
+        let err = webpki::Error::UnsupportedCriticalExtension;
+        let io = std::io::Error::other(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::Other(rustls::OtherError(Arc::new(err))),
+        ));
+        let e = explain_tls_error("peer", &io).to_string();
+        assert!(e.contains("X.509 proxy certificate"), "{e}");
+        assert_eq!(explain_tls_error("peer", &io).exit_code(), 5);
+    }
 
     #[test]
     fn mapfile_maps_quoted_subjects() {
