@@ -22,8 +22,7 @@ use wire::codec::{DecodeError, FrameHeader, HEADER_LEN};
 use wire::control::{self, Bind, BindResult, DataKey, HostLimits, SessionId};
 use wire::error::{ErrorInfo, ErrorKind};
 
-/// First bytes of a plain control connection (`--insecure` endpoints only).
-pub const CONTROL_MAGIC: &[u8; 8] = b"HAULCTL1";
+pub use wire::control::CONTROL_MAGIC;
 
 /// How long a peer has to complete a handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -373,7 +372,7 @@ async fn classify(
     peer: &str,
 ) -> Result<Accepted, TransferError> {
     let _ = sys::set_nodelay(&tcp);
-    let mut magic = [0u8; 8];
+    let mut magic = [0u8; control::OPENING_LEN];
     let _ = sys::set_rcvlowat(tcp.as_raw_fd(), magic.len());
     let n = tcp.peek(&mut magic).await.map_err(|e| io_err(peer, e))?;
     let _ = sys::set_rcvlowat(tcp.as_raw_fd(), 1);
@@ -382,14 +381,13 @@ async fn classify(
             "{peer}: closed before the handshake"
         )));
     }
-    if n < magic.len()
-        || !(magic == *control::DATA_MAGIC || magic == *CONTROL_MAGIC || magic[0] == 0x16)
-    {
+    let opening = control::classify_opening(&magic[..n]);
+    if opening == control::Opening::NotLonghaul {
         return Err(TransferError::Protocol(format!(
             "{peer}: not a longhaul connection (no TLS handshake or known magic in the first bytes)"
         )));
     }
-    if &magic == control::DATA_MAGIC {
+    if opening == control::Opening::ClearData {
         let mut io = Io::Plain(tcp);
         io.read_exact(&mut magic)
             .await
@@ -405,7 +403,7 @@ async fn classify(
             nonce: control::CLEAR_NONCE,
         });
     }
-    if &magic == CONTROL_MAGIC {
+    if opening == control::Opening::PlainControl {
         let mut io = Io::Plain(tcp);
         io.read_exact(&mut magic)
             .await

@@ -27,6 +27,37 @@ pub const PROTOCOL_VERSION: u16 = 3;
 /// a TLS ClientHello instead).
 pub const DATA_MAGIC: &[u8; 8] = b"HAULDAT1";
 
+/// First bytes of a plain control connection (`--insecure` endpoints only).
+pub const CONTROL_MAGIC: &[u8; 8] = b"HAULCTL1";
+
+/// Bytes every legitimate opening of a connection sends at once: a magic, or the start of a
+/// TLS ClientHello (which is longer). An endpoint waits for them before deciding anything.
+pub const OPENING_LEN: usize = 8;
+
+/// What a new connection is, from its first [`OPENING_LEN`] bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opening {
+    /// `HAULDAT1`: a clear data stream; a bind frame follows.
+    ClearData,
+    /// `HAULCTL1`: a plain control connection (refused unless the endpoint is `--insecure`).
+    PlainControl,
+    /// A TLS handshake record: a control connection or a private data stream.
+    Tls,
+    /// Anything else, or fewer bytes than an opening (the peer closed early): refused at once.
+    NotLonghaul,
+}
+
+/// Classifies a connection by its first bytes (see [`Opening`]).
+pub fn classify_opening(first: &[u8]) -> Opening {
+    match first.get(..OPENING_LEN) {
+        None => Opening::NotLonghaul,
+        Some(m) if m == DATA_MAGIC => Opening::ClearData,
+        Some(m) if m == CONTROL_MAGIC => Opening::PlainControl,
+        Some([0x16, ..]) => Opening::Tls,
+        Some(_) => Opening::NotLonghaul,
+    }
+}
+
 pub const KIND_REQUEST: u8 = 0x40;
 pub const KIND_RESPONSE: u8 = 0x41;
 
@@ -447,6 +478,26 @@ pub fn verify_bind_proof(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn openings_are_told_apart_by_their_first_bytes() {
+        assert_eq!(classify_opening(b"HAULDAT1\x02"), Opening::ClearData);
+        assert_eq!(classify_opening(b"HAULCTL1"), Opening::PlainControl);
+        assert_eq!(
+            classify_opening(&[0x16, 3, 1, 0, 200, 1, 0, 0]),
+            Opening::Tls
+        );
+        // Too few bytes (the peer closed early), garbage, or an HTTP request: refused.
+        for bad in [
+            &b"H"[..],
+            b"HAULDAT",
+            &[0x16],
+            b"GET / HTTP/1.0",
+            b"haulctl1",
+        ] {
+            assert_eq!(classify_opening(bad), Opening::NotLonghaul, "{bad:?}");
+        }
+    }
     use crate::codec::FrameBuffer;
     use crate::error::ErrorKind;
 
