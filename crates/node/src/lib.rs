@@ -276,12 +276,17 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), NodeError> {
-    std::fs::create_dir_all(cfg.root.join("data")).map_err(|e| {
-        NodeError::Config(format!(
-            "cannot create the spool {}: {e}",
-            cfg.root.join("data").display()
-        ))
-    })?;
+    // Replicas are the node's alone: no local user (nor a task of `haul run`, which gets a
+    // link to its own input) may enter the spool and read files by guessing their ids.
+    let data = cfg.root.join("data");
+    std::fs::create_dir_all(&data)
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
+        })
+        .map_err(|e| {
+            NodeError::Config(format!("cannot create the spool {}: {e}", data.display()))
+        })?;
     let spool = Arc::new(NodeSpool {
         name: cfg.name.clone(),
         key: RwLock::new(None),

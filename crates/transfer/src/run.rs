@@ -51,7 +51,26 @@ pub struct Account {
     pub home: PathBuf,
 }
 
-/// Looks up the local account `name`; refuses root and accounts this process cannot become.
+/// The lowest uid of an ordinary account: `UID_MIN` of /etc/login.defs, 1000 when it says
+/// nothing. Accounts below it (daemon, bin, the node's own service account, ...) and `nobody`
+/// own system files or are shared by services; tasks never run as them.
+pub fn uid_min() -> u32 {
+    std::fs::read_to_string("/etc/login.defs")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next() == Some("UID_MIN")).then(|| w.next()?.parse().ok())?
+            })
+        })
+        .unwrap_or(1000)
+}
+
+/// `nobody`'s uid on Linux: shared by every unprivileged service.
+const NOBODY_UID: u32 = 65534;
+
+/// Looks up the local account `name`; refuses root, system accounts (when the node switches
+/// users) and accounts this process cannot become.
 pub fn account(name: &str, node: &str) -> Result<Account, ErrorInfo> {
     let denied = |m: String| ErrorInfo::new(ErrorKind::PermissionDenied, m);
     let acct = crate::sys::lookup_user(name).ok_or_else(|| {
@@ -65,6 +84,13 @@ pub fn account(name: &str, node: &str) -> Result<Account, ErrorInfo> {
         )));
     }
     let me = crate::sys::effective_uid();
+    if me == 0 && (acct.uid < uid_min() || acct.uid >= NOBODY_UID) {
+        return Err(denied(format!(
+            "node {node} never runs tasks as the system account {name:?} (uid {}): map the certificate to an ordinary user account (uid {} or above)",
+            acct.uid,
+            uid_min()
+        )));
+    }
     if me != 0 && me != acct.uid {
         return Err(denied(format!(
             "node {node} runs as uid {me} and cannot start processes as {name} (uid {}); run the node as root to run tasks for other users",
@@ -280,14 +306,8 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
             return result;
         }
         let p = ctx.root.join(ctx.spool.path_of(id));
-        match std::fs::metadata(&p) {
-            Ok(m) if m.is_file() => {
-                // Tasks read replicas in place as the caller's account: a replica made by
-                // a transfer may be owner-only, so it becomes readable (0644), as uploads are.
-                if m.permissions().mode() & 0o004 == 0 {
-                    let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644));
-                }
-            }
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_file() => {}
             _ => {
                 result.error = Some(
                     ErrorInfo::new(
@@ -309,6 +329,20 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
         result.error = Some(crate::error::io_info("task directory", &e));
         return result;
     }
+    // The task reaches its replica only through a link in a directory of its own: replicas
+    // live in the node's private data directory (0700), which no task can enter.
+    let input = if t.file.locator.is_empty() {
+        input
+    } else {
+        match give_input(&input, &task_dir, &t.file.name, &ctx.account) {
+            Ok(p) => p,
+            Err(e) => {
+                result.error = Some(crate::error::io_info("task input", &e));
+                let _ = std::fs::remove_dir_all(&task_dir);
+                return result;
+            }
+        }
+    };
     let argv = substitute(
         &ctx.spec.argv,
         &input.to_string_lossy(),
@@ -337,6 +371,19 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
         // std drops supplementary groups when it changes the uid as root.
         cmd.uid(ctx.account.uid).gid(ctx.account.gid);
     }
+    // Descriptors the node inherited or opened without close-on-exec (sockets, catalog
+    // files, a parent's pipes) must not reach the task: every descriptor above stderr is
+    // closed at exec. (Marked close-on-exec rather than closed, so that the spawn's own
+    // error pipe still reports an exec that fails.)
+    // SAFETY: the closure only makes one system call, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let started = Instant::now();
     let mut child = match cmd.spawn() {
         Ok(c) => c,
@@ -352,7 +399,7 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
                 kind,
                 format!("{}: {why} on node {node} ({e})", argv[0]),
             ));
-            let _ = std::fs::remove_dir_all(&task_dir);
+            remove_task_dirs(&task_dir);
             return result;
         }
     };
@@ -428,8 +475,41 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&task_dir);
+    remove_task_dirs(&task_dir);
     result
+}
+
+/// Removes a task's working directory and its input link.
+fn remove_task_dirs(task_dir: &Path) {
+    let _ = std::fs::remove_dir_all(task_dir);
+    let _ = std::fs::remove_dir_all(task_dir.with_extension("in"));
+}
+
+/// Gives a task its input: a hard link to the replica in a directory only the task's account
+/// may enter (`tN.in`, mode 0500, its account's), named like the grid file. The replica is
+/// made readable (0644, still the node's and still in the node's private data directory), so
+/// this link is the task's only way to it.
+fn give_input(
+    replica: &Path,
+    task_dir: &Path,
+    grid_path: &str,
+    acct: &Account,
+) -> std::io::Result<PathBuf> {
+    let dir = task_dir.with_extension("in");
+    std::fs::create_dir(&dir)?;
+    let name = grid_path
+        .rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty() && *n != "." && *n != "..")
+        .unwrap_or("input");
+    let link = dir.join(name);
+    std::fs::hard_link(replica, &link)?;
+    std::fs::set_permissions(replica, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o500))?;
+    if crate::sys::effective_uid() == 0 {
+        std::os::unix::fs::chown(&dir, Some(acct.uid), Some(acct.gid))?;
+    }
+    Ok(link)
 }
 
 fn make_task_dir(dir: &Path, acct: &Account) -> std::io::Result<()> {
