@@ -116,10 +116,14 @@ impl Grid {
             std::fs::create_dir_all(dir)?;
             Self::pki(dir, haul, &names)?;
         }
+        // Enrolment: the nodes may join (by name; each keeps the certificate it first used).
+        std::fs::write(dir.join("nodes"), names.join("\n") + "\n")?;
         let mut cmd = Command::new(haul);
         cmd.args([
             "meta",
             "serve",
+            "--nodes",
+            "nodes",
             "--listen",
             "127.0.0.1:0",
             "--http",

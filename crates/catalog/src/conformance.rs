@@ -140,16 +140,29 @@ async fn trees_and_reconciliation(c: &Catalog) {
         .collect();
     assert_eq!(dirs, vec!["/t", "/t/a", "/t/a/b"]);
     // Node keys: given at first registration, kept afterwards.
+    let reg = |addr: &'static str, key: &'static [u8], cert: &'static str, may_rotate| {
+        crate::NodeRegistration {
+            name: "n3",
+            site: "siteC",
+            address: addr,
+            capacity: 10,
+            free: 10,
+            new_key: key,
+            cert,
+            may_rotate,
+        }
+    };
     let (_, k1) = c
-        .register_node_with_key("n3", "siteC", "h:1", 10, 10, &[7; 32])
+        .register_node_with_key(&reg("h:1", &[7; 32], "sha256:aa", false))
         .await
         .unwrap();
     let (_, k2) = c
-        .register_node_with_key("n3", "siteC", "h:2", 10, 10, &[8; 32])
+        .register_node_with_key(&reg("h:2", &[8; 32], "sha256:aa", false))
         .await
         .unwrap();
     assert_eq!((k1.clone(), k2), (vec![7; 32], vec![7; 32]));
     assert_eq!(c.node_keys().await.unwrap()["n3"], k1);
+    node_keys_follow_certificates(c).await;
     for id in &ids {
         c.set_replica(*id, "n3", ReplicaState::Complete, "crc32c:00000001")
             .await
@@ -474,4 +487,81 @@ async fn listing_pages(c: &Catalog) {
             .iter()
             .all(|i| !i.name.is_empty())
     );
+}
+
+/// Issue 11 C2: an existing key is never handed to a registration with another certificate.
+async fn node_keys_follow_certificates(c: &Catalog) {
+    let reg = |key: &'static [u8], cert: &'static str, may_rotate| crate::NodeRegistration {
+        name: "k1",
+        site: "siteK",
+        address: "k:1",
+        capacity: 10,
+        free: 10,
+        new_key: key,
+        cert,
+        may_rotate,
+    };
+    let (_, first) = c
+        .register_node_with_key(&reg(&[1; 32], "sha256:01", false))
+        .await
+        .unwrap();
+    assert_eq!(first, vec![1; 32]);
+    // Restarts with the same certificate keep the key.
+    let (_, again) = c
+        .register_node_with_key(&reg(&[2; 32], "sha256:01", false))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    // Another certificate of the same name: refused, and the key is not in the answer.
+    let e = c
+        .register_node_with_key(&reg(&[3; 32], "sha256:02", false))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CatalogError::Denied(_)), "{e:?}");
+    assert!(e.to_string().contains("sha256:01"), "{e}");
+    assert_eq!(c.node_keys().await.unwrap()["k1"], first);
+    // Enrolled by its fingerprint: the new certificate gets a new key, the old one is void.
+    let (_, rotated) = c
+        .register_node_with_key(&reg(&[4; 32], "sha256:02", true))
+        .await
+        .unwrap();
+    assert_eq!(rotated, vec![4; 32]);
+    let e = c
+        .register_node_with_key(&reg(&[5; 32], "sha256:01", false))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CatalogError::Denied(_)), "{e:?}");
+    // A registration without key business (tools) changes no key.
+    c.register_node("k1", "siteK", "k:2", 10, 10).await.unwrap();
+    assert_eq!(c.node_keys().await.unwrap()["k1"], vec![4; 32]);
+    // A node registered before certificates were recorded (a key, no certificate) gets a
+    // new key whatever certificate it comes with.
+    let legacy = |key: &'static [u8], cert: &'static str| crate::NodeRegistration {
+        name: "k2",
+        site: "siteK",
+        address: "k:3",
+        capacity: 10,
+        free: 10,
+        new_key: key,
+        cert,
+        may_rotate: false,
+    };
+    let (_, k) = c
+        .register_node_with_key(&legacy(&[9; 32], ""))
+        .await
+        .unwrap();
+    assert_eq!(k, vec![9; 32]);
+    let (_, k) = c
+        .register_node_with_key(&legacy(&[6; 32], "sha256:06"))
+        .await
+        .unwrap();
+    assert_eq!(k, vec![6; 32]);
+    let (_, k) = c
+        .register_node_with_key(&legacy(&[7; 32], "sha256:06"))
+        .await
+        .unwrap();
+    assert_eq!(k, vec![6; 32]);
+    for n in ["k1", "k2"] {
+        c.remove_node(n).await.unwrap();
+    }
 }

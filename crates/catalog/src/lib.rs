@@ -45,6 +45,9 @@ pub enum CatalogError {
     Busy(String),
     #[error("{0}")]
     Invalid(String),
+    /// Refused by a rule of the catalog (e.g. a node registering with another certificate).
+    #[error("{0}")]
+    Denied(String),
     #[error("database: {0}")]
     Database(String),
 }
@@ -152,6 +155,22 @@ pub struct Node {
     pub heartbeat_ms: i64,
     pub registered_ms: i64,
     pub up: bool,
+}
+
+/// A node's registration (see [`Catalog::register_node_with_key`]).
+#[derive(Clone, Debug)]
+pub struct NodeRegistration<'a> {
+    pub name: &'a str,
+    pub site: &'a str,
+    pub address: &'a str,
+    pub capacity: u64,
+    pub free: u64,
+    /// A fresh key, used if the node gets a new one; empty to leave keys alone.
+    pub new_key: &'a [u8],
+    /// The fingerprint of the certificate the node registers with.
+    pub cert: &'a str,
+    /// The enrolment lists this very certificate: it may replace another one.
+    pub may_rotate: bool,
 }
 
 /// Which backend a catalog runs on.
@@ -1651,8 +1670,8 @@ impl Catalog {
 
     // ---- nodes -----------------------------------------------------------------------
 
-    /// Registers a node, or updates its site, address and capacity. Returns the node and the
-    /// key its capabilities are signed with (`new_key` is kept if the node has none yet).
+    /// Registers a node, or updates its site, address and capacity (no key, no certificate:
+    /// for tests and tools).
     pub async fn register_node(
         &self,
         name: &str,
@@ -1661,57 +1680,78 @@ impl Catalog {
         capacity: u64,
         free: u64,
     ) -> Result<Node> {
-        self.register_node_with_key(name, site, address, capacity, free, &[])
-            .await
-            .map(|(n, _)| n)
+        self.register_node_with_key(&NodeRegistration {
+            name,
+            site,
+            address,
+            capacity,
+            free,
+            new_key: &[],
+            cert: "",
+            may_rotate: false,
+        })
+        .await
+        .map(|(n, _)| n)
     }
 
-    /// [`Catalog::register_node`], also returning the node's capability key.
+    /// Registers a node with its certificate, returning the node and the key its capabilities
+    /// are signed with. A node's key goes only to registrations with the certificate recorded
+    /// with it: the first registration records `cert` and `new_key`; the same certificate gets
+    /// the same key again (restarts keep capabilities valid); another certificate is refused
+    /// ([`CatalogError::Denied`]) unless `may_rotate` (the enrolment lists it), and then it is
+    /// recorded with `new_key`, so an existing key is never handed to a new certificate. A
+    /// node registered before certificates were recorded gets `new_key` too.
     pub async fn register_node_with_key(
         &self,
-        name: &str,
-        site: &str,
-        address: &str,
-        capacity: u64,
-        free: u64,
-        new_key: &[u8],
+        r: &NodeRegistration<'_>,
     ) -> Result<(Node, Vec<u8>)> {
         let now = now_ms();
         let mut w = self.wtx().await?;
-        let r = async {
+        let res = async {
+            let row = sqlx::query("SELECT cap_key, cert_fp FROM nodes WHERE name = $1")
+                .bind(r.name)
+                .fetch_optional(&mut *w.tx)
+                .await?;
+            let (key, fp): (Vec<u8>, String) = match &row {
+                Some(row) => (row.try_get(0)?, row.try_get(1)?),
+                None => (Vec::new(), String::new()),
+            };
+            let same = !key.is_empty() && !fp.is_empty() && fp == r.cert;
+            let (key, fp) = if r.new_key.is_empty() || same {
+                (key, fp)
+            } else if key.is_empty() || fp.is_empty() || r.may_rotate {
+                // The first keyed registration; or one from before certificates were
+                // recorded (that key may have gone to anyone: a new one); or the enrolment
+                // lists this new certificate.
+                (r.new_key.to_vec(), r.cert.to_string())
+            } else {
+                return Err(CatalogError::Denied(format!(
+                    "node {} is registered with certificate {fp}, not {}",
+                    r.name, r.cert
+                )));
+            };
             sqlx::query(
-                "INSERT INTO nodes (name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up, cap_key) \
-                 VALUES ($1, $2, $3, $4, $5, 0.0, $6, $6, 1, $7) \
+                "INSERT INTO nodes (name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up, cap_key, cert_fp) \
+                 VALUES ($1, $2, $3, $4, $5, 0.0, $6, $6, 1, $7, $8) \
                  ON CONFLICT (name) DO UPDATE SET site = excluded.site, address = excluded.address, capacity = excluded.capacity, \
-                 free = excluded.free, heartbeat_ms = excluded.heartbeat_ms, registered_ms = excluded.registered_ms, up = 1",
+                 free = excluded.free, heartbeat_ms = excluded.heartbeat_ms, registered_ms = excluded.registered_ms, up = 1, \
+                 cap_key = excluded.cap_key, cert_fp = excluded.cert_fp",
             )
-            .bind(name)
-            .bind(site)
-            .bind(address)
-            .bind(capacity as i64)
-            .bind(free as i64)
+            .bind(r.name)
+            .bind(r.site)
+            .bind(r.address)
+            .bind(r.capacity as i64)
+            .bind(r.free as i64)
             .bind(now)
-            .bind(new_key.to_vec())
+            .bind(key.clone())
+            .bind(fp)
             .execute(&mut *w.tx)
             .await?;
-            let mut key: Vec<u8> = sqlx::query("SELECT cap_key FROM nodes WHERE name = $1")
-                .bind(name)
-                .fetch_one(&mut *w.tx)
-                .await?
-                .try_get(0)?;
-            if key.is_empty() && !new_key.is_empty() {
-                sqlx::query("UPDATE nodes SET cap_key = $1 WHERE name = $2")
-                    .bind(new_key.to_vec())
-                    .bind(name)
-                    .execute(&mut *w.tx)
-                    .await?;
-                key = new_key.to_vec();
-            }
             Ok(key)
         }
         .await;
-        let key = self.done(w, r).await?;
-        Ok((self.node(name).await?, key))
+        let key = self.done(w, res).await?;
+        Ok((self.node(r.name).await?, key))
     }
 
     /// The capability keys of all nodes.

@@ -508,6 +508,10 @@ pub struct MetaServeArgs {
     /// Administrators (may do anything in the namespace); repeat for several.
     #[arg(long = "admin", value_name = "USER", default_value = "root")]
     pub admins: Vec<String>,
+    /// Storage nodes allowed to join: "NAME [sha256:FINGERPRINT]" lines, as `haul cert issue
+    /// --host` prints them (re-read when it changes). Without it no node may join.
+    #[arg(long, value_name = "FILE")]
+    pub nodes: Option<PathBuf>,
     /// How often storage nodes report.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     pub heartbeat: std::time::Duration,

@@ -578,7 +578,7 @@ impl Files for FilesService {
         let subject = req
             .extensions()
             .get::<crate::auth::PeerInfo>()
-            .map(|p| p.subject.clone())
+            .and_then(|p| p.cert.as_ref().map(|c| c.subject.clone()))
             .unwrap_or_default();
         match m.ids.of_request(&req)? {
             crate::auth::Caller::User(u) => Ok(Response::new(pb::Identity {

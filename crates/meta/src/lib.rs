@@ -7,6 +7,7 @@
 //! The server never moves file data: clients and nodes do, with capabilities it signs.
 
 pub mod auth;
+pub mod enrol;
 mod files;
 pub mod http;
 mod namespace;

@@ -148,6 +148,7 @@ mod tests {
             name: name.into(),
             groups: groups.iter().map(|g| g.to_string()).collect(),
             admin: false,
+            cert: None,
         }
     }
 

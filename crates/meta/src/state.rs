@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tonic::Status;
+use transfer::certid::Fingerprint;
 use wire::grant::{Grant, Operation};
 
 /// Tunables of a metadata server.
@@ -93,6 +94,9 @@ pub struct Meta {
     pub events: Mutex<std::collections::VecDeque<String>>,
     /// Client credentials for driving node-to-node copies (the server's host certificate).
     client_tls: RwLock<Option<std::sync::Arc<rustls::ClientConfig>>>,
+    /// The fingerprint of that certificate: capabilities for the server's own copies are
+    /// bound to it, and it may never register as a node.
+    own_cert: RwLock<Option<Fingerprint>>,
     /// Control connections to nodes kept between node-to-node sessions.
     control_pool: std::sync::Arc<transfer::control_pool::ControlPool>,
     /// Delivery rate measured per node in node-to-node copies (bytes/s, smoothed).
@@ -115,6 +119,7 @@ impl Meta {
             inventories: Mutex::new(HashMap::new()),
             events: Mutex::new(Default::default()),
             client_tls: RwLock::new(None),
+            own_cert: RwLock::new(None),
             control_pool: Default::default(),
             rates: Mutex::new(HashMap::new()),
             reconciler: Mutex::new(Default::default()),
@@ -122,9 +127,26 @@ impl Meta {
         }
     }
 
-    /// Gives the server the client credentials it drives node-to-node copies with.
-    pub fn set_client_tls(&self, tls: std::sync::Arc<rustls::ClientConfig>) {
+    /// Gives the server its own certificate: it drives node-to-node copies (replication,
+    /// verification) with it.
+    pub fn set_credentials(
+        &self,
+        creds: &transfer::tls::Credentials,
+    ) -> Result<(), transfer::TransferError> {
+        let tls = transfer::tls::client_config(creds)?;
+        let fp = creds
+            .chain
+            .first()
+            .map(|c| Fingerprint::of(c.as_ref()))
+            .ok_or_else(|| transfer::TransferError::Auth("no certificate".into()))?;
         *self.client_tls.write().expect("tls lock") = Some(tls);
+        *self.own_cert.write().expect("cert lock") = Some(fp);
+        Ok(())
+    }
+
+    /// The fingerprint of the server's own certificate, once set.
+    pub fn own_cert(&self) -> Option<Fingerprint> {
+        *self.own_cert.read().expect("cert lock")
     }
 
     /// Options for node-to-node copies, if the server has client credentials.
@@ -346,6 +368,7 @@ pub fn status(e: CatalogError) -> Status {
         | CatalogError::NotEmpty(_)
         | CatalogError::Busy(_) => Status::failed_precondition(e.to_string()),
         CatalogError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        CatalogError::Denied(_) => Status::permission_denied(e.to_string()),
         CatalogError::Database(_) => {
             tracing::error!(error = %e, "catalog database error");
             Status::unavailable(format!("metadata database: {e}"))
@@ -363,6 +386,7 @@ pub fn code_of(e: &CatalogError) -> &'static str {
         CatalogError::NotEmpty(_) => "not_empty",
         CatalogError::Busy(_) => "busy",
         CatalogError::Invalid(_) => "invalid",
+        CatalogError::Denied(_) => "permission_denied",
         CatalogError::Database(_) => "unavailable",
     }
 }

@@ -1,0 +1,250 @@
+//! Attacks on the grid's control plane (issue 11, section C), each replayed against a real
+//! metadata server and storage nodes on loopback, and what must happen instead: the attacker
+//! gets nothing it may not have, with a message that tells an honest user what to do.
+//!
+//! The grid is the one of `tests/grid.rs` (`common::grid`): a metadata server and four nodes
+//! enrolled by fingerprint, users alice and bob (group atlas) and mallory (not mapped).
+
+mod common;
+use common::grid::*;
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+/// A log without its colour escapes.
+fn plain(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut it = log.chars();
+    while let Some(c) = it.next() {
+        if c == '\u{1b}' {
+            for d in it.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Waits (bounded) until `proc`'s log contains `needle`; returns the log (without colours).
+#[track_caller]
+fn wait_log(proc: &Proc, needle: &str) -> String {
+    let mut text = String::new();
+    let found = wait_for(SETTLE, || {
+        text = plain(&proc.log_text());
+        let r = text.contains(needle);
+        if !r {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        r
+    });
+    assert!(found, "log lacks {needle:?}:\n{text}");
+    text
+}
+
+/// A certificate signed by the grid's CA with any subject and usage, as a careless or
+/// compromised issuing tool could make it: writes `pki/OUT.pem` and `pki/OUT.key`.
+fn forge_cert(g: &Grid, out: &str, ou: &str, cn: &str, server: bool) {
+    use rcgen::{
+        CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose as E, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let dir = g.path().join("pki");
+    let ca_pem = std::fs::read_to_string(dir.join("ca/ca.pem")).unwrap();
+    let ca_key =
+        KeyPair::from_pem(&std::fs::read_to_string(dir.join("ca/ca.key")).unwrap()).unwrap();
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "longhaul");
+    dn.push(DnType::OrganizationalUnitName, ou);
+    dn.push(DnType::CommonName, cn);
+    p.distinguished_name = dn;
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = if server {
+        vec![E::ServerAuth, E::ClientAuth]
+    } else {
+        vec![E::ClientAuth]
+    };
+    p.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &issuer).unwrap();
+    std::fs::write(dir.join(format!("{out}.pem")), cert.pem()).unwrap();
+    std::fs::write(dir.join(format!("{out}.key")), key.serialize_pem()).unwrap();
+}
+
+fn append(path: &Path, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+/// The address a node is registered with, as `haul nodes` shows it.
+fn registered_address(g: &Grid, name: &str) -> Option<String> {
+    g.nodes_json()
+        .iter()
+        .find(|n| n["name"] == name)
+        .and_then(|n| n["address"].as_str().map(String::from))
+}
+
+// ---------------------------------------------------------------------------------------------
+// C2: node identity comes from the parsed certificate
+
+/// `haul cert issue --user 'eve/OU=hosts/CN=node3'` made a certificate that the metadata server
+/// took for node3: such names are refused (exit 2) before anything is signed.
+#[test]
+fn cert_issue_refuses_names_that_would_forge_a_subject() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let mut c = haul_clean();
+        c.args(args).current_dir(dir.path());
+        run_bounded(c, CMD_TIMEOUT)
+    };
+    assert_ok(&run(&["ca", "init", "--dir", "ca"]));
+    let out = run(&[
+        "cert",
+        "issue",
+        "--ca",
+        "ca",
+        "--user",
+        "eve/OU=hosts/CN=node3",
+        "--out",
+        "eve",
+    ]);
+    assert_exit(&out, 2, "contains '/'");
+    for (flag, value) in [
+        ("--user", "eve,OU=hosts"),
+        ("--user", "a=b"),
+        ("--user", "quote\"d"),
+        ("--user", "back\\slash"),
+        ("--user", "new\nline"),
+        ("--user", ""),
+        ("--host", "node3/OU=hosts"),
+        ("--host", "node 3"),
+    ] {
+        let out = run(&["cert", "issue", "--ca", "ca", flag, value, "--out", "x"]);
+        assert_exit(&out, 2, flag);
+    }
+    let out = run(&[
+        "cert",
+        "issue",
+        "--ca",
+        "ca",
+        "--user",
+        "eve",
+        "--org",
+        "x/OU=hosts",
+        "--out",
+        "x",
+    ]);
+    assert_exit(&out, 2, "--org");
+    let out = run(&["ca", "init", "--dir", "ca2", "--org", "a,b"]);
+    assert_exit(&out, 2, "--org");
+    assert!(!dir.path().join("eve.pem").exists() && !dir.path().join("x.pem").exists());
+}
+
+/// The same attack with a certificate some CA did sign: a user certificate whose CN spells
+/// `/OU=hosts/CN=a1` is no host certificate, so it cannot register as node a1 and never gets
+/// a1's capability key; a1 keeps its registration.
+#[test]
+fn a_user_certificate_spelling_a_host_subject_cannot_register_as_that_node() {
+    let g = Grid::start();
+    let before = registered_address(&g, "a1").expect("a1 registered");
+    forge_cert(&g, "eve", "users", "eve/OU=hosts/CN=a1", false);
+    let mut eve = g.new_node("eve-as-a1", "A");
+    g.start_node_with(&mut eve, "eve", &["--name", "a1"]);
+    let log = wait_log(eve.proc.as_ref().unwrap(), "registration refused");
+    assert!(
+        log.contains("is a user") || log.contains("mapfile"),
+        "{log}"
+    );
+    assert!(!log.contains(" registered node="), "{log}");
+    // Even with OU=hosts and the server usage, a CN that is no host name names no node.
+    forge_cert(&g, "eve2", "hosts", "eve/OU=hosts/CN=a1", true);
+    let mut eve2 = g.new_node("eve2-as-a1", "A");
+    g.start_node_with(&mut eve2, "eve2", &["--name", "a1"]);
+    wait_log(eve2.proc.as_ref().unwrap(), "registration refused");
+    assert!(!plain(&eve2.proc.as_ref().unwrap().log_text()).contains(" registered node="));
+    assert_eq!(registered_address(&g, "a1"), Some(before));
+}
+
+/// A second host certificate for an existing node's name (validly issued by the CA, another
+/// key) does not get the node's capability key: refused with the line that would enrol it;
+/// once that line is added it registers with a new key.
+#[test]
+fn another_certificate_for_a_registered_node_gets_no_key_until_enrolled() {
+    let g = Grid::start();
+    let before = registered_address(&g, "a1").expect("a1 registered");
+    let issued = g.issue(&["--host", "a1", "--host", "127.0.0.1", "--out", "a1-again"]);
+    let line = enrolment_line(&issued);
+    let mut twin = g.new_node("a1-twin", "A");
+    g.start_node_with(&mut twin, "a1-again", &[]);
+    let log = wait_log(twin.proc.as_ref().unwrap(), "registration refused");
+    assert!(log.contains("is not the one enrolled"), "{log}");
+    assert!(
+        log.contains(&line),
+        "the refusal names the line to add ({line}): {log}"
+    );
+    assert_eq!(registered_address(&g, "a1"), Some(before.clone()));
+    // The administrator enrols the new certificate: it registers, with a new key.
+    append(&g.pki("nodes"), &line);
+    wait_log(twin.proc.as_ref().unwrap(), " registered node=");
+    let ok = wait_for(SETTLE, || {
+        std::thread::sleep(Duration::from_millis(100));
+        registered_address(&g, "a1") == Some(twin.addr.clone())
+    });
+    assert!(
+        ok,
+        "a1 not re-registered by the enrolled certificate: {:?}",
+        g.nodes_json()
+    );
+    let meta = plain(&g.meta.as_ref().unwrap().log_text());
+    assert!(meta.contains("node a1 refused"), "{meta}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// C3: enrolment
+
+/// A host certificate of the CA that no administrator listed cannot join; the refusal names
+/// the exact line (with its fingerprint) to add, and the list is re-read when it changes.
+#[test]
+fn unlisted_nodes_are_refused_with_the_line_to_add_until_enrolled() {
+    let g = Grid::start();
+    let issued = g.issue(&["--host", "c1", "--host", "127.0.0.1", "--out", "c1"]);
+    let line = enrolment_line(&issued);
+    assert!(
+        line.starts_with("c1 sha256:") && line.len() == "c1 sha256:".len() + 64,
+        "{line}"
+    );
+    let mut c1 = g.new_node("c1", "C");
+    g.start_node(&mut c1);
+    let log = wait_log(c1.proc.as_ref().unwrap(), "registration refused");
+    assert!(log.contains("not enrolled"), "{log}");
+    assert!(log.contains(&format!("add the line `{line}`")), "{log}");
+    assert_eq!(registered_address(&g, "c1"), None);
+    append(&g.pki("nodes"), &line);
+    let ok = wait_for(SETTLE, || {
+        std::thread::sleep(Duration::from_millis(100));
+        g.nodes_json()
+            .iter()
+            .any(|n| n["name"] == "c1" && n["up"] == true)
+    });
+    assert!(ok, "c1 not admitted after enrolment: {:?}", g.nodes_json());
+}
+
+/// The metadata server's own certificate is a host certificate of the CA, but it may never
+/// join as a node (it would receive users' files), even when its name is listed.
+#[test]
+fn the_metadata_servers_own_certificate_cannot_join_as_a_node() {
+    let g = Grid::start();
+    append(&g.pki("nodes"), "127.0.0.1");
+    let mut m = g.new_node("meta-as-node", "A");
+    g.start_node_with(&mut m, "meta", &["--name", "127.0.0.1"]);
+    let log = wait_log(m.proc.as_ref().unwrap(), "registration refused");
+    assert!(log.contains("metadata server's own certificate"), "{log}");
+    assert_eq!(registered_address(&g, "127.0.0.1"), None);
+}
+
