@@ -313,6 +313,9 @@ impl Catalog {
         let pool = match backend {
             Backend::Sqlite => {
                 let memory = url.contains(":memory:");
+                if !memory {
+                    create_private(url)?;
+                }
                 let url = if memory || url.contains('?') {
                     url.to_string()
                 } else {
@@ -1919,6 +1922,29 @@ fn node_from(r: &AnyRow) -> Result<Node> {
         registered_ms: r.try_get("registered_ms")?,
         up: r.try_get::<i64, _>("up")? != 0,
     })
+}
+
+/// Creates the file of a `sqlite:PATH` catalog readable by its owner only (it holds the nodes'
+/// capability keys; SQLite gives the `-wal` and `-shm` files the same mode). An existing file
+/// is left as it is (the metadata server tightens its data directory).
+fn create_private(url: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = url
+        .trim_start_matches("sqlite:")
+        .trim_start_matches("//")
+        .split('?')
+        .next()
+        .unwrap_or_default();
+    if path.is_empty() || std::path::Path::new(path).exists() {
+        return Ok(());
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map(|_| ())
+        .map_err(|e| CatalogError::Database(format!("cannot create {path}: {e}")))
 }
 
 /// A database URL without its password, for messages.

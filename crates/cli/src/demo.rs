@@ -118,7 +118,7 @@ async fn start_meta(
     stop: &CancellationToken,
 ) -> Result<(std::net::SocketAddr, std::net::SocketAddr), TransferError> {
     let dir = base.join("meta");
-    std::fs::create_dir_all(&dir).map_err(local)?;
+    let lock = meta::lock_data_dir(&dir).map_err(|e| TransferError::Local(e.to_string()))?;
     let catalog = catalog::Catalog::open(&format!("sqlite:{}", dir.join("catalog.db").display()))
         .await
         .map_err(|e| TransferError::Local(format!("catalog: {e}")))?;
@@ -157,6 +157,7 @@ async fn start_meta(
         if let Err(e) = meta::run(m, server, listener, Some(http), s.cancelled_owned()).await {
             eprintln!("haul demo: metadata server failed: {e}");
         }
+        drop(lock);
     });
     Ok((addr, http_addr))
 }

@@ -248,3 +248,29 @@ fn the_metadata_servers_own_certificate_cannot_join_as_a_node() {
     assert_eq!(registered_address(&g, "127.0.0.1"), None);
 }
 
+// ---------------------------------------------------------------------------------------------
+// C4: the catalog holds every node's capability key
+
+/// `catalog.db` was created 0644 in a 0755 directory: any local user of the metadata host could
+/// read the node keys and forge capabilities.
+#[test]
+fn the_metadata_servers_data_directory_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let g = Grid::start();
+    let dir = g.path().join("meta-data");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    for f in [
+        "catalog.db",
+        "catalog.db-wal",
+        "catalog.db-shm",
+        "meta.lock",
+    ] {
+        let p = dir.join(f);
+        if p.exists() {
+            assert_eq!(mode(&p), 0o600, "{f}");
+        } else {
+            assert_ne!(f, "catalog.db", "no catalog in {}", dir.display());
+        }
+    }
+}
