@@ -527,6 +527,10 @@ pub struct MetaServeArgs {
     /// How often replica policies are checked (also after every change).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub reconcile_every: std::time::Duration,
+    /// How long a capability (a node's permission for one transfer) is valid; clients renew
+    /// them in longer transfers.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub grant_ttl: std::time::Duration,
     /// Verify (and repair) every replica this often, e.g. 7d [default: off]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub scrub_every: Option<std::time::Duration>,

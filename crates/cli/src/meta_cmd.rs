@@ -63,6 +63,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         pending_grace: a.pending_grace,
         reconcile_every: a.reconcile_every,
         scrub_every: a.scrub_every,
+        grant_ttl: a.grant_ttl,
         ..Default::default()
     };
     let m = Arc::new(Meta::new(

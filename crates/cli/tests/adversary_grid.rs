@@ -6,10 +6,19 @@
 //! enrolled by fingerprint, users alice and bob (group atlas) and mallory (not mapped).
 
 mod common;
+use api::meta as pb;
 use common::grid::*;
 use common::*;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use transfer::TransferError;
+use transfer::client::{CopyOptions, Peer, SourceRequest};
+use transfer::spool::Naming;
+use transfer::store::{Destination, Root};
+use wire::control::ListedFile;
+use wire::grant::SignedGrant;
 
 /// A log without its colour escapes.
 fn plain(log: &str) -> String {
@@ -273,4 +282,216 @@ fn the_metadata_servers_data_directory_is_private() {
             assert_ne!(f, "catalog.db", "no catalog in {}", dir.display());
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// C11: capabilities are bound to their holder and short-lived
+
+/// A user's own client of the grid (metadata server and nodes), as an attacker would write
+/// one: capabilities in hand, talking to nodes directly.
+struct Direct {
+    rt: tokio::runtime::Runtime,
+    tls: Arc<rustls::ClientConfig>,
+    meta: ::grid::MetaClient,
+}
+
+impl Direct {
+    fn new(g: &Grid, user: &str) -> Self {
+        let creds = transfer::tls::Credentials::load(&transfer::tls::CredentialPaths {
+            cert: g.pki(&format!("{user}.pem")),
+            key: g.pki(&format!("{user}.key")),
+            ca: g.pki("ca/ca.pem"),
+        })
+        .unwrap();
+        let tls = transfer::tls::client_config(&creds).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let meta = rt
+            .block_on(::grid::MetaClient::connect(
+                &Peer::parse(&g.meta_addr).unwrap(),
+                tls.clone(),
+            ))
+            .unwrap();
+        Self { rt, tls, meta }
+    }
+
+    /// `OpenRead` of one file: the file and its first node's address and capability.
+    fn open_read(&self, path: &str) -> (pb::ReadSource, String, pb::Capability) {
+        let r = self
+            .rt
+            .block_on(self.meta.open_read(pb::OpenReadRequest {
+                paths: vec![path.into()],
+                ..Default::default()
+            }))
+            .unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let n = r.nodes[0].clone();
+        (r.files[0].clone(), n.address, n.capability.unwrap())
+    }
+
+    /// Downloads `file` from the node at `addr`, presenting `cap`, into `dest` (a directory).
+    fn read(
+        &self,
+        addr: &str,
+        cap: &pb::Capability,
+        file: &pb::ReadSource,
+        dest: &Path,
+    ) -> Result<(), TransferError> {
+        let listed = ListedFile {
+            locator: file.id.to_string(),
+            name: "got".into(),
+            size: file.size,
+            mode: 0o644,
+            mtime: Default::default(),
+            expect: vec![],
+        };
+        let opts = CopyOptions {
+            recursive: false,
+            range: None,
+            session: Default::default(),
+            retry: wire::retry::RetryPolicy {
+                max_attempts: 1,
+                ..Default::default()
+            },
+            tls: Some(transfer::conn::ClientTls {
+                config: self.tls.clone(),
+            }),
+            link_bps: 1_000_000_000,
+            checkpoint_interval: Duration::from_secs(5),
+            control_pool: None,
+            zero_copy: false,
+        };
+        let dest = Destination::resolve(&Root::Ambient, dest, true).map_err(TransferError::from)?;
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        self.rt
+            .block_on(transfer::client::download(
+                &Peer::parse(addr)?,
+                SourceRequest {
+                    files: vec![listed],
+                    grant: Some(SignedGrant {
+                        token: cap.token.clone(),
+                        mac: cap.mac.clone(),
+                    }),
+                    ..Default::default()
+                },
+                Arc::new(Root::Ambient),
+                Naming::Tree(dest),
+                &opts,
+                Default::default(),
+                Arc::new(Default::default()),
+                tx,
+                CancellationToken::new(),
+            ))
+            .map(|_| ())
+    }
+
+    fn renew(&self, node: &str, op: &str, ids: Vec<i64>) -> Result<pb::Capability, TransferError> {
+        self.rt.block_on(self.meta.renew(node, op, ids))
+    }
+}
+
+/// Capabilities were bearer tokens valid for an hour: a user not in the mapfile used another
+/// user's. Now a capability serves only the certificate it was issued to, lasts `--grant-ttl`,
+/// and a renewal checks permissions again (a chmod takes effect at the next renewal).
+#[test]
+fn a_capability_serves_only_its_holder_and_ends_with_its_ttl() {
+    let g = Grid::start_with(&["--grant-ttl", "5s"]);
+    g.ok("alice", &["mkdir", "/alice"]);
+    let src = g.path().join("f.bin");
+    let data = write_file(&src, 7, 100_000);
+    assert_ok(&g.cp("alice", &[src.to_str().unwrap(), &g.url("/alice/f.bin")]));
+    let alice = Direct::new(&g, "alice");
+    let (file, addr, cap) = alice.open_read("/alice/f.bin");
+    let issued = std::time::Instant::now();
+    // mallory (not even mapped) and bob (a user of the grid) present alice's capability.
+    for thief in ["mallory", "bob"] {
+        let d = tempfile::tempdir_in(g.path()).unwrap();
+        let err = Direct::new(&g, thief)
+            .read(&addr, &cap, &file, d.path())
+            .unwrap_err();
+        assert!(matches!(err, TransferError::Auth(_)), "{thief}: {err}");
+        assert!(
+            err.to_string().contains("another certificate"),
+            "{thief}: {err}"
+        );
+        assert!(!d.path().join("got").exists());
+    }
+    // Its holder may use it.
+    let d = tempfile::tempdir_in(g.path()).unwrap();
+    alice.read(&addr, &cap, &file, d.path()).unwrap();
+    assert_eq!(std::fs::read(d.path().join("got")).unwrap(), data);
+    // After its time, not even the holder.
+    std::thread::sleep(
+        Duration::from_secs(5).saturating_sub(issued.elapsed()) + Duration::from_millis(500),
+    );
+    let d = tempfile::tempdir_in(g.path()).unwrap();
+    let err = alice.read(&addr, &cap, &file, d.path()).unwrap_err();
+    assert!(err.to_string().contains("expired"), "{err}");
+    // A renewal checks permissions again: bob may read the file, until alice takes it away.
+    let bob = Direct::new(&g, "bob");
+    let (_, _, _) = bob.open_read("/alice/f.bin");
+    let node = g.where_(&["/alice/f.bin".to_string()])[0]["replicas"][0]["node"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    bob.renew(&node, "read", vec![file.id]).unwrap();
+    g.ok("alice", &["chmod", "600", "/alice/f.bin"]);
+    let err = bob.renew(&node, "read", vec![file.id]).unwrap_err();
+    assert!(matches!(err, TransferError::Auth(_)), "{err}");
+    // Nor may anyone renew a capability to write a file that is already complete.
+    let err = alice.renew(&node, "write", vec![file.id]).unwrap_err();
+    assert!(matches!(err, TransferError::Auth(_)), "{err}");
+}
+
+/// With capabilities valid for 2 s, a download whose second node session starts after that
+/// still succeeds: the client renews the capability before it ends.
+#[test]
+fn a_download_that_outlasts_its_capabilities_renews_them() {
+    let g = Grid::start_with(&["--grant-ttl", "2s"]);
+    g.ok("alice", &["mkdir", "/alice"]);
+    let src = g.path().join("src").join("ds");
+    for i in 0..4 {
+        write_file(&src.join(format!("f{i}")), i, 1 << 20);
+    }
+    assert_ok(&g.cp(
+        "alice",
+        &["-r", src.to_str().unwrap(), &g.url("/alice"), "--site", "A"],
+    ));
+    let holders: std::collections::BTreeSet<String> = g
+        .where_(
+            &(0..4)
+                .map(|i| format!("/alice/ds/f{i}"))
+                .collect::<Vec<_>>(),
+        )
+        .iter()
+        .map(|f| f["replicas"][0]["node"].as_str().unwrap().to_string())
+        .collect();
+    assert!(holders.len() > 1, "files on one node only: {holders:?}");
+    // One node session at a time, paced to ~1 MB/s: the second one starts after ~2 s.
+    let dl = tempfile::tempdir_in(g.path()).unwrap();
+    let url = g.url("/alice/ds");
+    let mut cmd = g.cmd(
+        "alice",
+        &[
+            "cp",
+            "--json",
+            "--progress",
+            "never",
+            "-r",
+            &url,
+            dl.path().to_str().unwrap(),
+            "--node-sessions",
+            "1",
+            "--rate",
+            "8M",
+        ],
+    );
+    cmd.env("HAUL_LOG", "grid=debug");
+    let out = run_bounded(cmd, CMD_TIMEOUT);
+    assert_ok(&out);
+    assert_same_tree(&src, &dl.path().join("ds"));
+    assert!(
+        stderr(&out).contains("renewing a capability"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -355,6 +355,25 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner())
     }
 
+    /// A fresh capability for files a capability of ours covered (`op` "read" or "write").
+    pub async fn renew(
+        &self,
+        node: &str,
+        op: &str,
+        ids: Vec<i64>,
+    ) -> Result<pb::Capability, TransferError> {
+        let r = self
+            .files
+            .clone()
+            .renew(pb::RenewRequest {
+                node: node.into(),
+                op: op.into(),
+                ids,
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
     pub async fn who_am_i(&self) -> Result<pb::Identity, TransferError> {
         let r = self.files.clone().who_am_i(pb::Empty {}).await;
         Ok(r.map_err(from_status)?.into_inner())

@@ -51,6 +51,53 @@ pub(crate) fn cap(c: &Option<pb::Capability>) -> Option<SignedGrant> {
     })
 }
 
+/// A capability as received, and when to ask for a new one: capabilities are short-lived (5
+/// minutes by default), and a copy can outlast one (sessions that start late, retries).
+#[derive(Clone)]
+pub(crate) struct Cap {
+    grant: Option<SignedGrant>,
+    /// On this host's clock: a minute before it ends (half its life for short ones).
+    renew_at: Option<Instant>,
+}
+
+impl Cap {
+    pub(crate) fn of(c: &Option<pb::Capability>) -> Self {
+        Self::received(c, Instant::now())
+    }
+
+    fn received(c: &Option<pb::Capability>, at: Instant) -> Self {
+        let renew_at = c.as_ref().filter(|c| c.ttl_ms > 0).map(|c| {
+            let ttl = Duration::from_millis(c.ttl_ms);
+            at + ttl - (ttl / 2).min(Duration::from_secs(60))
+        });
+        Self {
+            grant: cap(c),
+            renew_at,
+        }
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.renew_at.is_some_and(|t| now >= t)
+    }
+
+    /// The grant to present for `ids` on `node`: this one, or a renewed one (`op` "read" or
+    /// "write") when it is about to end. The metadata server checks permissions again.
+    async fn fresh(
+        &self,
+        meta: &MetaClient,
+        node: &str,
+        op: &str,
+        ids: Vec<i64>,
+    ) -> Result<Option<SignedGrant>, TransferError> {
+        if !self.due(Instant::now()) {
+            return Ok(self.grant.clone());
+        }
+        tracing::debug!(%node, op, files = ids.len(), "renewing a capability");
+        let c = meta.renew(node, op, ids).await?;
+        Ok(cap(&Some(c)))
+    }
+}
+
 fn ts(ns: i64) -> Timestamp {
     Timestamp {
         secs: ns.div_euclid(1_000_000_000),
@@ -595,18 +642,21 @@ async fn upload(
                     names.insert(id.to_string(), (path.clone(), *id));
                     list.push(e);
                 }
-                jobs.push((pl.node, peer, cap(&pl.capability), list, names));
+                let grant = Cap::of(&pl.capability);
+                jobs.push((pl.node, peer, grant, pl.ids, list, names));
             }
         }
         let results = run_bounded(
             jobs.into_iter()
-                .map(|(node, peer, grant, list, names)| {
+                .map(|(node, peer, grant, ids, list, names)| {
                     let runner = &runner;
                     let copy = &opts.copy;
                     let announced: Vec<String> = names.keys().cloned().collect();
                     async move {
+                        let n = node.clone();
                         let r = runner
                             .session(node.clone(), announced, |c, ev, cancel| async move {
+                                let grant = grant.fresh(meta, &n, "write", ids).await?;
                                 transfer::client::upload(
                                     list,
                                     &peer,
@@ -750,15 +800,7 @@ async fn open_source(
     src: &str,
     opts: &GridOptions,
     exclude: &[String],
-) -> Result<
-    (
-        Vec<ReadFile>,
-        Vec<pb::Entry>,
-        HashMap<String, Option<SignedGrant>>,
-        bool,
-    ),
-    TransferError,
-> {
+) -> Result<(Vec<ReadFile>, Vec<pb::Entry>, HashMap<String, Cap>, bool), TransferError> {
     let norm = normalize(src);
     let top = meta.stat(&norm).await?;
     if top.is_dir && !opts.copy.recursive {
@@ -839,7 +881,7 @@ async fn open_source(
     let grants = reply
         .nodes
         .into_iter()
-        .map(|n| (n.node, cap(&n.capability)))
+        .map(|n| (n.node, Cap::of(&n.capability)))
         .collect();
     Ok((files, dirs, grants, top.is_dir))
 }
@@ -922,7 +964,7 @@ async fn download(
         for (node, list) in by_node {
             let address = list[0].node().expect("replica").address.clone();
             let peer = Peer::parse(&address)?;
-            let grant = grants.get(&node).cloned().flatten();
+            let grant = grants.get(&node).cloned();
             for chunk in list.chunks(SESSION_FILES) {
                 jobs.push((node.clone(), peer.clone(), grant.clone(), chunk.to_vec()));
             }
@@ -935,9 +977,15 @@ async fn download(
                     let names: Vec<String> = chunk.iter().map(|f| f.rel.clone()).collect();
                     let listed: Vec<ListedFile> =
                         chunk.iter().map(|f| f.listed(f.rel.clone())).collect();
+                    let ids: Vec<i64> = chunk.iter().map(|f| f.source.id).collect();
                     async move {
+                        let n = node.clone();
                         let r = runner
                             .session(node.clone(), names, |c, ev, cancel| async move {
+                                let grant = match grant {
+                                    Some(g) => g.fresh(meta, &n, "read", ids).await?,
+                                    None => None,
+                                };
                                 let mut session = copy.session.clone();
                                 session.resume = resume;
                                 transfer::client::download(
@@ -1155,7 +1203,7 @@ async fn within(
             }
             for pl in reply.placements {
                 let to = Peer::parse(&pl.address)?;
-                let write = cap(&pl.capability);
+                let write = Cap::of(&pl.capability);
                 // Group this node's files by the node each is read from.
                 let mut by_source: BTreeMap<String, Vec<(i64, String, ReadFile)>> = BTreeMap::new();
                 for (id, path) in pl.ids.iter().zip(&pl.paths) {
@@ -1182,19 +1230,28 @@ async fn within(
         let results = run_bounded(
             jobs.into_iter()
                 .map(|(src_node, from, dst_node, to, write, list)| {
-                    let read = grants.get(&src_node).cloned().flatten();
+                    let read = grants.get(&src_node).cloned();
                     let (runner, copy) = (&runner, &opts.copy);
                     let names: Vec<String> = list.iter().map(|(id, _, _)| id.to_string()).collect();
                     let listed: Vec<ListedFile> = list
                         .iter()
                         .map(|(id, _, f)| f.listed(id.to_string()))
                         .collect();
+                    let new_ids: Vec<i64> = list.iter().map(|(id, _, _)| *id).collect();
+                    let old_ids: Vec<i64> = list.iter().map(|(_, _, f)| f.source.id).collect();
+                    let (s_node, d_node) = (src_node.clone(), dst_node.clone());
                     async move {
                         let r = runner
                             .session(
                                 format!("{src_node}->{dst_node}"),
                                 names,
                                 |c, ev, cancel| async move {
+                                    let read = match read {
+                                        Some(g) => g.fresh(meta, &s_node, "read", old_ids).await?,
+                                        None => None,
+                                    };
+                                    let write =
+                                        write.fresh(meta, &d_node, "write", new_ids).await?;
                                     transfer::client::third_party(
                                         &from,
                                         SourceRequest {
@@ -1308,6 +1365,29 @@ mod tests {
         assert_eq!(parent_of("/a"), "/");
         assert_eq!(ns_of(ts(1_500_000_000_123)), 1_500_000_000_123);
         assert_eq!(ts(-1).secs, -1);
+    }
+
+    #[test]
+    fn capabilities_are_renewed_before_they_end() {
+        let t0 = Instant::now();
+        let c = |ttl_ms| {
+            Some(pb::Capability {
+                token: vec![1],
+                mac: vec![2],
+                ttl_ms,
+            })
+        };
+        // Five minutes: renewed in its last minute.
+        let five = Cap::received(&c(300_000), t0);
+        assert!(!five.due(t0 + Duration::from_secs(239)));
+        assert!(five.due(t0 + Duration::from_secs(240)));
+        // Short ones at half their life.
+        let two = Cap::received(&c(2_000), t0);
+        assert!(!two.due(t0 + Duration::from_millis(999)));
+        assert!(two.due(t0 + Duration::from_millis(1000)));
+        // From a server that does not say (ttl 0), or none at all: never.
+        assert!(!Cap::received(&c(0), t0).due(t0 + Duration::from_secs(86_400)));
+        assert!(!Cap::received(&None, t0).due(t0 + Duration::from_secs(86_400)));
     }
 
     #[test]

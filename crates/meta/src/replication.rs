@@ -673,10 +673,10 @@ async fn run_session(
             .await
             .map_err(|e| TransferError::Local(e.to_string()))?;
         let read = meta
-            .grant(&src, Operation::Read, ids.clone(), "haul-meta")
+            .own_grant(&src, Operation::Read, ids.clone())
             .map_err(|s| TransferError::Connect(s.message().to_string()))?;
         let write = meta
-            .grant(&dst, Operation::Write, ids.clone(), "haul-meta")
+            .own_grant(&dst, Operation::Write, ids.clone())
             .map_err(|s| TransferError::Connect(s.message().to_string()))?;
         let opts = meta.copy_options().ok_or_else(|| {
             TransferError::Usage("the metadata server has no client certificate".into())

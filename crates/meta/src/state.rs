@@ -25,7 +25,7 @@ pub struct Settings {
     pub orphan_grace: Duration,
     /// Uploads that never finish are dropped after this long.
     pub pending_grace: Duration,
-    /// How long capabilities are valid.
+    /// How long capabilities are valid (clients renew them in longer transfers).
     pub grant_ttl: Duration,
     /// How often the reconciler checks replica policies (it also runs on changes).
     pub reconcile_every: Duration,
@@ -40,7 +40,7 @@ impl Default for Settings {
             node_timeout: Duration::from_secs(10),
             orphan_grace: Duration::from_secs(3600),
             pending_grace: Duration::from_secs(24 * 3600),
-            grant_ttl: Duration::from_secs(3600),
+            grant_ttl: Duration::from_secs(300),
             reconcile_every: Duration::from_secs(30),
             scrub_every: None,
         }
@@ -290,13 +290,15 @@ impl Meta {
         self.nodes.read().expect("nodes lock").get(name).cloned()
     }
 
-    /// A capability for `op` on `ids` at `node`, for `user`.
+    /// A capability for `op` on `ids` at `node`, done for `user`, that only the certificate
+    /// `holder` may present (`None`: nobody; such a grant is only ever relayed).
     pub fn grant(
         &self,
         node: &NodeEntry,
         op: Operation,
         ids: Vec<i64>,
         user: &str,
+        holder: Option<Fingerprint>,
     ) -> Result<pb::Capability, Status> {
         if node.key.is_empty() {
             return Err(Status::unavailable(format!(
@@ -304,18 +306,46 @@ impl Meta {
                 node.node.name
             )));
         }
+        let ttl = self.settings.grant_ttl.as_millis() as i64;
         let g = Grant {
             node: node.node.name.clone(),
             op,
             ids,
             user: user.to_string(),
-            expires_ms: catalog::now_ms() + self.settings.grant_ttl.as_millis() as i64,
+            holder: holder.map(|h| h.as_bytes().to_vec()).unwrap_or_default(),
+            expires_ms: catalog::now_ms() + ttl,
         };
         let s = g.sign(&node.key);
         Ok(pb::Capability {
             token: s.token,
             mac: s.mac,
+            ttl_ms: ttl as u64,
         })
+    }
+
+    /// A capability for the calling user, bound to the certificate the user called with.
+    pub fn user_grant(
+        &self,
+        node: &NodeEntry,
+        op: Operation,
+        ids: Vec<i64>,
+        user: &User,
+    ) -> Result<pb::Capability, Status> {
+        self.grant(node, op, ids, &user.name, user.cert)
+    }
+
+    /// A capability for the server's own copies (replication, repair, verification), bound to
+    /// its own certificate.
+    pub fn own_grant(
+        &self,
+        node: &NodeEntry,
+        op: Operation,
+        ids: Vec<i64>,
+    ) -> Result<pb::Capability, Status> {
+        let own = self.own_cert().ok_or_else(|| {
+            Status::failed_precondition("the metadata server has no certificate of its own")
+        })?;
+        self.grant(node, op, ids, "haul-meta", Some(own))
     }
 
     /// The group a new entry in `parent` gets: the parent's, if it has the set-group-id bit,

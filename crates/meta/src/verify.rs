@@ -100,7 +100,7 @@ pub async fn verify_files(
                     break;
                 }
                 let ids: Vec<i64> = meta_chunk.iter().map(|f| f.0).collect();
-                let grant = match meta.grant(&entry, Operation::Verify, ids, "haul-meta") {
+                let grant = match meta.own_grant(&entry, Operation::Verify, ids) {
                     Ok(g) => g,
                     Err(s) => {
                         findings

@@ -45,11 +45,13 @@ pub trait Spool: Send + Sync {
     }
 }
 
-/// Checks a request's capability for `op`.
+/// Checks a request's capability for `op`, presented on a connection whose client certificate
+/// has the fingerprint `presenter` (capabilities serve only the holder they name).
 pub fn check(
     spool: &dyn Spool,
     grant: Option<&SignedGrant>,
     op: Operation,
+    presenter: Option<&[u8]>,
 ) -> Result<Grant, ErrorInfo> {
     let Some(grant) = grant else {
         return Err(ErrorInfo::new(
@@ -64,7 +66,13 @@ pub fn check(
         )
     })?;
     grant
-        .verify(&key, &spool.node(), op, now_ms())
+        .verify(
+            &key,
+            &spool.node(),
+            op,
+            now_ms(),
+            presenter.unwrap_or_default(),
+        )
         .map_err(|e| ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()))
 }
 
