@@ -24,6 +24,7 @@ pub async fn run(c: &Catalog) {
     batch_creates(c).await;
     trees_and_reconciliation(c).await;
     renames_are_seen_at_once(c).await;
+    replicas_complete_only_where_being_written(c).await;
 }
 
 async fn batch_creates(c: &Catalog) {
@@ -562,6 +563,76 @@ async fn node_keys_follow_certificates(c: &Catalog) {
         .unwrap();
     assert_eq!(k, vec![6; 32]);
     for n in ["k1", "k2"] {
+        c.remove_node(n).await.unwrap();
+    }
+}
+
+/// Issue 11 C7: a replica becomes complete only where one is being written, and a complete
+/// replica is never turned back into one being written (no write may be granted over it).
+async fn replicas_complete_only_where_being_written(c: &Catalog) {
+    let e = entry("wendy");
+    c.mkdir("/wr", &e, false).await.unwrap();
+    for n in ["w1", "w2"] {
+        c.register_node(n, "siteW", "w:1", 100, 100).await.unwrap();
+    }
+    let f = c.create_pending("/wr/f", &e).await.unwrap();
+    let done = |node: &'static str, sum: &'static str| c.complete_replica(f.id, node, 3, sum, 1);
+    // Nobody asked w1 to write it: refused, the file stays pending.
+    assert!(matches!(
+        done("w1", "crc32c:00000003").await,
+        Err(CatalogError::Denied(_))
+    ));
+    assert!(c.inode(f.id).await.unwrap().pending);
+    assert!(
+        c.start_replicas(&[(f.id, "w1".into())])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    done("w1", "crc32c:00000003").await.unwrap();
+    assert!(!c.inode(f.id).await.unwrap().pending);
+    // Reported again (a retry): nothing changes.
+    done("w1", "crc32c:00000003").await.unwrap();
+    // A second copy: w1's complete replica is not restarted, w2's is.
+    let skipped = c
+        .start_replicas(&[(f.id, "w1".into()), (f.id, "w2".into())])
+        .await
+        .unwrap();
+    assert_eq!(skipped, vec![(f.id, "w1".to_string())]);
+    let state = |node: &'static str| async move {
+        c.replicas(f.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| r.node == node)
+            .map(|r| r.state)
+    };
+    assert_eq!(state("w1").await, Some(ReplicaState::Complete));
+    assert_eq!(state("w2").await, Some(ReplicaState::Writing));
+    assert!(matches!(
+        done("w2", "crc32c:0000000f").await,
+        Err(CatalogError::Invalid(_))
+    ));
+    done("w2", "crc32c:00000003").await.unwrap();
+    // A damaged replica is not completed by a report, only by a write that was started.
+    c.mark_replicas(&[(f.id, "w2".into())], ReplicaState::Damaged)
+        .await
+        .unwrap();
+    assert!(matches!(
+        done("w2", "crc32c:00000003").await,
+        Err(CatalogError::Denied(_))
+    ));
+    assert!(
+        c.start_replicas(&[(f.id, "w2".into())])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    done("w2", "crc32c:00000003").await.unwrap();
+    assert_eq!(state("w2").await, Some(ReplicaState::Complete));
+    c.remove("/wr", true).await.unwrap();
+    for n in ["w1", "w2"] {
+        c.forget_dead(n, &[f.id]).await.unwrap();
         c.remove_node(n).await.unwrap();
     }
 }

@@ -1397,14 +1397,29 @@ impl Catalog {
         Ok(())
     }
 
-    /// Records replicas being written (one transaction for all).
-    pub async fn start_replicas(&self, replicas: &[(i64, String)]) -> Result<()> {
+    /// Records replicas being written (one transaction for all), except where the node
+    /// already holds a complete replica of the file: those pairs are returned, and no write
+    /// may be granted for them (a complete replica is never written over).
+    pub async fn start_replicas(&self, replicas: &[(i64, String)]) -> Result<Vec<(i64, String)>> {
         let mut w = self.wtx().await?;
         let r = async {
+            let mut complete = Vec::new();
             for (inode, node) in replicas {
+                let state =
+                    sqlx::query("SELECT state FROM replicas WHERE inode = $1 AND node = $2")
+                        .bind(inode)
+                        .bind(node)
+                        .fetch_optional(&mut *w.tx)
+                        .await?
+                        .map(|r| r.try_get::<i64, _>(0))
+                        .transpose()?;
+                if state == Some(ReplicaState::Complete.to_i64()) {
+                    complete.push((*inode, node.clone()));
+                    continue;
+                }
                 Self::upsert_replica(&mut w.tx, *inode, node, ReplicaState::Writing, "").await?;
             }
-            Ok(())
+            Ok(complete)
         }
         .await;
         self.done(w, r).await
@@ -1450,6 +1465,25 @@ impl Catalog {
                     "replica of inode {inode} on {node} does not match the file (size {size}, checksum {checksum}; the file has size {}, checksum {})",
                     i.size, i.checksum
                 )));
+            }
+            // Only a replica the catalog expects (one being written there) completes; the
+            // report of one already complete (a retry) changes nothing.
+            let state = sqlx::query("SELECT state FROM replicas WHERE inode = $1 AND node = $2")
+                .bind(inode)
+                .bind(node)
+                .fetch_optional(&mut *w.tx)
+                .await?
+                .map(|r| r.try_get::<i64, _>(0))
+                .transpose()?
+                .map(ReplicaState::from_i64);
+            match state {
+                Some(ReplicaState::Writing) => {}
+                Some(ReplicaState::Complete) if !i.pending => return Ok(i),
+                _ => {
+                    return Err(CatalogError::Denied(format!(
+                        "no replica of inode {inode} is being written on {node}"
+                    )));
+                }
             }
             Self::upsert_replica(&mut w.tx, inode, node, ReplicaState::Complete, checksum).await?;
             if i.pending {

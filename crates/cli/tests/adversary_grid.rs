@@ -344,22 +344,7 @@ impl Direct {
             mtime: Default::default(),
             expect: vec![],
         };
-        let opts = CopyOptions {
-            recursive: false,
-            range: None,
-            session: Default::default(),
-            retry: wire::retry::RetryPolicy {
-                max_attempts: 1,
-                ..Default::default()
-            },
-            tls: Some(transfer::conn::ClientTls {
-                config: self.tls.clone(),
-            }),
-            link_bps: 1_000_000_000,
-            checkpoint_interval: Duration::from_secs(5),
-            control_pool: None,
-            zero_copy: false,
-        };
+        let opts = self.opts();
         let dest = Destination::resolve(&Root::Ambient, dest, true).map_err(TransferError::from)?;
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         self.rt
@@ -382,6 +367,87 @@ impl Direct {
                 CancellationToken::new(),
             ))
             .map(|_| ())
+    }
+
+    /// `CreateFiles` of one file: its node's address, its id and the write capability.
+    fn create(&self, path: &str, size: u64) -> (String, i64, pb::Capability) {
+        let r = self
+            .rt
+            .block_on(self.meta.create_files(pb::CreateFilesRequest {
+                files: vec![pb::NewFile {
+                    path: path.into(),
+                    size,
+                    mode: 0o644,
+                    mtime_ns: 1_700_000_000_000_000_000,
+                }],
+                overwrite: true,
+                ..Default::default()
+            }))
+            .unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let p = r.placements[0].clone();
+        (p.address, p.ids[0], p.capability.unwrap())
+    }
+
+    /// Uploads local file `src` as file `id` to the node at `addr`, presenting `cap`; the
+    /// error of the session or of the file.
+    fn write(&self, addr: &str, cap: &pb::Capability, id: i64, src: &Path) -> Result<(), String> {
+        let size = std::fs::metadata(src).unwrap().len();
+        let entry = transfer::store::SourceEntry {
+            rel: id.to_string(),
+            kind: wire::data::EntryKind::File,
+            size,
+            mode: 0o644,
+            mtime: wire::data::Timestamp {
+                secs: 1_700_000_000,
+                nanos: 0,
+            },
+            locator: src.to_path_buf(),
+            expect: vec![],
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let r = self.rt.block_on(transfer::client::upload(
+            vec![entry],
+            &Peer::parse(addr).unwrap(),
+            transfer::client::SinkRequest {
+                dest: String::new(),
+                grant: Some(SignedGrant {
+                    token: cap.token.clone(),
+                    mac: cap.mac.clone(),
+                }),
+            },
+            &self.opts(),
+            Default::default(),
+            Arc::new(Default::default()),
+            tx,
+            CancellationToken::new(),
+        ));
+        r.map_err(|e| e.to_string())?;
+        while let Ok(ev) = rx.try_recv() {
+            if let transfer::progress::Event::FileFailed { error, .. } = ev {
+                return Err(error.message);
+            }
+        }
+        Ok(())
+    }
+
+    fn opts(&self) -> CopyOptions {
+        CopyOptions {
+            recursive: false,
+            range: None,
+            session: Default::default(),
+            retry: wire::retry::RetryPolicy {
+                max_attempts: 1,
+                ..Default::default()
+            },
+            tls: Some(transfer::conn::ClientTls {
+                config: self.tls.clone(),
+            }),
+            link_bps: 1_000_000_000,
+            checkpoint_interval: Duration::from_secs(5),
+            control_pool: None,
+            zero_copy: false,
+        }
     }
 
     fn renew(&self, node: &str, op: &str, ids: Vec<i64>) -> Result<pb::Capability, TransferError> {
@@ -494,4 +560,46 @@ fn a_download_that_outlasts_its_capabilities_renews_them() {
         "{}",
         stderr(&out)
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// C7: a write capability replayed after the commit
+
+/// Replaying the write capability of a committed file made the node rename the new data over
+/// the verified replica, the metadata server refuse it, and the node delete it: the file was
+/// lost while the catalog said complete. Now the node refuses to write over the replica and
+/// the replica stays as it was.
+#[test]
+fn a_write_capability_replayed_after_the_commit_leaves_the_replica_alone() {
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let good = g.path().join("good.bin");
+    let good_data = write_file(&good, 1, 200_000);
+    let alice = Direct::new(&g, "alice");
+    let (addr, id, cap) = alice.create("/alice/r.bin", 200_000);
+    alice.write(&addr, &cap, id, &good).unwrap();
+    let w = g.where_(&["/alice/r.bin".to_string()]);
+    let node = w[0]["replicas"][0]["node"].as_str().unwrap().to_string();
+    assert_eq!(w[0]["replicas"][0]["state"], "complete", "{w:?}");
+    // The replay, with other data of the same size and of another size.
+    for (seed, len) in [(2, 200_000), (3, 1000)] {
+        let evil = g.path().join(format!("evil{seed}.bin"));
+        write_file(&evil, seed, len);
+        let err = alice.write(&addr, &cap, id, &evil).unwrap_err();
+        assert!(err.contains("already has a replica"), "{err}");
+    }
+    // Even the same data again changes nothing.
+    let _ = alice.write(&addr, &cap, id, &good);
+    assert_eq!(
+        std::fs::read(g.replica_file(&node, "/alice/r.bin")).unwrap(),
+        good_data
+    );
+    let w = g.where_(&["/alice/r.bin".to_string()]);
+    assert_eq!(w[0]["replicas"].as_array().unwrap().len(), 1, "{w:?}");
+    assert_eq!(w[0]["replicas"][0]["state"], "complete", "{w:?}");
+    // Wait past a heartbeat: the node deleted nothing.
+    std::thread::sleep(Duration::from_secs(1));
+    let back = g.path().join("back.bin");
+    assert_ok(&g.cp("alice", &[&g.url("/alice/r.bin"), back.to_str().unwrap()]));
+    assert_same_file(&good, &back);
 }

@@ -666,23 +666,53 @@ async fn run_session(
         seconds: 0.0,
         released: false,
     };
+    // Replicas the destination already has complete (made meanwhile) are never written over.
+    let mut already: HashSet<i64> = HashSet::new();
     let r = async {
+        let db = |e: catalog::CatalogError| TransferError::Local(e.to_string());
+        // A damaged or missing replica on the destination is replaced (repaired in place).
+        let before = meta.catalog.replicas_of(&ids).await.map_err(db)?;
+        let replace: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| {
+                before.get(id).is_some_and(|v| {
+                    v.iter().any(|r| {
+                        r.node == dst.node.name
+                            && matches!(r.state, ReplicaState::Damaged | ReplicaState::Missing)
+                    })
+                })
+            })
+            .collect();
         let starts: Vec<(i64, String)> = ids.iter().map(|i| (*i, dst.node.name.clone())).collect();
-        meta.catalog
+        already = meta
+            .catalog
             .start_replicas(&starts)
             .await
-            .map_err(|e| TransferError::Local(e.to_string()))?;
+            .map_err(db)?
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        let ids: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|i| !already.contains(i))
+            .collect();
+        if ids.is_empty() {
+            return Ok((None, HashSet::new(), HashMap::new(), 0));
+        }
         let read = meta
             .own_grant(&src, Operation::Read, ids.clone())
             .map_err(|s| TransferError::Connect(s.message().to_string()))?;
         let write = meta
-            .own_grant(&dst, Operation::Write, ids.clone())
+            .own_grant_replacing(&dst, Operation::Write, ids.clone(), replace)
             .map_err(|s| TransferError::Connect(s.message().to_string()))?;
         let opts = meta.copy_options().ok_or_else(|| {
             TransferError::Usage("the metadata server has no client certificate".into())
         })?;
         let files: Vec<ListedFile> = tasks
             .iter()
+            .filter(|t| !already.contains(&t.inode.id))
             .map(|t| ListedFile {
                 locator: t.inode.id.to_string(),
                 name: t.inode.id.to_string(),
@@ -789,10 +819,14 @@ async fn run_session(
         Ok((err, done, failed, moved)) => {
             out.session_error = err;
             out.done = done;
+            out.done.extend(already.iter().copied());
             out.failed = failed;
             out.bytes = moved;
         }
-        Err(e) => out.session_error = Some(e),
+        Err(e) => {
+            out.session_error = Some(e);
+            out.done.extend(already.iter().copied());
+        }
     }
     // What the destination did not confirm: the catalog may still have it complete (its
     // report raced the end of the session); otherwise drop the "writing" row.

@@ -291,12 +291,14 @@ impl Meta {
     }
 
     /// A capability for `op` on `ids` at `node`, done for `user`, that only the certificate
-    /// `holder` may present (`None`: nobody; such a grant is only ever relayed).
+    /// `holder` may present (`None`: nobody; such a grant is only ever relayed). A write may
+    /// replace the node's replica of the ids in `replace` only (known damaged or missing).
     pub fn grant(
         &self,
         node: &NodeEntry,
         op: Operation,
         ids: Vec<i64>,
+        replace: Vec<i64>,
         user: &str,
         holder: Option<Fingerprint>,
     ) -> Result<pb::Capability, Status> {
@@ -311,6 +313,7 @@ impl Meta {
             node: node.node.name.clone(),
             op,
             ids,
+            replace,
             user: user.to_string(),
             holder: holder.map(|h| h.as_bytes().to_vec()).unwrap_or_default(),
             expires_ms: catalog::now_ms() + ttl,
@@ -331,7 +334,7 @@ impl Meta {
         ids: Vec<i64>,
         user: &User,
     ) -> Result<pb::Capability, Status> {
-        self.grant(node, op, ids, &user.name, user.cert)
+        self.grant(node, op, ids, vec![], &user.name, user.cert)
     }
 
     /// A capability for the server's own copies (replication, repair, verification), bound to
@@ -342,10 +345,21 @@ impl Meta {
         op: Operation,
         ids: Vec<i64>,
     ) -> Result<pb::Capability, Status> {
+        self.own_grant_replacing(node, op, ids, vec![])
+    }
+
+    /// [`Self::own_grant`] for a write that may replace the node's (bad) replicas of `replace`.
+    pub fn own_grant_replacing(
+        &self,
+        node: &NodeEntry,
+        op: Operation,
+        ids: Vec<i64>,
+        replace: Vec<i64>,
+    ) -> Result<pb::Capability, Status> {
         let own = self.own_cert().ok_or_else(|| {
             Status::failed_precondition("the metadata server has no certificate of its own")
         })?;
-        self.grant(node, op, ids, "haul-meta", Some(own))
+        self.grant(node, op, ids, replace, "haul-meta", Some(own))
     }
 
     /// The group a new entry in `parent` gets: the parent's, if it has the set-group-id bit,

@@ -878,6 +878,7 @@ fn sink_naming(
         let g = spool::check(sp.as_ref(), grant, Operation::Write, presenter)?;
         return Ok(Naming::Spool {
             allowed: Arc::new(g.ids.into_iter().collect()),
+            replace: Arc::new(g.replace.into_iter().collect()),
             spool: sp.clone(),
         });
     }

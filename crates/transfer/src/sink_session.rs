@@ -284,13 +284,24 @@ impl Shared {
                         return;
                     }
                 };
-                let opened = store::open_destination(
-                    &self.root,
-                    &final_path,
-                    begin.size,
-                    begin.mtime,
-                    begin.resume,
-                );
+                // A storage node never writes over a replica it holds (unless its capability
+                // says that replica is bad): a write capability replayed after the commit must
+                // not destroy the verified copy.
+                let replace = self.naming.may_replace(&begin.path);
+                let opened = if replace {
+                    Ok(())
+                } else {
+                    store::refuse_existing(&self.root, &final_path, &begin)
+                }
+                .and_then(|()| {
+                    store::open_destination(
+                        &self.root,
+                        &final_path,
+                        begin.size,
+                        begin.mtime,
+                        begin.resume,
+                    )
+                });
                 match opened {
                     Ok(Opened::Partial { file: f, have }) => {
                         let mut digest =
@@ -386,6 +397,7 @@ impl Shared {
                         begin.mode,
                         begin.mtime,
                         self.fsync,
+                        self.naming.may_replace(&begin.path),
                     ),
                     None => Err(ErrorInfo::new(
                         ErrorKind::Io,
@@ -393,7 +405,8 @@ impl Shared {
                     )),
                 };
                 // A storage node reports the file before its sender hears it is done; if the
-                // metadata server refuses it, the local copy goes.
+                // metadata server refuses it, the local copy goes (it is the one this commit
+                // made: a node's commit never replaces an existing replica it may not).
                 let r = r.and_then(|()| {
                     self.naming
                         .committed(&begin.path, begin.size, &digests, begin.mtime)

@@ -99,6 +99,8 @@ pub enum Naming {
     /// A storage node's spool: entries are file ids allowed by a grant.
     Spool {
         allowed: Arc<HashSet<i64>>,
+        /// Ids whose (bad) replica the grant allows to replace.
+        replace: Arc<HashSet<i64>>,
         spool: Arc<dyn Spool>,
     },
 }
@@ -108,7 +110,7 @@ impl Naming {
     pub fn map(&self, announced: &str) -> Result<PathBuf, ErrorInfo> {
         match self {
             Naming::Tree(d) => Ok(d.map(announced)),
-            Naming::Spool { allowed, spool } => {
+            Naming::Spool { allowed, spool, .. } => {
                 let id = parse_id(announced)?;
                 if !allowed.contains(&id) {
                     return Err(ErrorInfo::new(
@@ -139,6 +141,17 @@ impl Naming {
 
     pub fn is_spool(&self) -> bool {
         matches!(self, Naming::Spool { .. })
+    }
+
+    /// Whether a received file may replace an existing one under its final name: always with
+    /// `cp` semantics; on a storage node only a replica its capability names as bad.
+    pub fn may_replace(&self, announced: &str) -> bool {
+        match self {
+            Naming::Tree(_) => true,
+            Naming::Spool { replace, .. } => {
+                parse_id(announced).is_ok_and(|id| replace.contains(&id))
+            }
+        }
     }
 }
 

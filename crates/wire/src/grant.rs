@@ -31,6 +31,10 @@ pub struct Grant {
     pub op: Operation,
     /// Inode ids the grant covers.
     pub ids: Vec<i64>,
+    /// `Write` only: ids (of `ids`) whose replica on the node is known to be damaged or
+    /// missing, which the write may replace. A node never replaces a replica of any other id
+    /// (a write capability replayed after the commit must not destroy the verified copy).
+    pub replace: Vec<i64>,
     /// Identity the operation is done for (for logs, and the account of a run).
     pub user: String,
     /// SHA-256 fingerprint of the certificate that may present the grant (the caller's, or the
@@ -170,6 +174,7 @@ mod tests {
             node: "n1".into(),
             op: Operation::Write,
             ids: vec![7, 9],
+            replace: vec![],
             user: "alice".into(),
             holder: ALICE.to_vec(),
             expires_ms: 1000,
