@@ -25,6 +25,7 @@ pub async fn run(c: &Catalog) {
     trees_and_reconciliation(c).await;
     renames_are_seen_at_once(c).await;
     replicas_complete_only_where_being_written(c).await;
+    writing_replicas_expire_with_their_lease(c).await;
 }
 
 async fn batch_creates(c: &Catalog) {
@@ -584,7 +585,7 @@ async fn replicas_complete_only_where_being_written(c: &Catalog) {
     ));
     assert!(c.inode(f.id).await.unwrap().pending);
     assert!(
-        c.start_replicas(&[(f.id, "w1".into())])
+        c.start_replicas(&[(f.id, "w1".into())], 0)
             .await
             .unwrap()
             .is_empty()
@@ -595,7 +596,7 @@ async fn replicas_complete_only_where_being_written(c: &Catalog) {
     done("w1", "crc32c:00000003").await.unwrap();
     // A second copy: w1's complete replica is not restarted, w2's is.
     let skipped = c
-        .start_replicas(&[(f.id, "w1".into()), (f.id, "w2".into())])
+        .start_replicas(&[(f.id, "w1".into()), (f.id, "w2".into())], 0)
         .await
         .unwrap();
     assert_eq!(skipped, vec![(f.id, "w1".to_string())]);
@@ -623,7 +624,7 @@ async fn replicas_complete_only_where_being_written(c: &Catalog) {
         Err(CatalogError::Denied(_))
     ));
     assert!(
-        c.start_replicas(&[(f.id, "w2".into())])
+        c.start_replicas(&[(f.id, "w2".into())], 0)
             .await
             .unwrap()
             .is_empty()
@@ -633,6 +634,84 @@ async fn replicas_complete_only_where_being_written(c: &Catalog) {
     c.remove("/wr", true).await.unwrap();
     for n in ["w1", "w2"] {
         c.forget_dead(n, &[f.id]).await.unwrap();
+        c.remove_node(n).await.unwrap();
+    }
+}
+
+/// Issue 11 C8: replicas left "writing" by a session that died (with its metadata server)
+/// blocked their node forever. They expire with their lease, which the running session renews
+/// (so other metadata servers sharing the database leave its rows alone); uploads' rows go
+/// with their pending file instead.
+async fn writing_replicas_expire_with_their_lease(c: &Catalog) {
+    let e = entry("lee");
+    c.mkdir("/lease", &e, false).await.unwrap();
+    for n in ["l1", "l2"] {
+        c.register_node(n, "siteL", "l:1", 100, 100).await.unwrap();
+    }
+    let e = &e;
+    let committed = |name: &'static str| async move {
+        let f = c
+            .create_pending(&format!("/lease/{name}"), e)
+            .await
+            .unwrap();
+        c.commit_file(f.id, 3, "crc32c:00000003", 1).await.unwrap()
+    };
+    let (a, b) = (committed("a").await, committed("b").await);
+    let upload = c.create_pending("/lease/up", e).await.unwrap();
+    let t = crate::now_ms();
+    // a copy to l1 held until t+1000, b copy to l1 until t+5000, an upload to l2 (no lease).
+    c.start_replicas(&[(a.id, "l1".into())], t + 1000)
+        .await
+        .unwrap();
+    c.start_replicas(&[(b.id, "l1".into())], t + 5000)
+        .await
+        .unwrap();
+    c.start_replicas(&[(upload.id, "l2".into())], 0)
+        .await
+        .unwrap();
+    assert!(c.expire_writing(t, None).await.unwrap().is_empty());
+    // The session of a renews its lease: still held at t+2000.
+    c.renew_writing(&[(a.id, "l1".into())], t + 3000)
+        .await
+        .unwrap();
+    assert!(c.expire_writing(t + 2000, None).await.unwrap().is_empty());
+    // Past its lease: a goes; b, and the upload of a pending file, stay.
+    assert_eq!(
+        c.expire_writing(t + 4000, None).await.unwrap(),
+        vec![(a.id, "l1".to_string())]
+    );
+    assert!(c.replicas(a.id).await.unwrap().is_empty());
+    assert_eq!(c.replicas(b.id).await.unwrap().len(), 1);
+    assert_eq!(c.replicas(upload.id).await.unwrap().len(), 1);
+    // Only one node's: the node's inventory expires its own (and l2 has none expired).
+    assert!(
+        c.expire_writing(i64::MAX, Some("l2"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A renewal never revives a replica that is no longer being written.
+    c.renew_writing(&[(a.id, "l1".into())], i64::MAX)
+        .await
+        .unwrap();
+    assert!(c.replicas(a.id).await.unwrap().is_empty());
+    // The node's inventory: an expired copy is forgotten, and the file it holds for it is
+    // then unknown to the catalog (removed after the grace period).
+    c.start_replicas(&[(a.id, "l1".into())], t - 1)
+        .await
+        .unwrap();
+    let held: std::collections::HashMap<i64, u64> = [(a.id, 3)].into_iter().collect();
+    let r = c.reconcile("l1", &held, 60_000).await.unwrap();
+    assert_eq!(r.orphans, vec![a.id]);
+    assert!(c.replicas(a.id).await.unwrap().is_empty());
+    // Whatever the time now, everything on l1 goes when asked to (a server owning the catalog
+    // at start).
+    c.expire_writing(i64::MAX, Some("l1")).await.unwrap();
+    assert!(c.replicas(b.id).await.unwrap().is_empty());
+    c.remove("/lease", true).await.unwrap();
+    for n in ["l1", "l2"] {
+        let dead = c.dead_replicas(n).await.unwrap();
+        c.forget_dead(n, &dead).await.unwrap();
         c.remove_node(n).await.unwrap();
     }
 }

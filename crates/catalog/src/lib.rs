@@ -1399,8 +1399,14 @@ impl Catalog {
 
     /// Records replicas being written (one transaction for all), except where the node
     /// already holds a complete replica of the file: those pairs are returned, and no write
-    /// may be granted for them (a complete replica is never written over).
-    pub async fn start_replicas(&self, replicas: &[(i64, String)]) -> Result<Vec<(i64, String)>> {
+    /// may be granted for them (a complete replica is never written over). `lease_ms` is
+    /// when the rows expire unless [`Catalog::renew_writing`] extends them (0: never, for
+    /// uploads: their rows go with their pending file).
+    pub async fn start_replicas(
+        &self,
+        replicas: &[(i64, String)],
+        lease_ms: i64,
+    ) -> Result<Vec<(i64, String)>> {
         let mut w = self.wtx().await?;
         let r = async {
             let mut complete = Vec::new();
@@ -1418,8 +1424,63 @@ impl Catalog {
                     continue;
                 }
                 Self::upsert_replica(&mut w.tx, *inode, node, ReplicaState::Writing, "").await?;
+                sqlx::query("UPDATE replicas SET lease_ms = $1 WHERE inode = $2 AND node = $3")
+                    .bind(lease_ms)
+                    .bind(inode)
+                    .bind(node)
+                    .execute(&mut *w.tx)
+                    .await?;
             }
             Ok(complete)
+        }
+        .await;
+        self.done(w, r).await
+    }
+
+    /// Extends the lease of replicas still being written (a running session's).
+    pub async fn renew_writing(&self, replicas: &[(i64, String)], lease_ms: i64) -> Result<()> {
+        let mut w = self.wtx().await?;
+        let r = async {
+            for (inode, node) in replicas {
+                sqlx::query(
+                    "UPDATE replicas SET lease_ms = $1 WHERE inode = $2 AND node = $3 AND state = $4",
+                )
+                .bind(lease_ms)
+                .bind(inode)
+                .bind(node)
+                .bind(ReplicaState::Writing.to_i64())
+                .execute(&mut *w.tx)
+                .await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.done(w, r).await
+    }
+
+    /// Drops replicas of committed files still being written whose lease ended before
+    /// `before_ms` (their session died, e.g. with its metadata server), or that have no lease
+    /// at all (left by a version without leases); only on `node` if given. Returns them.
+    /// Uploads' rows (of pending files) are not touched: they go with their file.
+    pub async fn expire_writing(
+        &self,
+        before_ms: i64,
+        node: Option<&str>,
+    ) -> Result<Vec<(i64, String)>> {
+        let mut w = self.wtx().await?;
+        let r = async {
+            let rows = sqlx::query(
+                "DELETE FROM replicas WHERE state = $1 AND lease_ms < $2 AND ($3 = '' OR node = $3) \
+                 AND inode IN (SELECT id FROM inodes WHERE parent > 0) RETURNING inode, node",
+            )
+            .bind(ReplicaState::Writing.to_i64())
+            .bind(before_ms)
+            .bind(node.unwrap_or(""))
+            .fetch_all(&mut *w.tx)
+            .await?;
+            rows.iter()
+                .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<String, _>(1)?)))
+                .collect::<Result<Vec<_>>>()
         }
         .await;
         self.done(w, r).await
@@ -1625,6 +1686,9 @@ impl Catalog {
         held: &HashMap<i64, u64>,
         grace_ms: i64,
     ) -> Result<Reconciled> {
+        // Copies to this node whose session died are not being written: forget them, so a
+        // file the node holds for one counts as unknown (removed after the grace period).
+        self.expire_writing(now_ms(), Some(node)).await?;
         let rows = sqlx::query(
             "SELECT r.inode, r.state, i.size, i.parent FROM replicas r JOIN inodes i ON i.id = r.inode WHERE r.node = $1",
         )

@@ -531,6 +531,11 @@ pub struct MetaServeArgs {
     /// them in longer transfers.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub grant_ttl: std::time::Duration,
+    /// A replica being made by a copy of the server's (replication, repair) counts as being
+    /// written this long after the copy last renewed it; then it is dropped (copies renew it
+    /// every third of this while they run).
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
+    pub writing_lease: std::time::Duration,
     /// Verify (and repair) every replica this often, e.g. 7d [default: off]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub scrub_every: Option<std::time::Duration>,

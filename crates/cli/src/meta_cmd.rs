@@ -64,6 +64,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         reconcile_every: a.reconcile_every,
         scrub_every: a.scrub_every,
         grant_ttl: a.grant_ttl,
+        writing_lease: a.writing_lease,
         ..Default::default()
     };
     let m = Arc::new(Meta::new(

@@ -603,3 +603,100 @@ fn a_write_capability_replayed_after_the_commit_leaves_the_replica_alone() {
     assert_ok(&g.cp("alice", &[&g.url("/alice/r.bin"), back.to_str().unwrap()]));
     assert_same_file(&good, &back);
 }
+
+// ---------------------------------------------------------------------------------------------
+// C8: replicas left "writing" when the metadata server is killed during `haul replicate`
+
+/// Sends `sig` (`STOP`, `CONT`) to a running node.
+fn signal(g: &Grid, node: &str, sig: &str) {
+    let pid = g.node(node).proc.as_ref().expect("node running").child.id();
+    let st = std::process::Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{sig} {pid}");
+}
+
+/// The metadata server killed during `haul replicate` left the replicas it was making in state
+/// `writing` forever, and every later `replicate` of those files failed with exit 6 (their
+/// nodes counted as busy). A restarted server drops them.
+#[test]
+fn replicas_left_writing_by_a_killed_metadata_server_do_not_block_their_nodes() {
+    let mut g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let f = g.path().join("f.bin");
+    write_file(&f, 9, 1 << 20);
+    assert_ok(&g.cp(
+        "alice",
+        &[f.to_str().unwrap(), &g.url("/alice/f.bin"), "--site", "A"],
+    ));
+    let path = vec!["/alice/f.bin".to_string()];
+    let holder = g.where_(&path)[0]["replicas"][0]["node"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let others: Vec<String> = NODES
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .filter(|n| *n != holder)
+        .collect();
+    // The destinations hang (stopped): the copies to them stay "writing".
+    for n in &others {
+        signal(&g, n, "STOP");
+    }
+    let replicate = [
+        "replicate",
+        "--copies",
+        "4",
+        "--progress",
+        "never",
+        "--json",
+        "/alice/f.bin",
+    ];
+    let child = g
+        .cmd("alice", &replicate)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let writing = |g: &Grid| {
+        g.where_(&path)[0]["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["state"] == "writing")
+            .count()
+    };
+    let ok = wait_for(SETTLE, || {
+        std::thread::sleep(Duration::from_millis(50));
+        writing(&g) >= 1
+    });
+    // (The holder sends two sessions at once: two of the three copies are under way.)
+    if !ok {
+        let w = g.where_(&path);
+        g.kill_meta();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "copies never started: {w:?}\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    g.kill_meta();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "replicate cannot succeed without its server"
+    );
+    for n in &others {
+        signal(&g, n, "CONT");
+    }
+    let restarted = now_ms();
+    let addr = g.meta_addr.clone();
+    g.start_meta(&addr);
+    g.wait_nodes_up(restarted);
+    assert_eq!(writing(&g), 0, "{:?}", g.where_(&path));
+    let j = g.json("alice", &replicate);
+    assert_eq!(j["failures"].as_array().unwrap().len(), 0, "{j}");
+    assert!(all_have(&g.where_(&path), 4, &[]), "{:?}", g.where_(&path));
+}

@@ -175,7 +175,7 @@ impl Meta {
             .map(|(f, n)| (pending[f].1.id, nodes[*n].node.name.clone()))
             .collect();
         // New files: none has a complete replica anywhere.
-        if let Err(e) = self.catalog.start_replicas(&starts).await {
+        if let Err(e) = self.catalog.start_replicas(&starts, 0).await {
             for (_, i, _) in &pending {
                 let _ = self.catalog.abort_pending(i.id).await;
             }

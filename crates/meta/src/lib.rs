@@ -282,6 +282,38 @@ fn spawn_background(
             }
         }
     });
+    // Replicas left "writing" by copies that died with a metadata server block their nodes
+    // as destinations: drop them when their lease ends. At start, a SQLite catalog (owned by
+    // this server alone) has no running copies: all of them go at once.
+    let m = meta.clone();
+    let s = stop.clone();
+    let leases = tokio::spawn(async move {
+        let owned = m.catalog.backend() == catalog::Backend::Sqlite;
+        let mut first = true;
+        loop {
+            let before = if first && owned {
+                i64::MAX
+            } else {
+                catalog::now_ms()
+            };
+            first = false;
+            match m.catalog.expire_writing(before, None).await {
+                Ok(gone) if !gone.is_empty() => {
+                    m.event(format!(
+                        "dropped {} replicas left being written by copies that ended without finishing",
+                        gone.len()
+                    ));
+                    m.reconcile_now.notify_one();
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot expire replicas being written"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep((m.settings.writing_lease / 3).max(Duration::from_millis(100))) => {}
+                _ = s.cancelled() => return,
+            }
+        }
+    });
     let m = meta.clone();
     let s = stop.clone();
     let every = m.settings.reconcile_every;
@@ -297,7 +329,7 @@ fn spawn_background(
             }
         }
     });
-    let mut tasks = vec![liveness, pending, reconciler, warmer];
+    let mut tasks = vec![liveness, pending, leases, reconciler, warmer];
     if let Some(every) = meta.settings.scrub_every {
         tasks.push(tokio::spawn(verify::scrub(
             meta.clone(),

@@ -685,9 +685,10 @@ async fn run_session(
             })
             .collect();
         let starts: Vec<(i64, String)> = ids.iter().map(|i| (*i, dst.node.name.clone())).collect();
+        let lease = meta.settings.writing_lease;
         already = meta
             .catalog
-            .start_replicas(&starts)
+            .start_replicas(&starts, catalog::now_ms() + lease.as_millis() as i64)
             .await
             .map_err(db)?
             .into_iter()
@@ -731,6 +732,25 @@ async fn run_session(
         let p = progress.clone();
         let ticker_stop = CancellationToken::new();
         let ts = ticker_stop.clone();
+        // This session holds its "writing" rows: renew their lease while it runs (other
+        // metadata servers sharing the database expire only rows whose lease ended).
+        let renewer = {
+            let (m, stop) = (meta.clone(), ticker_stop.clone());
+            let rows: Vec<(i64, String)> =
+                ids.iter().map(|i| (*i, dst.node.name.clone())).collect();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(lease / 3) => {}
+                        _ = stop.cancelled() => return,
+                    }
+                    let until = catalog::now_ms() + lease.as_millis() as i64;
+                    if let Err(e) = m.catalog.renew_writing(&rows, until).await {
+                        tracing::warn!(error = %e, "cannot renew the lease of replicas being written");
+                    }
+                }
+            })
+        };
         let (rel, pair) = (
             released.clone(),
             (src.node.name.clone(), dst.node.name.clone()),
@@ -786,6 +806,7 @@ async fn run_session(
         .await;
         ticker_stop.cancel();
         let moved = ticker.await.unwrap_or(0);
+        let _ = renewer.await;
         if let Ok(a) = &result {
             tracing::debug!(
                 src = %src.node.name, dst = %dst.node.name, files = ids.len(), bytes = moved,

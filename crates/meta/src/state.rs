@@ -27,6 +27,9 @@ pub struct Settings {
     pub pending_grace: Duration,
     /// How long capabilities are valid (clients renew them in longer transfers).
     pub grant_ttl: Duration,
+    /// How long a replica being written by one of the server's copies is held without the
+    /// copy renewing it (the copy renews it every third of this); after that it is dropped.
+    pub writing_lease: Duration,
     /// How often the reconciler checks replica policies (it also runs on changes).
     pub reconcile_every: Duration,
     /// Verify and repair every replica this often (off by default).
@@ -41,6 +44,7 @@ impl Default for Settings {
             orphan_grace: Duration::from_secs(3600),
             pending_grace: Duration::from_secs(24 * 3600),
             grant_ttl: Duration::from_secs(300),
+            writing_lease: Duration::from_secs(60),
             reconcile_every: Duration::from_secs(30),
             scrub_every: None,
         }
