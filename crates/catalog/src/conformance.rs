@@ -26,6 +26,7 @@ pub async fn run(c: &Catalog) {
     renames_are_seen_at_once(c).await;
     replicas_complete_only_where_being_written(c).await;
     writing_replicas_expire_with_their_lease(c).await;
+    files_remember_they_arrived_privately(c).await;
 }
 
 async fn batch_creates(c: &Catalog) {
@@ -35,6 +36,7 @@ async fn batch_creates(c: &Catalog) {
         path: p.into(),
         entry: e.clone(),
         kind,
+        private: false,
     };
     let r = c
         .create_files(
@@ -714,4 +716,47 @@ async fn writing_replicas_expire_with_their_lease(c: &Catalog) {
         c.forget_dead(n, &dead).await.unwrap();
         c.remove_node(n).await.unwrap();
     }
+}
+
+/// Issue 11 C10: whether a file arrived over private streams is kept with it, so its copies
+/// travel privately too.
+async fn files_remember_they_arrived_privately(c: &Catalog) {
+    let e = entry("pia");
+    c.mkdir("/priv", &e, false).await.unwrap();
+    let item = |p: &str, private| CreateItem {
+        path: p.into(),
+        entry: e.clone(),
+        kind: CreateKind::Pending,
+        private,
+    };
+    let r = c
+        .create_files(
+            &[item("/priv/secret", true), item("/priv/open", false)],
+            false,
+        )
+        .await
+        .unwrap();
+    let (s, o) = (r[0].clone().unwrap(), r[1].clone().unwrap());
+    assert!(s.private && !o.private);
+    c.commit_file(s.id, 1, "crc32c:00000001", 0).await.unwrap();
+    c.commit_file(o.id, 1, "crc32c:00000001", 0).await.unwrap();
+    assert!(c.stat("/priv/secret").await.unwrap().private);
+    assert!(!c.stat("/priv/open").await.unwrap().private);
+    let below = c.files_below("/priv").await.unwrap();
+    assert_eq!(
+        below.iter().map(|(_, i)| i.private).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+    // A new version uploaded in clear replaces the flag with its own.
+    let again = c
+        .create_files(&[item("/priv/secret", false)], true)
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    c.commit_file(again.id, 1, "crc32c:00000001", 0)
+        .await
+        .unwrap();
+    assert!(!c.stat("/priv/secret").await.unwrap().private);
+    c.remove("/priv", true).await.unwrap();
 }

@@ -90,6 +90,8 @@ pub struct Inode {
     pub checksum: String,
     /// Being written: not visible in the namespace yet.
     pub pending: bool,
+    /// Arrived over private (TLS) data streams: its copies travel privately too.
+    pub private: bool,
 }
 
 /// Owner, group, mode and mtime of a new entry.
@@ -203,7 +205,11 @@ const ANALYZE_EVERY: u64 = 20_000;
 static MIGRATE_SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 static MIGRATE_POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
-const INODE_COLS: &str = "id, parent, name, kind, owner, grp, mode, size, mtime_ns, checksum";
+const INODE_COLS: &str =
+    "id, parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, flags";
+
+/// `inodes.flags`: the file arrived privately.
+const FLAG_PRIVATE: i64 = 1;
 
 /// The checksum of an empty file.
 pub const EMPTY_CHECKSUM: &str = "crc32c:00000000";
@@ -226,6 +232,7 @@ fn inode_from(row: &AnyRow) -> Result<Inode> {
         mtime_ns: row.try_get("mtime_ns")?,
         checksum: row.try_get("checksum")?,
         pending: parent < 0,
+        private: row.try_get::<i64, _>("flags")? & FLAG_PRIVATE != 0,
     })
 }
 
@@ -279,6 +286,8 @@ pub struct CreateItem {
     pub path: String,
     pub entry: NewEntry,
     pub kind: CreateKind,
+    /// Its data arrives privately (TLS): copies of it must travel privately too.
+    pub private: bool,
 }
 
 /// What an inventory reconciliation found.
@@ -803,6 +812,7 @@ impl Catalog {
             path: path.to_string(),
             entry: e.clone(),
             kind: CreateKind::Pending,
+            private: false,
         };
         self.create_files(std::slice::from_ref(&item), true)
             .await?
@@ -904,8 +914,8 @@ impl Catalog {
         let inserted = match it.kind {
             CreateKind::Pending => {
                 let q = format!(
-                    "INSERT INTO inodes (parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, ctime_ms) \
-                     SELECT $1, $2, 1, $3, $4, $5, 0, $6, '', $7 WHERE NOT EXISTS \
+                    "INSERT INTO inodes (parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, ctime_ms, flags) \
+                     SELECT $1, $2, 1, $3, $4, $5, 0, $6, '', $7, $10 WHERE NOT EXISTS \
                      (SELECT 1 FROM inodes WHERE parent = $8 AND name = $2 AND (kind = 0 OR $9 = 0)) \
                      ON CONFLICT (parent, name) DO NOTHING RETURNING {INODE_COLS}"
                 );
@@ -919,6 +929,7 @@ impl Catalog {
                     .bind(now)
                     .bind(dir.id)
                     .bind(overwrite as i64)
+                    .bind(if it.private { FLAG_PRIVATE } else { 0 })
                     .fetch_optional(&mut *w.tx)
                     .await?
             }

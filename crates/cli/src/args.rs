@@ -606,6 +606,10 @@ pub struct ReplicateArgs {
     /// Replicate directories recursively.
     #[arg(short, long)]
     pub recursive: bool,
+    /// Protection of the node-to-node data streams; files uploaded with --protect private are
+    /// always copied privately.
+    #[arg(long, value_enum, default_value = "clear")]
+    pub protect: ProtectArg,
     /// Progress bar on stderr.
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
@@ -681,6 +685,10 @@ pub struct PolicySetArgs {
     /// Sites that must each hold a copy, comma separated.
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
     pub sites: Vec<String>,
+    /// Protection of the copies' data streams; files uploaded with --protect private are
+    /// always copied privately.
+    #[arg(long, value_enum, default_value = "clear")]
+    pub protect: ProtectArg,
     #[command(flatten)]
     pub creds: CredArgs,
 }

@@ -364,6 +364,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
             copies: 2,
             sites: vec!["B".into()],
             recursive: true,
+            private: false,
         })
         .await
         .map_err(grid::client::from_status)?

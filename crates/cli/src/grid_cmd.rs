@@ -111,6 +111,7 @@ fn entry_json(e: &pb::Entry) -> serde_json::Value {
         "path": e.path, "id": e.id, "type": if e.is_dir { "dir" } else { "file" },
         "owner": e.owner, "group": e.group, "mode": format!("{:04o}", e.mode),
         "size": e.size, "mtime_ns": e.mtime_ns, "checksum": e.checksum,
+        "protect": if e.private { "private" } else { "clear" },
     })
 }
 
@@ -189,6 +190,9 @@ pub async fn stat(a: PathsArgs) -> Result<u8, TransferError> {
             out!("  mtime: {}", when(e.mtime_ns));
             if !e.checksum.is_empty() {
                 out!("  checksum: {}", e.checksum);
+            }
+            if e.private {
+                out!("  protect: private (arrived over private streams; copies travel privately)");
             }
         }
     }

@@ -1,7 +1,7 @@
 //! `haul replicate`, `haul policy`, `haul verify` and `haul status`: replica management,
 //! done by the metadata server and the nodes; this side shows progress and the outcome.
 
-use crate::args::{GridArgs, PolicyCommand, ReplicateArgs, VerifyArgs};
+use crate::args::{GridArgs, PolicyCommand, ProtectArg, ReplicateArgs, VerifyArgs};
 use crate::grid_cmd::{connect, target};
 use crate::progress::{self, Progress};
 use api::meta as pb;
@@ -58,6 +58,7 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
             copies: a.copies,
             sites: a.sites.clone(),
             recursive: a.recursive,
+            private: a.protect == ProtectArg::Private,
         })
         .await
         .map_err(grid::client::from_status)?
@@ -118,6 +119,25 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
     Ok(failure_code(&p.failures))
 }
 
+fn policy_json(p: &pb::Policy) -> serde_json::Value {
+    json!({
+        "path": p.path, "copies": p.copies, "sites": p.sites,
+        "protect": if p.private { "private" } else { "clear" },
+    })
+}
+
+/// `copies=2 sites=A,B protect=private`
+fn policy_text(p: &pb::Policy) -> String {
+    let mut s = format!("copies={}", p.copies);
+    if !p.sites.is_empty() {
+        s += &format!(" sites={}", p.sites.join(","));
+    }
+    if p.private {
+        s += " protect=private";
+    }
+    s
+}
+
 pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
     let (creds, peer, req, json_out) = match &c {
         PolicyCommand::Set(a) => {
@@ -130,6 +150,7 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
                     copies: a.copies,
                     sites: a.sites.clone(),
                     clear: false,
+                    private: a.protect == ProtectArg::Private,
                 }),
                 false,
             )
@@ -173,26 +194,11 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
     if json_out {
         out!(
             "{}",
-            serde_json::Value::Array(
-                reply
-                    .policies
-                    .iter()
-                    .map(|p| json!({"path": p.path, "copies": p.copies, "sites": p.sites}))
-                    .collect()
-            )
+            serde_json::Value::Array(reply.policies.iter().map(policy_json).collect())
         );
     } else if matches!(c, PolicyCommand::List(_)) {
         for p in &reply.policies {
-            out!(
-                "{}  copies={}{}",
-                p.path,
-                p.copies,
-                if p.sites.is_empty() {
-                    String::new()
-                } else {
-                    format!(" sites={}", p.sites.join(","))
-                }
-            );
+            out!("{}  {}", p.path, policy_text(p));
         }
     }
     Ok(0)
@@ -276,7 +282,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
         out!(
             "{}",
             json!({
-                "policies": st.policies.iter().map(|p| json!({"path": p.path, "copies": p.copies, "sites": p.sites})).collect::<Vec<_>>(),
+                "policies": st.policies.iter().map(policy_json).collect::<Vec<_>>(),
                 "under_replicated": st.under_replicated, "over_replicated": st.over_replicated,
                 "repairs_running": st.repairs_running, "repairs_done": st.repairs_done,
                 "removals_done": st.removals_done, "nodes_up": st.nodes_up, "nodes_down": st.nodes_down,
@@ -289,16 +295,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
     out!("nodes: {} up, {} down", st.nodes_up, st.nodes_down);
     out!("policies:");
     for p in &st.policies {
-        out!(
-            "  {}  copies={}{}",
-            p.path,
-            p.copies,
-            if p.sites.is_empty() {
-                String::new()
-            } else {
-                format!(" sites={}", p.sites.join(","))
-            }
-        );
+        out!("  {}  {}", p.path, policy_text(p));
     }
     out!(
         "reconciler: {} files missing copies, {} surplus copies, {} copies being made; {} made and {} removed so far; last pass {:.1} s",

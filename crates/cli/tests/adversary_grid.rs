@@ -379,6 +379,7 @@ impl Direct {
                     size,
                     mode: 0o644,
                     mtime_ns: 1_700_000_000_000_000_000,
+                    private: false,
                 }],
                 overwrite: true,
                 ..Default::default()
@@ -699,4 +700,118 @@ fn replicas_left_writing_by_a_killed_metadata_server_do_not_block_their_nodes() 
     let j = g.json("alice", &replicate);
     assert_eq!(j["failures"].as_array().unwrap().len(), 0, "{j}");
     assert!(all_have(&g.where_(&path), 4, &[]), "{:?}", g.where_(&path));
+}
+
+// ---------------------------------------------------------------------------------------------
+// C10: copies of private files travel privately
+
+/// The protection of each replication session the metadata server ran so far, in order.
+fn replication_sessions(g: &Grid) -> Vec<String> {
+    plain(&g.meta.as_ref().unwrap().log_text())
+        .lines()
+        .filter(|l| l.contains("replication session src="))
+        .map(|l| {
+            l.split("protect=")
+                .nth(1)
+                .unwrap_or("?")
+                .split_whitespace()
+                .next()
+                .unwrap_or("?")
+                .to_string()
+        })
+        .collect()
+}
+
+/// Replication, policies and repairs sent every file in clear, also files uploaded with
+/// `--protect private`. Such files now keep their privacy: every copy of them travels over
+/// TLS; `replicate --protect private` and a policy's `--protect private` make any copy private.
+#[test]
+fn copies_of_files_that_arrived_privately_travel_privately() {
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    g.ok("alice", &["mkdir", "/alice/open"]);
+    let secret = g.path().join("secret.bin");
+    write_file(&secret, 11, 300_000);
+    let open = g.path().join("open.bin");
+    write_file(&open, 12, 300_000);
+    let up = |src: &Path, dst: &str, protect: &str| {
+        assert_ok(&g.cp(
+            "alice",
+            &[
+                src.to_str().unwrap(),
+                &g.url(dst),
+                "--site",
+                "A",
+                "--protect",
+                protect,
+            ],
+        ));
+    };
+    up(&secret, "/alice/secret.bin", "private");
+    up(&open, "/alice/open/open.bin", "clear");
+    let st = g.json(
+        "alice",
+        &[
+            "stat",
+            "--json",
+            "/alice/secret.bin",
+            "/alice/open/open.bin",
+        ],
+    );
+    assert_eq!(st[0]["protect"], "private", "{st}");
+    assert_eq!(st[1]["protect"], "clear", "{st}");
+    let replicate = |path: &str, copies: &str, extra: &[&str]| {
+        let mut a = vec![
+            "replicate",
+            "--copies",
+            copies,
+            "--site",
+            "B",
+            "--progress",
+            "never",
+        ];
+        a.extend_from_slice(extra);
+        a.push(path);
+        g.ok("alice", &a);
+    };
+    // Replicated without asking for privacy: the private file's copy is private anyway.
+    replicate("/alice/secret.bin", "2", &[]);
+    assert_eq!(replication_sessions(&g), ["Private"]);
+    replicate("/alice/open/open.bin", "2", &[]);
+    assert_eq!(replication_sessions(&g), ["Private", "Clear"]);
+    // Asked for: private.
+    replicate("/alice/open/open.bin", "3", &["--protect", "private"]);
+    assert_eq!(replication_sessions(&g), ["Private", "Clear", "Private"]);
+    // A policy asking for privacy: the reconciler's copies are private.
+    g.ok(
+        "alice",
+        &[
+            "policy",
+            "set",
+            "/alice/open",
+            "--copies",
+            "4",
+            "--protect",
+            "private",
+        ],
+    );
+    let listed = g.json("alice", &["policy", "list", "--json"]);
+    assert_eq!(listed[0]["protect"], "private", "{listed}");
+    let ok = wait_for(SETTLE, || {
+        std::thread::sleep(Duration::from_millis(200));
+        replication_sessions(&g).len() == 4
+    });
+    assert!(
+        ok,
+        "the reconciler made no copy: {:?}",
+        replication_sessions(&g)
+    );
+    assert_eq!(replication_sessions(&g)[3], "Private");
+    // Reads of the private file are private too, and give the data.
+    let back = g.path().join("secret.back");
+    assert_ok(&g.cp(
+        "alice",
+        &[&g.url("/alice/secret.bin"), back.to_str().unwrap()],
+    ));
+    assert_same_file(&secret, &back);
 }

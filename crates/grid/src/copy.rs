@@ -25,7 +25,7 @@ use transfer::progress::{Counters, Event, EventSender};
 use transfer::spool::Naming;
 use transfer::store::{self, Destination, Root, SourceEntry};
 use wire::checksum::{Digest, parse_digests};
-use wire::control::ListedFile;
+use wire::control::{ListedFile, Protect};
 use wire::data::{EntryKind, Timestamp};
 use wire::grant::SignedGrant;
 
@@ -618,6 +618,8 @@ async fn upload(
                             size: e.size,
                             mode: e.mode & 0o7777,
                             mtime_ns: ns_of(e.mtime),
+                            // Sent privately: its copies will travel privately too.
+                            private: opts.copy.session.protect == Protect::Private,
                         }
                     })
                     .collect(),
@@ -873,6 +875,7 @@ async fn open_source(
                 mode: top.mode,
                 checksum: top.checksum.clone(),
                 replicas: vec![],
+                private: false,
             },
             expect: vec![],
             replica: 0,
@@ -978,6 +981,7 @@ async fn download(
                     let listed: Vec<ListedFile> =
                         chunk.iter().map(|f| f.listed(f.rel.clone())).collect();
                     let ids: Vec<i64> = chunk.iter().map(|f| f.source.id).collect();
+                    let private = chunk.iter().any(|f| f.source.private);
                     async move {
                         let n = node.clone();
                         let r = runner
@@ -988,6 +992,10 @@ async fn download(
                                 };
                                 let mut session = copy.session.clone();
                                 session.resume = resume;
+                                // Files that arrived privately leave privately.
+                                if private {
+                                    session.protect = Protect::Private;
+                                }
                                 transfer::client::download(
                                     &peer,
                                     SourceRequest {
@@ -1188,6 +1196,8 @@ async fn within(
                             size: f.source.size,
                             mode: f.source.mode,
                             mtime_ns: f.source.mtime_ns,
+                            private: f.source.private
+                                || opts.copy.session.protect == Protect::Private,
                         })
                         .collect(),
                     client_site: opts.site.clone().unwrap_or_default(),
@@ -1238,6 +1248,8 @@ async fn within(
                         .map(|(id, _, f)| f.listed(id.to_string()))
                         .collect();
                     let new_ids: Vec<i64> = list.iter().map(|(id, _, _)| *id).collect();
+                    // Files that arrived privately leave privately.
+                    let private = list.iter().any(|(_, _, f)| f.source.private);
                     let old_ids: Vec<i64> = list.iter().map(|(_, _, f)| f.source.id).collect();
                     let (s_node, d_node) = (src_node.clone(), dst_node.clone());
                     async move {
@@ -1252,6 +1264,10 @@ async fn within(
                                     };
                                     let write =
                                         write.fresh(meta, &d_node, "write", new_ids).await?;
+                                    let mut session = copy.session.clone();
+                                    if private {
+                                        session.protect = Protect::Private;
+                                    }
                                     transfer::client::third_party(
                                         &from,
                                         SourceRequest {
@@ -1265,7 +1281,7 @@ async fn within(
                                             grant: write,
                                         },
                                         copy,
-                                        copy.session.clone(),
+                                        session,
                                         c,
                                         ev,
                                         cancel,

@@ -118,6 +118,7 @@ impl Meta {
                 } else {
                     CreateKind::Pending
                 },
+                private: f.private,
             });
             sizes.push(f.size);
         }
@@ -349,6 +350,7 @@ impl Meta {
                 mode: f.mode,
                 checksum: f.checksum.clone(),
                 replicas: infos,
+                private: f.private,
             });
         }
         for (node, ids) in grants {

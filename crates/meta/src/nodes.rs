@@ -322,6 +322,8 @@ impl Meta {
                 size: f.size,
                 mode: f.mode,
                 mtime_ns: f.mtime_ns,
+                // Written on the node itself: it never crossed a network.
+                private: false,
             });
         }
         if !want.is_empty() {

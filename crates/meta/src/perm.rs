@@ -165,6 +165,7 @@ mod tests {
             mtime_ns: 0,
             checksum: String::new(),
             pending: false,
+            private: false,
         }
     }
 

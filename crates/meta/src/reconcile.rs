@@ -109,6 +109,7 @@ impl Meta {
             let want = Want {
                 copies: req.copies.max(1),
                 sites: req.sites.clone(),
+                private: req.private,
             };
             if want.copies > 64 {
                 return Err(Status::invalid_argument("at most 64 copies"));
@@ -141,6 +142,7 @@ impl Meta {
                     path,
                     copies: w.copies,
                     sites: w.sites,
+                    private: w.private,
                 })
                 .collect(),
         })
@@ -165,6 +167,7 @@ impl Meta {
             let want = Want {
                 copies: req.copies.max(1),
                 sites: req.sites.clone(),
+                private: req.private,
             };
             check_sites(&self, &want)?;
             let mut paths = Vec::new();
@@ -408,6 +411,7 @@ pub async fn status_reply(meta: &Meta) -> Result<pb::StatusReply, Status> {
                 path,
                 copies: w.copies,
                 sites: w.sites,
+                private: w.private,
             })
             .collect(),
         under_replicated: st.under_replicated,

@@ -28,14 +28,18 @@ pub struct Want {
     pub copies: u32,
     /// Sites that must each hold one.
     pub sites: Vec<String>,
+    /// Copies travel over private (TLS) streams. Those of files that arrived privately always
+    /// do, whatever is wanted.
+    pub private: bool,
 }
 
 impl Want {
-    /// Parses the `haul.policy` attribute: `copies=2 sites=A,B`.
+    /// Parses the `haul.policy` attribute: `copies=2 sites=A,B protect=private`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut w = Want {
             copies: 1,
             sites: vec![],
+            private: false,
         };
         for part in s.split_whitespace() {
             match part.split_once('=') {
@@ -53,18 +57,27 @@ impl Want {
                         .map(String::from)
                         .collect()
                 }
-                _ => return Err(format!("{part:?}: expected copies=N or sites=A,B")),
+                Some(("protect", "private")) => w.private = true,
+                Some(("protect", "clear")) => w.private = false,
+                _ => {
+                    return Err(format!(
+                        "{part:?}: expected copies=N, sites=A,B or protect=clear|private"
+                    ));
+                }
             }
         }
         Ok(w)
     }
 
     pub fn format(&self) -> String {
-        if self.sites.is_empty() {
-            format!("copies={}", self.copies)
-        } else {
-            format!("copies={} sites={}", self.copies, self.sites.join(","))
+        let mut s = format!("copies={}", self.copies);
+        if !self.sites.is_empty() {
+            s += &format!(" sites={}", self.sites.join(","));
         }
+        if self.private {
+            s += " protect=private";
+        }
+        s
     }
 
     /// Copies in total, counting that each listed site needs one.
@@ -96,6 +109,8 @@ pub struct Task {
     pub avoid: HashSet<String>,
     /// Attempts so far.
     pub tries: u32,
+    /// Copy over private (TLS) streams.
+    pub private: bool,
 }
 
 /// A file that cannot get what was asked, and why.
@@ -219,6 +234,7 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
                 held_sites: held_sites.clone(),
                 avoid: busy.clone(),
                 tries: 0,
+                private: want.private || f.inode.private,
             });
         }
     }
@@ -375,6 +391,7 @@ pub async fn execute(
             while j < queue.len() && batch.len() < opts.batch_files && bytes < batch_bytes {
                 let u = &queue[j];
                 let ok = u.sources.contains(&src)
+                    && u.private == batch[0].private
                     && eligible_dst(u, &nodes[&dst], &inflight)
                     && !batch.iter().any(|b| b.inode.id == u.inode.id);
                 if ok {
@@ -708,9 +725,18 @@ async fn run_session(
         let write = meta
             .own_grant_replacing(&dst, Operation::Write, ids.clone(), replace)
             .map_err(|s| TransferError::Connect(s.message().to_string()))?;
-        let opts = meta.copy_options().ok_or_else(|| {
+        let mut opts = meta.copy_options().ok_or_else(|| {
             TransferError::Usage("the metadata server has no client certificate".into())
         })?;
+        // A session's files share their protection (see `execute`).
+        let private = tasks.iter().any(|t| t.private);
+        if private {
+            opts.session.protect = wire::control::Protect::Private;
+        }
+        tracing::info!(
+            src = %src.node.name, dst = %dst.node.name, files = ids.len(),
+            protect = ?opts.session.protect, "replication session"
+        );
         let files: Vec<ListedFile> = tasks
             .iter()
             .filter(|t| !already.contains(&t.inode.id))
@@ -970,6 +996,7 @@ mod tests {
                 mtime_ns: 0,
                 checksum: "crc32c:00000001".into(),
                 pending: false,
+                private: false,
             },
             replicas: on
                 .iter()
@@ -1047,12 +1074,17 @@ mod tests {
             w,
             Want {
                 copies: 2,
-                sites: vec!["A".into(), "B".into()]
+                sites: vec!["A".into(), "B".into()],
+                private: false,
             }
         );
         assert_eq!(Want::parse(&w.format()).unwrap(), w);
         assert!(Want::parse("copies=0").is_err());
         assert!(Want::parse("replicas=2").is_err());
+        let p = Want::parse("copies=2 protect=private").unwrap();
+        assert!(p.private);
+        assert_eq!(Want::parse(&p.format()).unwrap(), p);
+        assert!(Want::parse("protect=sometimes").is_err());
         assert_eq!(Want::parse("copies=1 sites=A,B,C").unwrap().total(), 3);
     }
 
@@ -1065,6 +1097,7 @@ mod tests {
             &Want {
                 copies: 2,
                 sites: vec!["B".into()],
+                private: false,
             },
             false,
         );
@@ -1077,11 +1110,37 @@ mod tests {
             &Want {
                 copies: 3,
                 sites: vec![],
+                private: false,
             },
             false,
         );
         assert_eq!(p.tasks.len(), 2);
         assert!(p.tasks.iter().all(|t| t.avoid.contains("a1")));
+    }
+
+    /// Issue 11 C10: copies of a file that arrived privately are made privately whatever is
+    /// asked; a private policy makes every copy private.
+    #[test]
+    fn files_that_arrived_privately_are_copied_privately() {
+        let mut secret = file(1, &[("a1", ReplicaState::Complete)]);
+        secret.inode.private = true;
+        let open = file(2, &[("a1", ReplicaState::Complete)]);
+        let want = |private| Want {
+            copies: 2,
+            sites: vec![],
+            private,
+        };
+        let p = plan(
+            &[secret.clone(), open.clone()],
+            &nodes(),
+            &want(false),
+            false,
+        );
+        let by_id = |p: &Plan, id| p.tasks.iter().find(|t| t.inode.id == id).unwrap().private;
+        assert!(by_id(&p, 1));
+        assert!(!by_id(&p, 2));
+        let p = plan(&[secret, open], &nodes(), &want(true), false);
+        assert!(by_id(&p, 1) && by_id(&p, 2));
     }
 
     #[test]
@@ -1094,6 +1153,7 @@ mod tests {
             &Want {
                 copies: 4,
                 sites: vec![],
+                private: false,
             },
             false,
         );
@@ -1109,6 +1169,7 @@ mod tests {
             &Want {
                 copies: 1,
                 sites: vec!["C".into()],
+                private: false,
             },
             false,
         );
@@ -1127,6 +1188,7 @@ mod tests {
             &Want {
                 copies: 2,
                 sites: vec![],
+                private: false,
             },
             false,
         );
@@ -1149,6 +1211,7 @@ mod tests {
             &Want {
                 copies: 2,
                 sites: vec!["B".into()],
+                private: false,
             },
             true,
         );
@@ -1169,6 +1232,7 @@ mod tests {
             &Want {
                 copies: 2,
                 sites: vec![],
+                private: false,
             },
             false,
         );

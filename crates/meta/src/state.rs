@@ -389,6 +389,7 @@ pub fn entry(path: &str, i: &Inode) -> pb::Entry {
         size: i.size,
         mtime_ns: i.mtime_ns,
         checksum: i.checksum.clone(),
+        private: i.private,
     }
 }
 

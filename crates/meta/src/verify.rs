@@ -256,9 +256,11 @@ pub async fn verify_files(
         let plan = replication::plan(
             &fs,
             &node_list,
+            // Each copy as private as its file arrived.
             &Want {
                 copies,
                 sites: vec![],
+                private: false,
             },
             false,
         );
