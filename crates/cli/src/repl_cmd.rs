@@ -2,7 +2,7 @@
 //! done by the metadata server and the nodes; this side shows progress and the outcome.
 
 use crate::args::{GridArgs, PolicyCommand, ProtectArg, ReplicateArgs, VerifyArgs};
-use crate::grid_cmd::{connect, target};
+use crate::grid_cmd::{connect, one_line, shown, target};
 use crate::progress::{self, Progress};
 use api::meta as pb;
 use serde_json::json;
@@ -91,7 +91,7 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
         TransferError::Connect("the metadata server ended the replication without a result".into())
     })?;
     for f in &p.failures {
-        eprintln!("haul: {}", f.message);
+        eprintln!("haul: {}", one_line(&f.message));
     }
     if a.p.json {
         out!(
@@ -198,7 +198,7 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
         );
     } else if matches!(c, PolicyCommand::List(_)) {
         for p in &reply.policies {
-            out!("{}  {}", p.path, policy_text(p));
+            out!("{}  {}", shown(&p.path), policy_text(p));
         }
     }
     Ok(0)
@@ -239,10 +239,10 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
         );
     } else {
         for d in &p.damaged {
-            eprintln!("haul: {}", d.message);
+            eprintln!("haul: {}", one_line(&d.message));
         }
         for f in &p.failures {
-            eprintln!("haul: {}", f.message);
+            eprintln!("haul: {}", one_line(&f.message));
         }
         eprintln!(
             "{} files, {} of {} replicas checked ({}), {} bad, {} repaired, {:.1} s",
@@ -295,7 +295,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
     out!("nodes: {} up, {} down", st.nodes_up, st.nodes_down);
     out!("policies:");
     for p in &st.policies {
-        out!("  {}  {}", p.path, policy_text(p));
+        out!("  {}  {}", shown(&p.path), policy_text(p));
     }
     out!(
         "reconciler: {} files missing copies, {} surplus copies, {} copies being made; {} made and {} removed so far; last pass {:.1} s",
@@ -308,7 +308,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
     );
     out!("recent events:");
     for e in &st.events {
-        out!("  {e}");
+        out!("  {}", one_line(e));
     }
     Ok(0)
 }

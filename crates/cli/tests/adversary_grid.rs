@@ -815,3 +815,50 @@ fn copies_of_files_that_arrived_privately_travel_privately() {
     ));
     assert_same_file(&secret, &back);
 }
+
+// ---------------------------------------------------------------------------------------------
+// C14: names in directories one may not read
+
+/// `haul status`, `haul policy list` and the dashboard's events showed paths inside
+/// directories the caller could not read (and the dashboard needs no certificate at all).
+/// `haul ls` printed control characters in names raw.
+#[test]
+fn private_names_do_not_leak_and_names_are_printed_escaped() {
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "-m", "700", "/alice"]);
+    g.ok("alice", &["mkdir", "/alice/secret-project"]);
+    g.ok("alice", &["mkdir", "-m", "755", "/shared"]);
+    for dir in ["/alice/secret-project", "/shared"] {
+        g.ok("alice", &["policy", "set", dir, "--copies", "2"]);
+    }
+    let text = |v: &serde_json::Value| v.to_string();
+    // alice sees her own.
+    let st = g.json("alice", &["status", "--json"]);
+    assert!(text(&st["policies"]).contains("secret-project"), "{st}");
+    assert!(text(&st["events"]).contains("secret-project"), "{st}");
+    // bob (same group, but /alice is 0700) sees only what he could list.
+    let st = g.json("bob", &["status", "--json"]);
+    assert!(!st.to_string().contains("secret-project"), "{st}");
+    assert!(text(&st["policies"]).contains("/shared"), "{st}");
+    assert!(text(&st["events"]).contains("/shared"), "{st}");
+    let pl = g.json("bob", &["policy", "list", "--json"]);
+    assert!(!pl.to_string().contains("secret-project"), "{pl}");
+    assert!(pl.to_string().contains("/shared"), "{pl}");
+    // The dashboard and its JSON: no private path, public ones still shown.
+    for page in ["/api/status", "/"] {
+        let body = g.http_get(page);
+        assert!(!body.contains("secret-project"), "{page}: {body}");
+        assert!(body.contains("/shared"), "{page}: {body}");
+    }
+    // Control characters in names are printed escaped, never raw.
+    g.ok("alice", &["mkdir", "/shared/evil\u{1b}[2J\nname"]);
+    let out = g.ok("bob", &["ls", "/shared"]);
+    let ls = String::from_utf8_lossy(&out.stdout);
+    assert!(ls.contains("evil\\u{1b}[2J\\nname"), "{ls:?}");
+    assert!(!ls.contains('\u{1b}') && ls.lines().count() == 1, "{ls:?}");
+    let out = g.ok("bob", &["stat", "/shared/evil\u{1b}[2J\nname"]);
+    let stat = String::from_utf8_lossy(&out.stdout);
+    assert!(!stat.contains('\u{1b}'), "{stat:?}");
+    let out = g.run("bob", &["ls", "/shared/evil\u{1b}[2J\nname/nothing"]);
+    assert!(!stderr(&out).contains('\u{1b}'), "{:?}", stderr(&out));
+}

@@ -491,7 +491,10 @@ pub async fn execute(
                     .mark_replicas(&[(t.inode.id, done.src.clone())], ReplicaState::Damaged)
                     .await;
                 t.sources.retain(|s| *s != done.src);
-                meta.event(format!("{}: replica on {} is damaged", t.path, done.src));
+                meta.event_about(
+                    format!("{}: replica on {} is damaged", t.path, done.src),
+                    vec![t.path.clone()],
+                );
             } else if done.session_error.is_some() {
                 // Which end failed is unknown: avoid this pair's destination.
                 t.avoid.insert(done.dst.clone());

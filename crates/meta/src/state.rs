@@ -75,6 +75,14 @@ impl NodeEntry {
     }
 }
 
+/// Something worth showing on the dashboard and in `haul status`, with the grid paths it
+/// names: it is shown only to those who may see every one of them.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub text: String,
+    pub paths: Vec<String>,
+}
+
 /// Per-operation counters, for `/metrics` and the dashboard.
 #[derive(Default)]
 pub struct OpStats {
@@ -94,8 +102,8 @@ pub struct Meta {
     pub started: Instant,
     /// Inventories being uploaded in parts, by node.
     pub inventories: Mutex<HashMap<String, HashMap<i64, u64>>>,
-    /// Recent events for the dashboard (newest last).
-    pub events: Mutex<std::collections::VecDeque<String>>,
+    /// Recent events for the dashboard and `haul status` (newest last).
+    pub events: Mutex<std::collections::VecDeque<Event>>,
     /// Client credentials for driving node-to-node copies (the server's host certificate).
     client_tls: RwLock<Option<std::sync::Arc<rustls::ClientConfig>>>,
     /// The fingerprint of that certificate: capabilities for the server's own copies are
@@ -202,8 +210,13 @@ impl Meta {
         self.node(node).map(|n| n.rate as f64).unwrap_or(0.0)
     }
 
-    /// Notes something worth showing on the dashboard.
+    /// Notes something worth showing on the dashboard that names no grid path.
     pub fn event(&self, msg: String) {
+        self.event_about(msg, Vec::new());
+    }
+
+    /// Notes something worth showing about grid `paths` (only to those who may see them).
+    pub fn event_about(&self, msg: String, paths: Vec<String>) {
         tracing::info!("{msg}");
         let mut ev = self.events.lock().expect("events lock");
         if ev.len() >= 200 {
@@ -211,12 +224,60 @@ impl Meta {
         }
         let secs = catalog::now_ms() / 1000;
         let t = secs.rem_euclid(86_400);
-        ev.push_back(format!(
-            "{:02}:{:02}:{:02}Z {msg}",
-            t / 3600,
-            t / 60 % 60,
-            t % 60
-        ));
+        ev.push_back(Event {
+            text: format!("{:02}:{:02}:{:02}Z {msg}", t / 3600, t / 60 % 60, t % 60),
+            paths,
+        });
+    }
+
+    /// Whether `user` could find `path` by listing directories from the root (see
+    /// [`crate::perm::may_see`]); a path that no longer exists is seen by administrators only.
+    pub async fn may_see(&self, user: &User, path: &str) -> bool {
+        if user.admin {
+            return true;
+        }
+        let Ok(norm) = catalog::normalize(path) else {
+            return false;
+        };
+        match self.catalog.lookup_chain(&norm).await {
+            Ok(chain) if chain.len() == depth(&norm) + 1 => crate::perm::may_see(user, &chain),
+            _ => false,
+        }
+    }
+
+    /// The `n` most recent events `user` may see, newest first.
+    pub async fn events_for(&self, user: &User, n: usize) -> Vec<String> {
+        let all: Vec<Event> = self
+            .events
+            .lock()
+            .expect("events lock")
+            .iter()
+            .rev()
+            .cloned()
+            .collect();
+        let mut seen: HashMap<String, bool> = HashMap::new();
+        let mut out = Vec::new();
+        for e in all {
+            if out.len() >= n {
+                break;
+            }
+            let mut ok = true;
+            for p in &e.paths {
+                let v = match seen.get(p) {
+                    Some(v) => *v,
+                    None => {
+                        let v = self.may_see(user, p).await;
+                        seen.insert(p.clone(), v);
+                        v
+                    }
+                };
+                ok &= v;
+            }
+            if ok {
+                out.push(e.text);
+            }
+        }
+        out
     }
 
     /// Counts one call of `op` that took `since` and handled `items` things.

@@ -163,6 +163,8 @@ pub struct Grid {
     pub meta: Option<Proc>,
     /// The API address (`127.0.0.1:PORT`), kept across restarts.
     pub meta_addr: String,
+    /// The dashboard's address (`127.0.0.1:PORT`) of the running metadata server.
+    pub meta_http: String,
     pub dir: tempfile::TempDir,
 }
 
@@ -181,6 +183,7 @@ impl Grid {
             nodes: Vec::new(),
             meta: None,
             meta_addr: String::new(),
+            meta_http: String::new(),
             dir,
         };
         g.start_meta("127.0.0.1:0");
@@ -243,6 +246,12 @@ impl Grid {
         let addr = line.split_whitespace().next().unwrap().to_string();
         assert!(addr.starts_with("127.0.0.1:"), "meta address: {line:?}");
         self.meta_addr = addr;
+        self.meta_http = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|u| u.strip_prefix("http://"))
+            .map(|u| u.trim_end_matches('/').to_string())
+            .unwrap_or_default();
         self.meta = Some(p);
     }
 
@@ -292,6 +301,19 @@ impl Grid {
             addr: String::new(),
             proc: None,
         }
+    }
+
+    /// The body of `GET path` from the dashboard (plain HTTP/1.0, no authentication).
+    pub fn http_get(&self, path: &str) -> String {
+        use std::io::Write;
+        let mut c = std::net::TcpStream::connect(&self.meta_http).expect("dashboard");
+        c.set_read_timeout(Some(CMD_TIMEOUT)).unwrap();
+        write!(c, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.meta_http).unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or(out)
     }
 
     /// `haul cert issue ARGS` in the grid's PKI directory; returns its stdout.
