@@ -87,8 +87,11 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
     if interrupted {
         return Err(TransferError::Interrupted);
     }
-    let p = last.ok_or_else(|| {
-        TransferError::Connect("the metadata server ended the replication without a result".into())
+    // A stream that ends before its last message (the server stopped) is no success.
+    let p = last.filter(|p| p.finished).ok_or_else(|| {
+        TransferError::Connect(
+            "the metadata server stopped before the replication finished; run it again when the server is back (it finishes what is missing)".into(),
+        )
     })?;
     for f in &p.failures {
         eprintln!("haul: {}", one_line(&f.message));
@@ -226,7 +229,11 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
             break;
         }
     }
-    let p = last.ok_or_else(|| TransferError::Connect("no verification result".into()))?;
+    let p = last.filter(|p| p.finished).ok_or_else(|| {
+        TransferError::Connect(
+            "the metadata server stopped before the verification finished; run it again when the server is back".into(),
+        )
+    })?;
     if a.p.json {
         out!(
             "{}",

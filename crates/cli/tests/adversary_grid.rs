@@ -684,11 +684,10 @@ fn replicas_left_writing_by_a_killed_metadata_server_do_not_block_their_nodes() 
         );
     }
     g.kill_meta();
+    // Issue 11 C15: the server dying is "connection lost" (exit 4), not a protocol error (9),
+    // and never a success.
     let out = child.wait_with_output().unwrap();
-    assert!(
-        !out.status.success(),
-        "replicate cannot succeed without its server"
-    );
+    assert_exit(&out, 4, "metadata server");
     for n in &others {
         signal(&g, n, "CONT");
     }
@@ -861,4 +860,134 @@ fn private_names_do_not_leak_and_names_are_printed_escaped() {
     assert!(!stat.contains('\u{1b}'), "{stat:?}");
     let out = g.run("bob", &["ls", "/shared/evil\u{1b}[2J\nname/nothing"]);
     assert!(!stderr(&out).contains('\u{1b}'), "{:?}", stderr(&out));
+}
+
+// ---------------------------------------------------------------------------------------------
+// C15: exit codes and messages of the grid
+
+/// An expired certificate, or one from another CA, used against the metadata server ended in
+/// "transport error" and exit 9: it is an authentication failure (exit 5) with the reason.
+#[test]
+fn refused_certificates_at_the_metadata_server_exit_5_with_the_reason() {
+    let g = Grid::start();
+    g.issue(&[
+        "--user",
+        "old",
+        "--out",
+        "old",
+        "--not-before",
+        "2020-01-01T00:00:00Z",
+        "--not-after",
+        "2021-01-01T00:00:00Z",
+    ]);
+    let mut c = haul_clean();
+    c.args(["ca", "init", "--dir", "otherca"])
+        .current_dir(g.path().join("pki"));
+    assert_ok(&run_bounded(c, CMD_TIMEOUT));
+    let mut c = haul_clean();
+    c.args([
+        "cert", "issue", "--ca", "otherca", "--user", "alice", "--out", "forged",
+    ])
+    .current_dir(g.path().join("pki"));
+    assert_ok(&run_bounded(c, CMD_TIMEOUT));
+    for (user, why) in [("old", "expired"), ("forged", "CA")] {
+        for args in [&["ls", "/"][..], &["status"][..]] {
+            let out = g.run(user, args);
+            assert_exit(&out, 5, why);
+            assert!(
+                !stderr(&out).contains("transport error"),
+                "{}",
+                stderr(&out)
+            );
+        }
+    }
+}
+
+/// Permission denied in a recursive read said "no healthy replica" (exit 4): it says
+/// permission denied, exit 5.
+#[test]
+fn permission_denied_in_a_recursive_read_exits_5() {
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "-m", "755", "/alice"]);
+    let (src, _) = sample_tree(g.path());
+    assert_ok(&g.cp("alice", &["-r", src.to_str().unwrap(), &g.url("/alice")]));
+    g.ok("alice", &["chmod", "600", "/alice/tree/small.txt"]);
+    g.ok("alice", &["chmod", "700", "/alice/tree/sub"]);
+    let dl = tempfile::tempdir_in(g.path()).unwrap();
+    let out = g.cp(
+        "bob",
+        &["-r", &g.url("/alice/tree"), dl.path().to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let j = json(&out);
+    let failures = j["failures"].to_string();
+    assert!(failures.contains("permission denied"), "{j}");
+    assert!(!failures.contains("no healthy replica"), "{j}");
+    // What bob may read arrived.
+    assert_same_file(&src.join("big.bin"), &dl.path().join("tree/big.bin"));
+}
+
+/// A node whose disk fills named its own path (`/data/xx/yy/<id>`) in the message: it names
+/// the grid path. (A small tmpfs as the node's root: needs root.)
+#[test]
+fn a_full_node_names_the_grid_path() {
+    // The metadata server hears from nodes rarely here, so it does not know the disk filled.
+    let g = Grid::start_with(&["--heartbeat", "30s", "--node-timeout", "120s"]);
+    let Some(fs) = SmallFs::mount(&g.path().join("small"), "160M") else {
+        eprintln!("SKIPPED: mounting a tmpfs needs root");
+        return;
+    };
+    let issued = g.issue(&["--host", "c1", "--host", "127.0.0.1", "--out", "c1"]);
+    append(&g.pki("nodes"), &enrolment_line(&issued));
+    let mut c1 = g.new_node("c1", "C");
+    c1.root = fs.path.join("root");
+    g.start_node(&mut c1);
+    let ok = wait_for(SETTLE, || {
+        std::thread::sleep(Duration::from_millis(100));
+        g.nodes_json()
+            .iter()
+            .any(|n| n["name"] == "c1" && n["up"] == true)
+    });
+    assert!(ok, "c1 not up: {:?}", g.nodes_json());
+    // Fill the disk behind the metadata server's back: 5 MiB left.
+    let free = {
+        let out = std::process::Command::new("df")
+            .args(["--output=avail", "-B1"])
+            .arg(&fs.path)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    {
+        use std::io::Write;
+        let f = std::fs::File::create(fs.path.join("filler")).unwrap();
+        let mut w = std::io::BufWriter::new(f);
+        let chunk = vec![7u8; 1 << 20];
+        for _ in 0..(free.saturating_sub(5 << 20) >> 20) {
+            w.write_all(&chunk).unwrap();
+        }
+        w.flush().unwrap();
+    }
+    g.ok("alice", &["mkdir", "/alice"]);
+    let src = g.path().join("big.bin");
+    write_file(&src, 3, 20 << 20);
+    let out = g.cp(
+        "alice",
+        &[
+            src.to_str().unwrap(),
+            &g.url("/alice/big.bin"),
+            "--site",
+            "C",
+        ],
+    );
+    assert_exit(&out, 6, "/alice/big.bin");
+    let err = stderr(&out);
+    assert!(err.contains("no space"), "{err}");
+    assert!(!err.contains("/data/"), "{err}");
+    // The node goes before its file system is unmounted.
+    drop(c1);
 }

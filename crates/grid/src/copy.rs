@@ -719,6 +719,8 @@ async fn upload(
                 let Some((path, id)) = names.get(&name) else {
                     continue;
                 };
+                // The node names the file by its id: name it by its grid path.
+                let e = renamed(e, &format!("file {id}"), path);
                 abort.push(*id);
                 if e.retryable() || node_failed {
                     todo.push(path.clone());
@@ -762,8 +764,10 @@ struct ReadFile {
     rel: String,
     source: pb::ReadSource,
     expect: Vec<Digest>,
-    /// Index into `source.replicas` of the replica in use.
+    /// Index into `source.replicas` of the replica in use (`usize::MAX`: none).
     replica: usize,
+    /// Why it cannot be read at all (the metadata server said so: e.g. permission denied).
+    refused: Option<TransferError>,
 }
 
 impl ReadFile {
@@ -844,6 +848,7 @@ async fn open_source(
             source: s,
             expect,
             replica: 0,
+            refused: None,
         });
     }
     let mut dirs = reply.dirs;
@@ -860,9 +865,8 @@ async fn open_source(
             },
             expect: vec![],
             replica: usize::MAX,
+            refused: Some(from_file_error(&e)),
         });
-        // Marked failed by the caller (no replica index).
-        let _ = e;
     }
     if !top.is_dir && files.is_empty() && top.size == 0 {
         files.push(ReadFile {
@@ -879,6 +883,7 @@ async fn open_source(
             },
             expect: vec![],
             replica: 0,
+            refused: None,
         });
     }
     let grants = reply
@@ -921,10 +926,11 @@ async fn download(
     let mut todo: Vec<ReadFile> = Vec::new();
     for f in files {
         if f.replica == usize::MAX {
-            tally.fail(
-                &f.source.path,
-                TransferError::Connect(format!("{}: no healthy replica", f.source.path)),
-            );
+            // With the reason the metadata server gave (permission denied is exit 5).
+            let e = f.refused.clone().unwrap_or_else(|| {
+                TransferError::Connect(format!("{}: no healthy replica", f.source.path))
+            });
+            tally.fail(&f.source.path, e);
         } else if f.source.size == 0 {
             match write_empty(&dest.map(&f.rel), &f.source) {
                 Ok(()) => tally.ok(&f.source.path, 0, &[], &events),
@@ -1088,13 +1094,16 @@ async fn download(
                 } else {
                     tally.fail(
                         &f.source.path,
-                        if switch {
-                            TransferError::Connect(format!(
+                        match err {
+                            // Refused (e.g. a renewal after a chmod): that is the reason.
+                            TransferError::Auth(m) if switch => {
+                                TransferError::Auth(format!("{}: {m}", f.source.path))
+                            }
+                            _ if switch => TransferError::Connect(format!(
                                 "{}: no healthy replica left ({err})",
                                 f.source.path
-                            ))
-                        } else {
-                            err
+                            )),
+                            _ => err,
                         },
                     );
                 }
@@ -1111,6 +1120,16 @@ async fn download(
         &counters,
         &events,
     )
+}
+
+/// `e` with `from` replaced by `to` in its message, of the same kind.
+fn renamed(e: TransferError, from: &str, to: &str) -> TransferError {
+    let mut info = e.to_info();
+    if !info.message.contains(from) {
+        return e;
+    }
+    info.message = info.message.replace(from, to);
+    TransferError::from(info)
 }
 
 /// Whether received digests agree with the catalog's (on the algorithms both have).
@@ -1168,10 +1187,11 @@ async fn within(
     for f in files {
         let target = map_grid(&base, into_dir, &f.rel);
         if f.replica == usize::MAX {
-            tally.fail(
-                &f.source.path,
-                TransferError::Connect(format!("{}: no healthy replica", f.source.path)),
-            );
+            // With the reason the metadata server gave (permission denied is exit 5).
+            let e = f.refused.clone().unwrap_or_else(|| {
+                TransferError::Connect(format!("{}: no healthy replica", f.source.path))
+            });
+            tally.fail(&f.source.path, e);
         } else {
             todo.push((target, f));
         }
@@ -1337,6 +1357,7 @@ async fn within(
                     .failed
                     .get(&id.to_string())
                     .cloned()
+                    .map(|e| renamed(e, &format!("file {id}"), &path))
                     .unwrap_or_else(|| TransferError::Connect(format!("{path}: not copied")));
                 if failed && failed_sources.contains(&src_node) && !f.fail_over(&failed_sources) {
                     // No other source; try the same again (the destination may have been
@@ -1420,6 +1441,7 @@ mod tests {
             },
             expect: vec![],
             replica: 0,
+            refused: None,
         };
         let failed: HashSet<String> = ["n1".to_string(), "n2".to_string()].into();
         assert!(f.fail_over(&failed));

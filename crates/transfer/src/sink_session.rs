@@ -227,7 +227,11 @@ impl Shared {
         let result = of
             .file
             .write_all_at(job.payload.as_ref(), job.offset)
-            .map_err(|e| io_info(&self.root.display(&of.final_path), &e));
+            .map_err(|e| {
+                let shown = self.root.display(&of.final_path);
+                self.naming
+                    .public_error(&of.begin.path, &shown, io_info(&shown, &e))
+            });
         if result.is_ok() {
             faults::moved(len);
             let whole = job.new_ranges.pairs() == [(job.offset, job.offset + len)];
@@ -302,6 +306,8 @@ impl Shared {
                         begin.resume,
                     )
                 });
+                let shown = self.root.display(&final_path);
+                let opened = opened.map_err(|e| self.naming.public_error(&begin.path, &shown, e));
                 match opened {
                     Ok(Opened::Partial { file: f, have }) => {
                         let mut digest =
@@ -404,6 +410,11 @@ impl Shared {
                         format!("{}: file handle lost", begin.path),
                     )),
                 };
+                let r = r.map_err(|e| {
+                    let shown = self.naming.map(&begin.path).map(|p| self.root.display(&p));
+                    self.naming
+                        .public_error(&begin.path, &shown.unwrap_or_default(), e)
+                });
                 // A storage node reports the file before its sender hears it is done; if the
                 // metadata server refuses it, the local copy goes (it is the one this commit
                 // made: a node's commit never replaces an existing replica it may not).

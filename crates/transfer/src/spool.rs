@@ -139,6 +139,15 @@ impl Naming {
         }
     }
 
+    /// An error about received file `announced` as its sender sees it: on a storage node the
+    /// file's id instead of the node's own path for it (`shown`, e.g. `/data/12/34/…`).
+    pub fn public_error(&self, announced: &str, shown: &str, mut e: ErrorInfo) -> ErrorInfo {
+        if self.is_spool() && !shown.is_empty() {
+            e.message = e.message.replace(shown, &format!("file {announced}"));
+        }
+        e
+    }
+
     pub fn is_spool(&self) -> bool {
         matches!(self, Naming::Spool { .. })
     }
@@ -179,6 +188,45 @@ pub fn spool_id(path: &std::path::Path) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 11 C15: a node's disk-full message named its internal path (`/data/xx/yy/<id>`).
+    #[test]
+    fn errors_name_the_file_not_the_nodes_path() {
+        struct S;
+        impl Spool for S {
+            fn node(&self) -> String {
+                "n".into()
+            }
+            fn key(&self) -> Option<Vec<u8>> {
+                None
+            }
+            fn path_of(&self, id: i64) -> PathBuf {
+                spool_path(id)
+            }
+            fn committed(
+                &self,
+                _: i64,
+                _: u64,
+                _: &[Digest],
+                _: Timestamp,
+            ) -> Result<(), ErrorInfo> {
+                Ok(())
+            }
+        }
+        let spool = Naming::Spool {
+            allowed: Arc::new([12].into_iter().collect()),
+            replace: Arc::new(HashSet::new()),
+            spool: Arc::new(S),
+        };
+        let shown = format!("/{}", spool_path(12).display());
+        let e = ErrorInfo::new(
+            ErrorKind::NoSpace,
+            format!("{shown}: no space left on the destination"),
+        );
+        let p = spool.public_error("12", &shown, e.clone());
+        assert_eq!(p.message, "file 12: no space left on the destination");
+        assert_eq!(p.kind, ErrorKind::NoSpace);
+    }
 
     #[test]
     fn spool_paths_round_trip() {

@@ -228,9 +228,11 @@ impl Grid {
             .arg(self.pki("groups"))
             .arg("--nodes")
             .arg(self.pki("nodes"))
-            .args(["--heartbeat", "300ms", "--node-timeout", "2s"])
             .args(["--reconcile-every", "1s"])
             .args(&self.meta_args);
+        if !self.meta_args.iter().any(|a| a == "--heartbeat") {
+            cmd.args(["--heartbeat", "300ms", "--node-timeout", "2s"]);
+        }
         let n = std::fs::read_dir(self.path())
             .unwrap()
             .filter(|e| {
