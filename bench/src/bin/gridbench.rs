@@ -306,6 +306,7 @@ async fn batch_creates(g: &Grid, tag: &str, per_client: usize) -> Result<(f64, V
                                 size: 0,
                                 mode: 0o644,
                                 mtime_ns: 0,
+                                private: false,
                             })
                             .collect(),
                         ..Default::default()
@@ -373,6 +374,7 @@ async fn single_ops(g: &Grid, tag: &str, per_client: usize, op: &str) -> Result<
                                     size: 0,
                                     mode: 0o644,
                                     mtime_ns: 0,
+                                    private: false,
                                 }],
                                 ..Default::default()
                             })
@@ -442,6 +444,7 @@ async fn catalog_suite(g: &Grid, total: usize) -> Result<Value> {
                             size: 0,
                             mode: 0o644,
                             mtime_ns: 0,
+                            private: false,
                         })
                         .collect();
                     let r = m

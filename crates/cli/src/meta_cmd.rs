@@ -65,7 +65,6 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         scrub_every: a.scrub_every,
         grant_ttl: a.grant_ttl,
         writing_lease: a.writing_lease,
-        ..Default::default()
     };
     let m = Arc::new(Meta::new(
         catalog,

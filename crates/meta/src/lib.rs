@@ -125,52 +125,6 @@ fn tighten(path: &Path, allowed: u32) {
     );
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::PermissionsExt;
-
-    fn mode(p: &Path) -> u32 {
-        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
-    }
-
-    /// Issue 11 C4: catalog.db was 0644 in a 0755 directory, so every local user could read
-    /// every node's capability key.
-    #[test]
-    fn the_data_directory_and_catalog_are_private() {
-        let t = tempfile::tempdir().unwrap();
-        let fresh = t.path().join("fresh/meta");
-        let lock = lock_data_dir(&fresh).unwrap();
-        assert_eq!(mode(&fresh), 0o700);
-        assert_eq!(mode(&fresh.join("meta.lock")), 0o600);
-        assert_eq!(mode(&fresh.join("catalog.db")), 0o600);
-        drop(lock);
-        // An existing data directory of an older version is tightened.
-        let old = t.path().join("old");
-        std::fs::create_dir(&old).unwrap();
-        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
-        for f in [
-            "catalog.db",
-            "catalog.db-wal",
-            "catalog.db-shm",
-            "meta.lock",
-        ] {
-            std::fs::write(old.join(f), b"").unwrap();
-            std::fs::set_permissions(old.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
-        }
-        let _lock = lock_data_dir(&old).unwrap();
-        assert_eq!(mode(&old), 0o700);
-        for f in [
-            "catalog.db",
-            "catalog.db-wal",
-            "catalog.db-shm",
-            "meta.lock",
-        ] {
-            assert_eq!(mode(&old.join(f)), 0o600, "{f}");
-        }
-    }
-}
-
 /// Serves the gRPC API on `listener` (and, given one, the dashboard on `http`) until
 /// `shutdown` completes.
 pub async fn run(
@@ -338,4 +292,50 @@ fn spawn_background(
         )));
     }
     tasks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// Issue 11 C4: catalog.db was 0644 in a 0755 directory, so every local user could read
+    /// every node's capability key.
+    #[test]
+    fn the_data_directory_and_catalog_are_private() {
+        let t = tempfile::tempdir().unwrap();
+        let fresh = t.path().join("fresh/meta");
+        let lock = lock_data_dir(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        assert_eq!(mode(&fresh.join("meta.lock")), 0o600);
+        assert_eq!(mode(&fresh.join("catalog.db")), 0o600);
+        drop(lock);
+        // An existing data directory of an older version is tightened.
+        let old = t.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for f in [
+            "catalog.db",
+            "catalog.db-wal",
+            "catalog.db-shm",
+            "meta.lock",
+        ] {
+            std::fs::write(old.join(f), b"").unwrap();
+            std::fs::set_permissions(old.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let _lock = lock_data_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700);
+        for f in [
+            "catalog.db",
+            "catalog.db-wal",
+            "catalog.db-shm",
+            "meta.lock",
+        ] {
+            assert_eq!(mode(&old.join(f)), 0o600, "{f}");
+        }
+    }
 }
