@@ -334,7 +334,8 @@ pub struct CertIssueArgs {
     /// Output prefix: writes PREFIX.pem and PREFIX.key.
     #[arg(long, value_name = "PREFIX")]
     pub out: PathBuf,
-    /// Host certificate for these names or addresses (repeat for several).
+    /// Host certificate for these DNS names or IP addresses (repeat for several; the first is
+    /// the CN, a storage node's name). Prints the line that enrols it as a node.
     #[arg(
         long = "host",
         value_name = "NAME",
@@ -342,10 +343,11 @@ pub struct CertIssueArgs {
         required_unless_present = "user"
     )]
     pub hosts: Vec<String>,
-    /// User certificate for this name.
+    /// User certificate for this name (no / = , " \ or control characters). Prints the
+    /// mapfile line.
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
-    /// Organization name in the subject.
+    /// Organization name in the subject (no / = , " \ or control characters).
     #[arg(long, default_value = "longhaul")]
     pub org: String,
     /// Validity in days from now.
@@ -554,7 +556,7 @@ pub enum NodeCommand {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  haul node serve --meta haul://meta.example.org --site KEK --root /data/haul --listen 0.0.0.0:5812 \\\n      --cert node1.pem --key node1.key --ca ca.pem\nThe node's name is its host certificate's CN unless --name says otherwise (they must agree)."
+    after_help = "Example:\n  haul node serve --meta haul://meta.example.org --site KEK --root /data/haul --listen 0.0.0.0:5812 \\\n      --cert node1.pem --key node1.key --ca ca.pem\nThe node's name is its host certificate's CN (--name must agree). The metadata server admits it only if its --nodes file lists it: add the line `haul cert issue --host` printed (a refused node logs the line and keeps trying)."
 )]
 pub struct NodeServeArgs {
     /// The metadata server: haul://host[:port]
