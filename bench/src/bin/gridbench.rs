@@ -116,10 +116,14 @@ impl Grid {
             std::fs::create_dir_all(dir)?;
             Self::pki(dir, haul, &names)?;
         }
+        // Enrolment: the nodes may join (by name; each keeps the certificate it first used).
+        std::fs::write(dir.join("nodes"), names.join("\n") + "\n")?;
         let mut cmd = Command::new(haul);
         cmd.args([
             "meta",
             "serve",
+            "--nodes",
+            "nodes",
             "--listen",
             "127.0.0.1:0",
             "--http",
@@ -302,6 +306,7 @@ async fn batch_creates(g: &Grid, tag: &str, per_client: usize) -> Result<(f64, V
                                 size: 0,
                                 mode: 0o644,
                                 mtime_ns: 0,
+                                private: false,
                             })
                             .collect(),
                         ..Default::default()
@@ -369,6 +374,7 @@ async fn single_ops(g: &Grid, tag: &str, per_client: usize, op: &str) -> Result<
                                     size: 0,
                                     mode: 0o644,
                                     mtime_ns: 0,
+                                    private: false,
                                 }],
                                 ..Default::default()
                             })
@@ -438,6 +444,7 @@ async fn catalog_suite(g: &Grid, total: usize) -> Result<Value> {
                             size: 0,
                             mode: 0o644,
                             mtime_ns: 0,
+                            private: false,
                         })
                         .collect();
                     let r = m

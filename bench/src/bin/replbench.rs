@@ -192,6 +192,9 @@ fn pki(dir: &Path, haul: &Path, lab: &netlab::Lab) -> Result<()> {
         dir.join("mapfile"),
         "\"/O=longhaul/OU=users/CN=bench\" nobody\n",
     )?;
+    // Enrolment: every host may join as a node (by name).
+    let names: Vec<String> = lab.hosts().iter().map(|h| h.name().to_string()).collect();
+    fs::write(dir.join("nodes"), names.join("\n") + "\n")?;
     Ok(())
 }
 
@@ -216,6 +219,8 @@ impl<'a> Grid<'a> {
                 "ca/ca.pem",
                 "--mapfile",
                 "mapfile",
+                "--nodes",
+                "nodes",
                 "--print-addr",
             ])
             .current_dir(dir)

@@ -124,6 +124,7 @@ mod tests {
             mtime_ns: 0,
             checksum: String::new(),
             pending: false,
+            private: false,
         }
     }
 

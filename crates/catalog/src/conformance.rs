@@ -24,6 +24,9 @@ pub async fn run(c: &Catalog) {
     batch_creates(c).await;
     trees_and_reconciliation(c).await;
     renames_are_seen_at_once(c).await;
+    replicas_complete_only_where_being_written(c).await;
+    writing_replicas_expire_with_their_lease(c).await;
+    files_remember_they_arrived_privately(c).await;
 }
 
 async fn batch_creates(c: &Catalog) {
@@ -33,6 +36,7 @@ async fn batch_creates(c: &Catalog) {
         path: p.into(),
         entry: e.clone(),
         kind,
+        private: false,
     };
     let r = c
         .create_files(
@@ -140,16 +144,29 @@ async fn trees_and_reconciliation(c: &Catalog) {
         .collect();
     assert_eq!(dirs, vec!["/t", "/t/a", "/t/a/b"]);
     // Node keys: given at first registration, kept afterwards.
+    let reg = |addr: &'static str, key: &'static [u8], cert: &'static str, may_rotate| {
+        crate::NodeRegistration {
+            name: "n3",
+            site: "siteC",
+            address: addr,
+            capacity: 10,
+            free: 10,
+            new_key: key,
+            cert,
+            may_rotate,
+        }
+    };
     let (_, k1) = c
-        .register_node_with_key("n3", "siteC", "h:1", 10, 10, &[7; 32])
+        .register_node_with_key(&reg("h:1", &[7; 32], "sha256:aa", false))
         .await
         .unwrap();
     let (_, k2) = c
-        .register_node_with_key("n3", "siteC", "h:2", 10, 10, &[8; 32])
+        .register_node_with_key(&reg("h:2", &[8; 32], "sha256:aa", false))
         .await
         .unwrap();
     assert_eq!((k1.clone(), k2), (vec![7; 32], vec![7; 32]));
     assert_eq!(c.node_keys().await.unwrap()["n3"], k1);
+    node_keys_follow_certificates(c).await;
     for id in &ids {
         c.set_replica(*id, "n3", ReplicaState::Complete, "crc32c:00000001")
             .await
@@ -474,4 +491,272 @@ async fn listing_pages(c: &Catalog) {
             .iter()
             .all(|i| !i.name.is_empty())
     );
+}
+
+/// Issue 11 C2: an existing key is never handed to a registration with another certificate.
+async fn node_keys_follow_certificates(c: &Catalog) {
+    let reg = |key: &'static [u8], cert: &'static str, may_rotate| crate::NodeRegistration {
+        name: "k1",
+        site: "siteK",
+        address: "k:1",
+        capacity: 10,
+        free: 10,
+        new_key: key,
+        cert,
+        may_rotate,
+    };
+    let (_, first) = c
+        .register_node_with_key(&reg(&[1; 32], "sha256:01", false))
+        .await
+        .unwrap();
+    assert_eq!(first, vec![1; 32]);
+    // Restarts with the same certificate keep the key.
+    let (_, again) = c
+        .register_node_with_key(&reg(&[2; 32], "sha256:01", false))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    // Another certificate of the same name: refused, and the key is not in the answer.
+    let e = c
+        .register_node_with_key(&reg(&[3; 32], "sha256:02", false))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CatalogError::Denied(_)), "{e:?}");
+    assert!(e.to_string().contains("sha256:01"), "{e}");
+    assert_eq!(c.node_keys().await.unwrap()["k1"], first);
+    // Enrolled by its fingerprint: the new certificate gets a new key, the old one is void.
+    let (_, rotated) = c
+        .register_node_with_key(&reg(&[4; 32], "sha256:02", true))
+        .await
+        .unwrap();
+    assert_eq!(rotated, vec![4; 32]);
+    let e = c
+        .register_node_with_key(&reg(&[5; 32], "sha256:01", false))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CatalogError::Denied(_)), "{e:?}");
+    // A registration without key business (tools) changes no key.
+    c.register_node("k1", "siteK", "k:2", 10, 10).await.unwrap();
+    assert_eq!(c.node_keys().await.unwrap()["k1"], vec![4; 32]);
+    // A node registered before certificates were recorded (a key, no certificate) gets a
+    // new key whatever certificate it comes with.
+    let legacy = |key: &'static [u8], cert: &'static str| crate::NodeRegistration {
+        name: "k2",
+        site: "siteK",
+        address: "k:3",
+        capacity: 10,
+        free: 10,
+        new_key: key,
+        cert,
+        may_rotate: false,
+    };
+    let (_, k) = c
+        .register_node_with_key(&legacy(&[9; 32], ""))
+        .await
+        .unwrap();
+    assert_eq!(k, vec![9; 32]);
+    let (_, k) = c
+        .register_node_with_key(&legacy(&[6; 32], "sha256:06"))
+        .await
+        .unwrap();
+    assert_eq!(k, vec![6; 32]);
+    let (_, k) = c
+        .register_node_with_key(&legacy(&[7; 32], "sha256:06"))
+        .await
+        .unwrap();
+    assert_eq!(k, vec![6; 32]);
+    for n in ["k1", "k2"] {
+        c.remove_node(n).await.unwrap();
+    }
+}
+
+/// Issue 11 C7: a replica becomes complete only where one is being written, and a complete
+/// replica is never turned back into one being written (no write may be granted over it).
+async fn replicas_complete_only_where_being_written(c: &Catalog) {
+    let e = entry("wendy");
+    c.mkdir("/wr", &e, false).await.unwrap();
+    for n in ["w1", "w2"] {
+        c.register_node(n, "siteW", "w:1", 100, 100).await.unwrap();
+    }
+    let f = c.create_pending("/wr/f", &e).await.unwrap();
+    let done = |node: &'static str, sum: &'static str| c.complete_replica(f.id, node, 3, sum, 1);
+    // Nobody asked w1 to write it: refused, the file stays pending.
+    assert!(matches!(
+        done("w1", "crc32c:00000003").await,
+        Err(CatalogError::Denied(_))
+    ));
+    assert!(c.inode(f.id).await.unwrap().pending);
+    assert!(
+        c.start_replicas(&[(f.id, "w1".into())], 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    done("w1", "crc32c:00000003").await.unwrap();
+    assert!(!c.inode(f.id).await.unwrap().pending);
+    // Reported again (a retry): nothing changes.
+    done("w1", "crc32c:00000003").await.unwrap();
+    // A second copy: w1's complete replica is not restarted, w2's is.
+    let skipped = c
+        .start_replicas(&[(f.id, "w1".into()), (f.id, "w2".into())], 0)
+        .await
+        .unwrap();
+    assert_eq!(skipped, vec![(f.id, "w1".to_string())]);
+    let state = |node: &'static str| async move {
+        c.replicas(f.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| r.node == node)
+            .map(|r| r.state)
+    };
+    assert_eq!(state("w1").await, Some(ReplicaState::Complete));
+    assert_eq!(state("w2").await, Some(ReplicaState::Writing));
+    assert!(matches!(
+        done("w2", "crc32c:0000000f").await,
+        Err(CatalogError::Invalid(_))
+    ));
+    done("w2", "crc32c:00000003").await.unwrap();
+    // A damaged replica is not completed by a report, only by a write that was started.
+    c.mark_replicas(&[(f.id, "w2".into())], ReplicaState::Damaged)
+        .await
+        .unwrap();
+    assert!(matches!(
+        done("w2", "crc32c:00000003").await,
+        Err(CatalogError::Denied(_))
+    ));
+    assert!(
+        c.start_replicas(&[(f.id, "w2".into())], 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    done("w2", "crc32c:00000003").await.unwrap();
+    assert_eq!(state("w2").await, Some(ReplicaState::Complete));
+    c.remove("/wr", true).await.unwrap();
+    for n in ["w1", "w2"] {
+        c.forget_dead(n, &[f.id]).await.unwrap();
+        c.remove_node(n).await.unwrap();
+    }
+}
+
+/// Issue 11 C8: replicas left "writing" by a session that died (with its metadata server)
+/// blocked their node forever. They expire with their lease, which the running session renews
+/// (so other metadata servers sharing the database leave its rows alone); uploads' rows go
+/// with their pending file instead.
+async fn writing_replicas_expire_with_their_lease(c: &Catalog) {
+    let e = entry("lee");
+    c.mkdir("/lease", &e, false).await.unwrap();
+    for n in ["l1", "l2"] {
+        c.register_node(n, "siteL", "l:1", 100, 100).await.unwrap();
+    }
+    let e = &e;
+    let committed = |name: &'static str| async move {
+        let f = c
+            .create_pending(&format!("/lease/{name}"), e)
+            .await
+            .unwrap();
+        c.commit_file(f.id, 3, "crc32c:00000003", 1).await.unwrap()
+    };
+    let (a, b) = (committed("a").await, committed("b").await);
+    let upload = c.create_pending("/lease/up", e).await.unwrap();
+    let t = crate::now_ms();
+    // a copy to l1 held until t+1000, b copy to l1 until t+5000, an upload to l2 (no lease).
+    c.start_replicas(&[(a.id, "l1".into())], t + 1000)
+        .await
+        .unwrap();
+    c.start_replicas(&[(b.id, "l1".into())], t + 5000)
+        .await
+        .unwrap();
+    c.start_replicas(&[(upload.id, "l2".into())], 0)
+        .await
+        .unwrap();
+    assert!(c.expire_writing(t, None).await.unwrap().is_empty());
+    // The session of a renews its lease: still held at t+2000.
+    c.renew_writing(&[(a.id, "l1".into())], t + 3000)
+        .await
+        .unwrap();
+    assert!(c.expire_writing(t + 2000, None).await.unwrap().is_empty());
+    // Past its lease: a goes; b, and the upload of a pending file, stay.
+    assert_eq!(
+        c.expire_writing(t + 4000, None).await.unwrap(),
+        vec![(a.id, "l1".to_string())]
+    );
+    assert!(c.replicas(a.id).await.unwrap().is_empty());
+    assert_eq!(c.replicas(b.id).await.unwrap().len(), 1);
+    assert_eq!(c.replicas(upload.id).await.unwrap().len(), 1);
+    // Only one node's: the node's inventory expires its own (and l2 has none expired).
+    assert!(
+        c.expire_writing(i64::MAX, Some("l2"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A renewal never revives a replica that is no longer being written.
+    c.renew_writing(&[(a.id, "l1".into())], i64::MAX)
+        .await
+        .unwrap();
+    assert!(c.replicas(a.id).await.unwrap().is_empty());
+    // The node's inventory: an expired copy is forgotten, and the file it holds for it is
+    // then unknown to the catalog (removed after the grace period).
+    c.start_replicas(&[(a.id, "l1".into())], t - 1)
+        .await
+        .unwrap();
+    let held: std::collections::HashMap<i64, u64> = [(a.id, 3)].into_iter().collect();
+    let r = c.reconcile("l1", &held, 60_000).await.unwrap();
+    assert_eq!(r.orphans, vec![a.id]);
+    assert!(c.replicas(a.id).await.unwrap().is_empty());
+    // Whatever the time now, everything on l1 goes when asked to (a server owning the catalog
+    // at start).
+    c.expire_writing(i64::MAX, Some("l1")).await.unwrap();
+    assert!(c.replicas(b.id).await.unwrap().is_empty());
+    c.remove("/lease", true).await.unwrap();
+    for n in ["l1", "l2"] {
+        let dead = c.dead_replicas(n).await.unwrap();
+        c.forget_dead(n, &dead).await.unwrap();
+        c.remove_node(n).await.unwrap();
+    }
+}
+
+/// Issue 11 C10: whether a file arrived over private streams is kept with it, so its copies
+/// travel privately too.
+async fn files_remember_they_arrived_privately(c: &Catalog) {
+    let e = entry("pia");
+    c.mkdir("/priv", &e, false).await.unwrap();
+    let item = |p: &str, private| CreateItem {
+        path: p.into(),
+        entry: e.clone(),
+        kind: CreateKind::Pending,
+        private,
+    };
+    let r = c
+        .create_files(
+            &[item("/priv/secret", true), item("/priv/open", false)],
+            false,
+        )
+        .await
+        .unwrap();
+    let (s, o) = (r[0].clone().unwrap(), r[1].clone().unwrap());
+    assert!(s.private && !o.private);
+    c.commit_file(s.id, 1, "crc32c:00000001", 0).await.unwrap();
+    c.commit_file(o.id, 1, "crc32c:00000001", 0).await.unwrap();
+    assert!(c.stat("/priv/secret").await.unwrap().private);
+    assert!(!c.stat("/priv/open").await.unwrap().private);
+    let below = c.files_below("/priv").await.unwrap();
+    assert_eq!(
+        below.iter().map(|(_, i)| i.private).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+    // A new version uploaded in clear replaces the flag with its own.
+    let again = c
+        .create_files(&[item("/priv/secret", false)], true)
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    c.commit_file(again.id, 1, "crc32c:00000001", 0)
+        .await
+        .unwrap();
+    assert!(!c.stat("/priv/secret").await.unwrap().private);
+    c.remove("/priv", true).await.unwrap();
 }

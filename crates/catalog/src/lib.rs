@@ -45,6 +45,9 @@ pub enum CatalogError {
     Busy(String),
     #[error("{0}")]
     Invalid(String),
+    /// Refused by a rule of the catalog (e.g. a node registering with another certificate).
+    #[error("{0}")]
+    Denied(String),
     #[error("database: {0}")]
     Database(String),
 }
@@ -87,6 +90,8 @@ pub struct Inode {
     pub checksum: String,
     /// Being written: not visible in the namespace yet.
     pub pending: bool,
+    /// Arrived over private (TLS) data streams: its copies travel privately too.
+    pub private: bool,
 }
 
 /// Owner, group, mode and mtime of a new entry.
@@ -154,6 +159,22 @@ pub struct Node {
     pub up: bool,
 }
 
+/// A node's registration (see [`Catalog::register_node_with_key`]).
+#[derive(Clone, Debug)]
+pub struct NodeRegistration<'a> {
+    pub name: &'a str,
+    pub site: &'a str,
+    pub address: &'a str,
+    pub capacity: u64,
+    pub free: u64,
+    /// A fresh key, used if the node gets a new one; empty to leave keys alone.
+    pub new_key: &'a [u8],
+    /// The fingerprint of the certificate the node registers with.
+    pub cert: &'a str,
+    /// The enrolment lists this very certificate: it may replace another one.
+    pub may_rotate: bool,
+}
+
 /// Which backend a catalog runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -184,7 +205,11 @@ const ANALYZE_EVERY: u64 = 20_000;
 static MIGRATE_SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 static MIGRATE_POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
-const INODE_COLS: &str = "id, parent, name, kind, owner, grp, mode, size, mtime_ns, checksum";
+const INODE_COLS: &str =
+    "id, parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, flags";
+
+/// `inodes.flags`: the file arrived privately.
+const FLAG_PRIVATE: i64 = 1;
 
 /// The checksum of an empty file.
 pub const EMPTY_CHECKSUM: &str = "crc32c:00000000";
@@ -207,6 +232,7 @@ fn inode_from(row: &AnyRow) -> Result<Inode> {
         mtime_ns: row.try_get("mtime_ns")?,
         checksum: row.try_get("checksum")?,
         pending: parent < 0,
+        private: row.try_get::<i64, _>("flags")? & FLAG_PRIVATE != 0,
     })
 }
 
@@ -260,6 +286,8 @@ pub struct CreateItem {
     pub path: String,
     pub entry: NewEntry,
     pub kind: CreateKind,
+    /// Its data arrives privately (TLS): copies of it must travel privately too.
+    pub private: bool,
 }
 
 /// What an inventory reconciliation found.
@@ -294,6 +322,9 @@ impl Catalog {
         let pool = match backend {
             Backend::Sqlite => {
                 let memory = url.contains(":memory:");
+                if !memory {
+                    create_private(url)?;
+                }
                 let url = if memory || url.contains('?') {
                     url.to_string()
                 } else {
@@ -781,6 +812,7 @@ impl Catalog {
             path: path.to_string(),
             entry: e.clone(),
             kind: CreateKind::Pending,
+            private: false,
         };
         self.create_files(std::slice::from_ref(&item), true)
             .await?
@@ -882,8 +914,8 @@ impl Catalog {
         let inserted = match it.kind {
             CreateKind::Pending => {
                 let q = format!(
-                    "INSERT INTO inodes (parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, ctime_ms) \
-                     SELECT $1, $2, 1, $3, $4, $5, 0, $6, '', $7 WHERE NOT EXISTS \
+                    "INSERT INTO inodes (parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, ctime_ms, flags) \
+                     SELECT $1, $2, 1, $3, $4, $5, 0, $6, '', $7, $10 WHERE NOT EXISTS \
                      (SELECT 1 FROM inodes WHERE parent = $8 AND name = $2 AND (kind = 0 OR $9 = 0)) \
                      ON CONFLICT (parent, name) DO NOTHING RETURNING {INODE_COLS}"
                 );
@@ -897,6 +929,7 @@ impl Catalog {
                     .bind(now)
                     .bind(dir.id)
                     .bind(overwrite as i64)
+                    .bind(if it.private { FLAG_PRIVATE } else { 0 })
                     .fetch_optional(&mut *w.tx)
                     .await?
             }
@@ -1375,14 +1408,90 @@ impl Catalog {
         Ok(())
     }
 
-    /// Records replicas being written (one transaction for all).
-    pub async fn start_replicas(&self, replicas: &[(i64, String)]) -> Result<()> {
+    /// Records replicas being written (one transaction for all), except where the node
+    /// already holds a complete replica of the file: those pairs are returned, and no write
+    /// may be granted for them (a complete replica is never written over). `lease_ms` is
+    /// when the rows expire unless [`Catalog::renew_writing`] extends them (0: never, for
+    /// uploads: their rows go with their pending file).
+    pub async fn start_replicas(
+        &self,
+        replicas: &[(i64, String)],
+        lease_ms: i64,
+    ) -> Result<Vec<(i64, String)>> {
+        let mut w = self.wtx().await?;
+        let r = async {
+            let mut complete = Vec::new();
+            for (inode, node) in replicas {
+                let state =
+                    sqlx::query("SELECT state FROM replicas WHERE inode = $1 AND node = $2")
+                        .bind(inode)
+                        .bind(node)
+                        .fetch_optional(&mut *w.tx)
+                        .await?
+                        .map(|r| r.try_get::<i64, _>(0))
+                        .transpose()?;
+                if state == Some(ReplicaState::Complete.to_i64()) {
+                    complete.push((*inode, node.clone()));
+                    continue;
+                }
+                Self::upsert_replica(&mut w.tx, *inode, node, ReplicaState::Writing, "").await?;
+                sqlx::query("UPDATE replicas SET lease_ms = $1 WHERE inode = $2 AND node = $3")
+                    .bind(lease_ms)
+                    .bind(inode)
+                    .bind(node)
+                    .execute(&mut *w.tx)
+                    .await?;
+            }
+            Ok(complete)
+        }
+        .await;
+        self.done(w, r).await
+    }
+
+    /// Extends the lease of replicas still being written (a running session's).
+    pub async fn renew_writing(&self, replicas: &[(i64, String)], lease_ms: i64) -> Result<()> {
         let mut w = self.wtx().await?;
         let r = async {
             for (inode, node) in replicas {
-                Self::upsert_replica(&mut w.tx, *inode, node, ReplicaState::Writing, "").await?;
+                sqlx::query(
+                    "UPDATE replicas SET lease_ms = $1 WHERE inode = $2 AND node = $3 AND state = $4",
+                )
+                .bind(lease_ms)
+                .bind(inode)
+                .bind(node)
+                .bind(ReplicaState::Writing.to_i64())
+                .execute(&mut *w.tx)
+                .await?;
             }
             Ok(())
+        }
+        .await;
+        self.done(w, r).await
+    }
+
+    /// Drops replicas of committed files still being written whose lease ended before
+    /// `before_ms` (their session died, e.g. with its metadata server), or that have no lease
+    /// at all (left by a version without leases); only on `node` if given. Returns them.
+    /// Uploads' rows (of pending files) are not touched: they go with their file.
+    pub async fn expire_writing(
+        &self,
+        before_ms: i64,
+        node: Option<&str>,
+    ) -> Result<Vec<(i64, String)>> {
+        let mut w = self.wtx().await?;
+        let r = async {
+            let rows = sqlx::query(
+                "DELETE FROM replicas WHERE state = $1 AND lease_ms < $2 AND ($3 = '' OR node = $3) \
+                 AND inode IN (SELECT id FROM inodes WHERE parent > 0) RETURNING inode, node",
+            )
+            .bind(ReplicaState::Writing.to_i64())
+            .bind(before_ms)
+            .bind(node.unwrap_or(""))
+            .fetch_all(&mut *w.tx)
+            .await?;
+            rows.iter()
+                .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<String, _>(1)?)))
+                .collect::<Result<Vec<_>>>()
         }
         .await;
         self.done(w, r).await
@@ -1428,6 +1537,25 @@ impl Catalog {
                     "replica of inode {inode} on {node} does not match the file (size {size}, checksum {checksum}; the file has size {}, checksum {})",
                     i.size, i.checksum
                 )));
+            }
+            // Only a replica the catalog expects (one being written there) completes; the
+            // report of one already complete (a retry) changes nothing.
+            let state = sqlx::query("SELECT state FROM replicas WHERE inode = $1 AND node = $2")
+                .bind(inode)
+                .bind(node)
+                .fetch_optional(&mut *w.tx)
+                .await?
+                .map(|r| r.try_get::<i64, _>(0))
+                .transpose()?
+                .map(ReplicaState::from_i64);
+            match state {
+                Some(ReplicaState::Writing) => {}
+                Some(ReplicaState::Complete) if !i.pending => return Ok(i),
+                _ => {
+                    return Err(CatalogError::Denied(format!(
+                        "no replica of inode {inode} is being written on {node}"
+                    )));
+                }
             }
             Self::upsert_replica(&mut w.tx, inode, node, ReplicaState::Complete, checksum).await?;
             if i.pending {
@@ -1569,6 +1697,9 @@ impl Catalog {
         held: &HashMap<i64, u64>,
         grace_ms: i64,
     ) -> Result<Reconciled> {
+        // Copies to this node whose session died are not being written: forget them, so a
+        // file the node holds for one counts as unknown (removed after the grace period).
+        self.expire_writing(now_ms(), Some(node)).await?;
         let rows = sqlx::query(
             "SELECT r.inode, r.state, i.size, i.parent FROM replicas r JOIN inodes i ON i.id = r.inode WHERE r.node = $1",
         )
@@ -1651,8 +1782,8 @@ impl Catalog {
 
     // ---- nodes -----------------------------------------------------------------------
 
-    /// Registers a node, or updates its site, address and capacity. Returns the node and the
-    /// key its capabilities are signed with (`new_key` is kept if the node has none yet).
+    /// Registers a node, or updates its site, address and capacity (no key, no certificate:
+    /// for tests and tools).
     pub async fn register_node(
         &self,
         name: &str,
@@ -1661,57 +1792,78 @@ impl Catalog {
         capacity: u64,
         free: u64,
     ) -> Result<Node> {
-        self.register_node_with_key(name, site, address, capacity, free, &[])
-            .await
-            .map(|(n, _)| n)
+        self.register_node_with_key(&NodeRegistration {
+            name,
+            site,
+            address,
+            capacity,
+            free,
+            new_key: &[],
+            cert: "",
+            may_rotate: false,
+        })
+        .await
+        .map(|(n, _)| n)
     }
 
-    /// [`Catalog::register_node`], also returning the node's capability key.
+    /// Registers a node with its certificate, returning the node and the key its capabilities
+    /// are signed with. A node's key goes only to registrations with the certificate recorded
+    /// with it: the first registration records `cert` and `new_key`; the same certificate gets
+    /// the same key again (restarts keep capabilities valid); another certificate is refused
+    /// ([`CatalogError::Denied`]) unless `may_rotate` (the enrolment lists it), and then it is
+    /// recorded with `new_key`, so an existing key is never handed to a new certificate. A
+    /// node registered before certificates were recorded gets `new_key` too.
     pub async fn register_node_with_key(
         &self,
-        name: &str,
-        site: &str,
-        address: &str,
-        capacity: u64,
-        free: u64,
-        new_key: &[u8],
+        r: &NodeRegistration<'_>,
     ) -> Result<(Node, Vec<u8>)> {
         let now = now_ms();
         let mut w = self.wtx().await?;
-        let r = async {
+        let res = async {
+            let row = sqlx::query("SELECT cap_key, cert_fp FROM nodes WHERE name = $1")
+                .bind(r.name)
+                .fetch_optional(&mut *w.tx)
+                .await?;
+            let (key, fp): (Vec<u8>, String) = match &row {
+                Some(row) => (row.try_get(0)?, row.try_get(1)?),
+                None => (Vec::new(), String::new()),
+            };
+            let same = !key.is_empty() && !fp.is_empty() && fp == r.cert;
+            let (key, fp) = if r.new_key.is_empty() || same {
+                (key, fp)
+            } else if key.is_empty() || fp.is_empty() || r.may_rotate {
+                // The first keyed registration; or one from before certificates were
+                // recorded (that key may have gone to anyone: a new one); or the enrolment
+                // lists this new certificate.
+                (r.new_key.to_vec(), r.cert.to_string())
+            } else {
+                return Err(CatalogError::Denied(format!(
+                    "node {} is registered with certificate {fp}, not {}",
+                    r.name, r.cert
+                )));
+            };
             sqlx::query(
-                "INSERT INTO nodes (name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up, cap_key) \
-                 VALUES ($1, $2, $3, $4, $5, 0.0, $6, $6, 1, $7) \
+                "INSERT INTO nodes (name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up, cap_key, cert_fp) \
+                 VALUES ($1, $2, $3, $4, $5, 0.0, $6, $6, 1, $7, $8) \
                  ON CONFLICT (name) DO UPDATE SET site = excluded.site, address = excluded.address, capacity = excluded.capacity, \
-                 free = excluded.free, heartbeat_ms = excluded.heartbeat_ms, registered_ms = excluded.registered_ms, up = 1",
+                 free = excluded.free, heartbeat_ms = excluded.heartbeat_ms, registered_ms = excluded.registered_ms, up = 1, \
+                 cap_key = excluded.cap_key, cert_fp = excluded.cert_fp",
             )
-            .bind(name)
-            .bind(site)
-            .bind(address)
-            .bind(capacity as i64)
-            .bind(free as i64)
+            .bind(r.name)
+            .bind(r.site)
+            .bind(r.address)
+            .bind(r.capacity as i64)
+            .bind(r.free as i64)
             .bind(now)
-            .bind(new_key.to_vec())
+            .bind(key.clone())
+            .bind(fp)
             .execute(&mut *w.tx)
             .await?;
-            let mut key: Vec<u8> = sqlx::query("SELECT cap_key FROM nodes WHERE name = $1")
-                .bind(name)
-                .fetch_one(&mut *w.tx)
-                .await?
-                .try_get(0)?;
-            if key.is_empty() && !new_key.is_empty() {
-                sqlx::query("UPDATE nodes SET cap_key = $1 WHERE name = $2")
-                    .bind(new_key.to_vec())
-                    .bind(name)
-                    .execute(&mut *w.tx)
-                    .await?;
-                key = new_key.to_vec();
-            }
             Ok(key)
         }
         .await;
-        let key = self.done(w, r).await?;
-        Ok((self.node(name).await?, key))
+        let key = self.done(w, res).await?;
+        Ok((self.node(r.name).await?, key))
     }
 
     /// The capability keys of all nodes.
@@ -1879,6 +2031,29 @@ fn node_from(r: &AnyRow) -> Result<Node> {
         registered_ms: r.try_get("registered_ms")?,
         up: r.try_get::<i64, _>("up")? != 0,
     })
+}
+
+/// Creates the file of a `sqlite:PATH` catalog readable by its owner only (it holds the nodes'
+/// capability keys; SQLite gives the `-wal` and `-shm` files the same mode). An existing file
+/// is left as it is (the metadata server tightens its data directory).
+fn create_private(url: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = url
+        .trim_start_matches("sqlite:")
+        .trim_start_matches("//")
+        .split('?')
+        .next()
+        .unwrap_or_default();
+    if path.is_empty() || std::path::Path::new(path).exists() {
+        return Ok(());
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map(|_| ())
+        .map_err(|e| CatalogError::Database(format!("cannot create {path}: {e}")))
 }
 
 /// A database URL without its password, for messages.

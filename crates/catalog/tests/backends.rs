@@ -14,6 +14,15 @@ async fn sqlite_on_disk_and_reopened() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite:{}", dir.path().join("meta.db").display());
     let c = Catalog::open(&url).await.unwrap();
+    // It holds node keys: private to its owner (issue 11 C4).
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["meta.db", "meta.db-wal"] {
+        let mode = std::fs::metadata(dir.path().join(f))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}");
+    }
     catalog::conformance::run(&c).await;
     let before = c.count_inodes().await.unwrap();
     c.close().await;

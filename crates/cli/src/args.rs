@@ -376,7 +376,8 @@ pub struct CertIssueArgs {
     /// Output prefix: writes PREFIX.pem and PREFIX.key.
     #[arg(long, value_name = "PREFIX")]
     pub out: PathBuf,
-    /// Host certificate for these names or addresses (repeat for several).
+    /// Host certificate for these DNS names or IP addresses (repeat for several; the first is
+    /// the CN, a storage node's name). Prints the line that enrols it as a node.
     #[arg(
         long = "host",
         value_name = "NAME",
@@ -384,10 +385,11 @@ pub struct CertIssueArgs {
         required_unless_present = "user"
     )]
     pub hosts: Vec<String>,
-    /// User certificate for this name.
+    /// User certificate for this name (no / = , " \ or control characters). Prints the
+    /// mapfile line.
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
-    /// Organization name in the subject.
+    /// Organization name in the subject (no / = , " \ or control characters).
     #[arg(long, default_value = "longhaul")]
     pub org: String,
     /// Validity in days from now.
@@ -550,6 +552,10 @@ pub struct MetaServeArgs {
     /// Administrators (may do anything in the namespace); repeat for several.
     #[arg(long = "admin", value_name = "USER", default_value = "root")]
     pub admins: Vec<String>,
+    /// Storage nodes allowed to join: "NAME [sha256:FINGERPRINT]" lines, as `haul cert issue
+    /// --host` prints them (re-read when it changes). Without it no node may join.
+    #[arg(long, value_name = "FILE")]
+    pub nodes: Option<PathBuf>,
     /// How often storage nodes report.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     pub heartbeat: std::time::Duration,
@@ -565,6 +571,15 @@ pub struct MetaServeArgs {
     /// How often replica policies are checked (also after every change).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub reconcile_every: std::time::Duration,
+    /// How long a capability (a node's permission for one transfer) is valid; clients renew
+    /// them in longer transfers.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub grant_ttl: std::time::Duration,
+    /// A replica being made by a copy of the server's (replication, repair) counts as being
+    /// written this long after the copy last renewed it; then it is dropped (copies renew it
+    /// every third of this while they run).
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
+    pub writing_lease: std::time::Duration,
     /// Verify (and repair) every replica this often, e.g. 7d [default: off]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub scrub_every: Option<std::time::Duration>,
@@ -585,7 +600,7 @@ pub enum NodeCommand {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  haul node serve --meta haul://meta.example.org --site KEK --root /data/haul --listen 0.0.0.0:5812 \\\n      --cert node1.pem --key node1.key --ca ca.pem\nThe node's name is its host certificate's CN unless --name says otherwise (they must agree)."
+    after_help = "Example:\n  haul node serve --meta haul://meta.example.org --site KEK --root /data/haul --listen 0.0.0.0:5812 \\\n      --cert node1.pem --key node1.key --ca ca.pem\nThe node's name is its host certificate's CN (--name must agree). The metadata server admits it only if its --nodes file lists it: add the line `haul cert issue --host` printed (a refused node logs the line and keeps trying)."
 )]
 pub struct NodeServeArgs {
     /// The metadata server: haul://host[:port]
@@ -636,6 +651,10 @@ pub struct ReplicateArgs {
     /// Replicate directories recursively.
     #[arg(short, long)]
     pub recursive: bool,
+    /// Protection of the node-to-node data streams; files uploaded with --protect private are
+    /// always copied privately.
+    #[arg(long, value_enum, default_value = "clear")]
+    pub protect: ProtectArg,
     /// Progress bar on stderr.
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
@@ -711,6 +730,10 @@ pub struct PolicySetArgs {
     /// Sites that must each hold a copy, comma separated.
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
     pub sites: Vec<String>,
+    /// Protection of the copies' data streams; files uploaded with --protect private are
+    /// always copied privately.
+    #[arg(long, value_enum, default_value = "clear")]
+    pub protect: ProtectArg,
     #[command(flatten)]
     pub creds: CredArgs,
 }

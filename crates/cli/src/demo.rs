@@ -99,7 +99,7 @@ fn creds(base: &Path, name: &str) -> Result<Credentials, TransferError> {
     })
 }
 
-fn host_cert(base: &Path, name: &str) -> Result<(), TransferError> {
+fn host_cert(base: &Path, name: &str) -> Result<pki::Issued, TransferError> {
     pki::issue(
         &base.join("pki/ca"),
         &base.join(format!("pki/{name}")),
@@ -108,8 +108,7 @@ fn host_cert(base: &Path, name: &str) -> Result<(), TransferError> {
         },
         "longhaul-demo",
         &Validity::days(30),
-    )?;
-    Ok(())
+    )
 }
 
 /// Starts the metadata server; returns its API and dashboard addresses.
@@ -119,7 +118,7 @@ async fn start_meta(
     stop: &CancellationToken,
 ) -> Result<(std::net::SocketAddr, std::net::SocketAddr), TransferError> {
     let dir = base.join("meta");
-    std::fs::create_dir_all(&dir).map_err(local)?;
+    let lock = meta::lock_data_dir(&dir).map_err(|e| TransferError::Local(e.to_string()))?;
     let catalog = catalog::Catalog::open(&format!("sqlite:{}", dir.join("catalog.db").display()))
         .await
         .map_err(|e| TransferError::Local(format!("catalog: {e}")))?;
@@ -135,11 +134,13 @@ async fn start_meta(
             mapfile,
             groups: Default::default(),
             admins: vec![],
+            nodes: meta::enrol::Enrolment::load(&base.join("pki/nodes"))
+                .map_err(TransferError::Local)?,
         },
         settings,
     ));
     let c = creds(base, "meta")?;
-    m.set_client_tls(tls::client_config(&c)?);
+    m.set_credentials(&c)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(local)?;
@@ -156,6 +157,7 @@ async fn start_meta(
         if let Err(e) = meta::run(m, server, listener, Some(http), s.cancelled_owned()).await {
             eprintln!("haul demo: metadata server failed: {e}");
         }
+        drop(lock);
     });
     Ok((addr, http_addr))
 }
@@ -257,9 +259,13 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     let ca = base.join("pki/ca");
     pki::init_ca(&ca, "longhaul-demo", 30)?;
     host_cert(&base, "meta")?;
+    // The storage nodes are enrolled by their certificates' fingerprints.
+    let mut enrolment = String::new();
     for (n, _) in NODES {
-        host_cert(&base, n)?;
+        let issued = host_cert(&base, n)?;
+        enrolment.push_str(&format!("{n} {}\n", issued.fingerprint));
     }
+    std::fs::write(base.join("pki/nodes"), enrolment).map_err(local)?;
     let user = pki::issue(
         &ca,
         &base.join("pki/scientist"),
@@ -268,11 +274,14 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         },
         "longhaul-demo",
         &Validity::days(30),
-    )?;
+    )?
+    .subject;
     let mapfile =
         Mapfile::parse(&format!("\"{user}\" scientist\n")).map_err(TransferError::Usage)?;
     std::fs::write(base.join("pki/mapfile"), format!("\"{user}\" scientist\n")).map_err(local)?;
-    println!("  CA and certificates: user {user} mapped to \"scientist\"");
+    println!(
+        "  CA and certificates: user {user} mapped to \"scientist\", 4 nodes enrolled by fingerprint"
+    );
 
     let stop = CancellationToken::new();
     let (meta_addr, http_addr) = start_meta(&base, mapfile, &stop).await?;
@@ -355,6 +364,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
             copies: 2,
             sites: vec!["B".into()],
             recursive: true,
+            private: false,
         })
         .await
         .map_err(grid::client::from_status)?

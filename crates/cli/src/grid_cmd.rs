@@ -111,7 +111,46 @@ fn entry_json(e: &pb::Entry) -> serde_json::Value {
         "path": e.path, "id": e.id, "type": if e.is_dir { "dir" } else { "file" },
         "owner": e.owner, "group": e.group, "mode": format!("{:04o}", e.mode),
         "size": e.size, "mtime_ns": e.mtime_ns, "checksum": e.checksum,
+        "protect": if e.private { "private" } else { "clear" },
     })
+}
+
+/// A name (or message) as printed for a person: control characters (which could move the
+/// cursor, clear the screen or forge lines on a terminal) and backslashes are escaped the way
+/// Rust writes them in strings (`\n`, `\u{1b}`, `\\`). JSON output escapes them anyway.
+pub fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    let needs = |c: char| c.is_control() || c == '\\';
+    if !s.chars().any(needs) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if needs(c) {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A message as printed on one line: control characters escaped as in [`shown`] (backslashes
+/// kept: messages quote mapfile lines, whose subjects escape with backslashes).
+pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_debug().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
 }
 
 fn name_of(path: &str) -> &str {
@@ -135,7 +174,7 @@ pub async fn ls(a: LsArgs) -> Result<u8, TransferError> {
             if i > 0 {
                 out!();
             }
-            out!("{p}:");
+            out!("{}:", shown(p));
         }
         for e in &entries {
             if a.long {
@@ -147,14 +186,14 @@ pub async fn ls(a: LsArgs) -> Result<u8, TransferError> {
                 out!(
                     "{} {:<8} {:<8} {:>12} {} {}",
                     mode_string(e),
-                    e.owner,
-                    e.group,
+                    shown(&e.owner),
+                    shown(&e.group),
                     size,
                     when(e.mtime_ns),
-                    name_of(&e.path)
+                    shown(name_of(&e.path))
                 );
             } else {
-                out!("{}", name_of(&e.path));
+                out!("{}", shown(name_of(&e.path)));
             }
         }
     }
@@ -172,7 +211,7 @@ pub async fn stat(a: PathsArgs) -> Result<u8, TransferError> {
         if a.json {
             out.push(entry_json(&e));
         } else {
-            out!("  path: {}", e.path);
+            out!("  path: {}", shown(&e.path));
             out!(
                 "  type: {}   id: {}",
                 if e.is_dir { "directory" } else { "file" },
@@ -183,12 +222,15 @@ pub async fn stat(a: PathsArgs) -> Result<u8, TransferError> {
                 "  mode: {:04o} ({})   owner: {}   group: {}",
                 e.mode,
                 mode_string(&e),
-                e.owner,
-                e.group
+                shown(&e.owner),
+                shown(&e.group)
             );
             out!("  mtime: {}", when(e.mtime_ns));
             if !e.checksum.is_empty() {
                 out!("  checksum: {}", e.checksum);
+            }
+            if e.private {
+                out!("  protect: private (arrived over private streams; copies travel privately)");
             }
         }
     }
@@ -335,7 +377,7 @@ pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
             }));
             continue;
         }
-        out!("{} ({} bytes, {})", e.path, e.size, e.checksum);
+        out!("{} ({} bytes, {})", shown(&e.path), e.size, e.checksum);
         if w.replicas.is_empty() {
             out!(
                 "  no replicas{}",
@@ -511,6 +553,17 @@ pub async fn whoami(a: GridArgs) -> Result<u8, TransferError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_with_control_characters_are_printed_escaped() {
+        assert_eq!(shown("run1.nc"), "run1.nc");
+        assert!(matches!(shown("run1.nc"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(shown("a\nb"), "a\\nb");
+        assert_eq!(shown("\u{1b}[2Jx"), "\\u{1b}[2Jx");
+        assert_eq!(shown("back\\slash\t"), "back\\\\slash\\t");
+        assert_eq!(shown("été"), "été");
+        assert_eq!(one_line("a\\2F\nb"), "a\\2F\\nb");
+    }
 
     #[test]
     fn modes_read_like_ls() {

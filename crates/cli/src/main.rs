@@ -68,7 +68,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("haul: error: {e}");
+            // One line, whatever names the message quotes.
+            eprintln!("haul: error: {}", grid_cmd::one_line(&e.to_string()));
             ExitCode::from(e.exit_code() as u8)
         }
     }

@@ -26,6 +26,15 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         Some(p) => Groups::load(p).map_err(TransferError::Usage)?,
         None => Groups::default(),
     };
+    let nodes = match &a.nodes {
+        Some(p) => meta::enrol::Enrolment::load(p).map_err(TransferError::Usage)?,
+        None => {
+            tracing::warn!(
+                "no --nodes file: no storage node may join until one lists it (`haul cert issue --host` prints its line)"
+            );
+            meta::enrol::Enrolment::none()
+        }
+    };
     // SQLite in the data directory unless a database URL is given.
     let (url, _lock) = match &a.db {
         Some(u) => (u.clone(), None),
@@ -55,7 +64,8 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         reconcile_every: a.reconcile_every,
         scrub_every: a.scrub_every,
         listen: a.limits.limits(),
-        ..Default::default()
+        grant_ttl: a.grant_ttl,
+        writing_lease: a.writing_lease,
     };
     let m = Arc::new(Meta::new(
         catalog,
@@ -63,11 +73,12 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
             mapfile,
             groups,
             admins: a.admins.clone(),
+            nodes,
         },
         settings,
     ));
     // The server's own certificate drives node-to-node copies (replication, repairs).
-    m.set_client_tls(tls::client_config(&c)?);
+    m.set_credentials(&c)?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| TransferError::Usage(format!("cannot listen on {}: {e}", a.listen)))?;

@@ -14,17 +14,23 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
         ));
     }
     let c = creds::load(&a.creds)?.expect("not insecure");
+    // The host a host certificate is for, from the parsed certificate.
     let cn = c
         .chain
         .first()
-        .and_then(tls::subject_of)
-        .and_then(|s| meta::auth::host_name(&s));
+        .and_then(|d| transfer::certid::CertIdentity::from_der(d.as_ref()).ok())
+        .and_then(|id| id.host);
     let name = match (&a.name, &cn) {
+        (Some(n), Some(cn)) if n != cn => {
+            return Err(TransferError::Usage(format!(
+                "--name {n} does not match the host certificate, which is for {cn}; the metadata server knows a node by its certificate"
+            )));
+        }
         (Some(n), _) => n.clone(),
         (None, Some(cn)) => cn.clone(),
         (None, None) => {
             return Err(TransferError::Usage(
-                "the certificate is not a host certificate (OU=hosts); issue one with `haul cert issue --host NAME`".into(),
+                "the certificate is not a host certificate (OU=hosts, serverAuth, a host name as CN); issue one with `haul cert issue --host NAME`".into(),
             ));
         }
     };

@@ -46,10 +46,18 @@ pub fn cert_issue(a: CertIssueArgs) -> Result<(), TransferError> {
         _ if a.days <= 0 => return Err(TransferError::Usage("--days must be positive".into())),
         _ => Validity::days(a.days),
     };
-    let subj = pki::issue(&a.ca, &a.out, &subject, &a.org, &validity)?;
+    let issued = pki::issue(&a.ca, &a.out, &subject, &a.org, &validity)?;
+    let subj = &issued.subject;
     println!("issued {subj}");
     println!("  certificate: {}", a.out.with_extension("pem").display());
     println!("  key:         {}", a.out.with_extension("key").display());
-    println!("mapfile line:  \"{subj}\" <local-user>");
+    println!("  fingerprint: {}", issued.fingerprint);
+    match &subject {
+        Subject::Host { names } => println!(
+            "enrolment line (haul meta serve --nodes FILE): {} {}",
+            names[0], issued.fingerprint
+        ),
+        Subject::User { .. } => println!("mapfile line:  \"{subj}\" <local-user>"),
+    }
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! `haul replicate`, `haul policy`, `haul verify` and `haul status`: replica management,
 //! done by the metadata server and the nodes; this side shows progress and the outcome.
 
-use crate::args::{GridArgs, PolicyCommand, ReplicateArgs, VerifyArgs};
-use crate::grid_cmd::{connect, target};
+use crate::args::{GridArgs, PolicyCommand, ProtectArg, ReplicateArgs, VerifyArgs};
+use crate::grid_cmd::{connect, one_line, shown, target};
 use crate::progress::{self, Progress};
 use api::meta as pb;
 use serde_json::json;
@@ -58,6 +58,7 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
             copies: a.copies,
             sites: a.sites.clone(),
             recursive: a.recursive,
+            private: a.protect == ProtectArg::Private,
         })
         .await
         .map_err(grid::client::from_status)?
@@ -86,11 +87,14 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
     if interrupted {
         return Err(TransferError::Interrupted);
     }
-    let p = last.ok_or_else(|| {
-        TransferError::Connect("the metadata server ended the replication without a result".into())
+    // A stream that ends before its last message (the server stopped) is no success.
+    let p = last.filter(|p| p.finished).ok_or_else(|| {
+        TransferError::Connect(
+            "the metadata server stopped before the replication finished; run it again when the server is back (it finishes what is missing)".into(),
+        )
     })?;
     for f in &p.failures {
-        eprintln!("haul: {}", f.message);
+        eprintln!("haul: {}", one_line(&f.message));
     }
     if a.p.json {
         out!(
@@ -118,6 +122,25 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
     Ok(failure_code(&p.failures))
 }
 
+fn policy_json(p: &pb::Policy) -> serde_json::Value {
+    json!({
+        "path": p.path, "copies": p.copies, "sites": p.sites,
+        "protect": if p.private { "private" } else { "clear" },
+    })
+}
+
+/// `copies=2 sites=A,B protect=private`
+fn policy_text(p: &pb::Policy) -> String {
+    let mut s = format!("copies={}", p.copies);
+    if !p.sites.is_empty() {
+        s += &format!(" sites={}", p.sites.join(","));
+    }
+    if p.private {
+        s += " protect=private";
+    }
+    s
+}
+
 pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
     let (creds, peer, req, json_out) = match &c {
         PolicyCommand::Set(a) => {
@@ -130,6 +153,7 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
                     copies: a.copies,
                     sites: a.sites.clone(),
                     clear: false,
+                    private: a.protect == ProtectArg::Private,
                 }),
                 false,
             )
@@ -173,26 +197,11 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
     if json_out {
         out!(
             "{}",
-            serde_json::Value::Array(
-                reply
-                    .policies
-                    .iter()
-                    .map(|p| json!({"path": p.path, "copies": p.copies, "sites": p.sites}))
-                    .collect()
-            )
+            serde_json::Value::Array(reply.policies.iter().map(policy_json).collect())
         );
     } else if matches!(c, PolicyCommand::List(_)) {
         for p in &reply.policies {
-            out!(
-                "{}  copies={}{}",
-                p.path,
-                p.copies,
-                if p.sites.is_empty() {
-                    String::new()
-                } else {
-                    format!(" sites={}", p.sites.join(","))
-                }
-            );
+            out!("{}  {}", shown(&p.path), policy_text(p));
         }
     }
     Ok(0)
@@ -220,7 +229,11 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
             break;
         }
     }
-    let p = last.ok_or_else(|| TransferError::Connect("no verification result".into()))?;
+    let p = last.filter(|p| p.finished).ok_or_else(|| {
+        TransferError::Connect(
+            "the metadata server stopped before the verification finished; run it again when the server is back".into(),
+        )
+    })?;
     if a.p.json {
         out!(
             "{}",
@@ -233,10 +246,10 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
         );
     } else {
         for d in &p.damaged {
-            eprintln!("haul: {}", d.message);
+            eprintln!("haul: {}", one_line(&d.message));
         }
         for f in &p.failures {
-            eprintln!("haul: {}", f.message);
+            eprintln!("haul: {}", one_line(&f.message));
         }
         eprintln!(
             "{} files, {} of {} replicas checked ({}), {} bad, {} repaired, {:.1} s",
@@ -276,7 +289,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
         out!(
             "{}",
             json!({
-                "policies": st.policies.iter().map(|p| json!({"path": p.path, "copies": p.copies, "sites": p.sites})).collect::<Vec<_>>(),
+                "policies": st.policies.iter().map(policy_json).collect::<Vec<_>>(),
                 "under_replicated": st.under_replicated, "over_replicated": st.over_replicated,
                 "repairs_running": st.repairs_running, "repairs_done": st.repairs_done,
                 "removals_done": st.removals_done, "nodes_up": st.nodes_up, "nodes_down": st.nodes_down,
@@ -289,16 +302,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
     out!("nodes: {} up, {} down", st.nodes_up, st.nodes_down);
     out!("policies:");
     for p in &st.policies {
-        out!(
-            "  {}  copies={}{}",
-            p.path,
-            p.copies,
-            if p.sites.is_empty() {
-                String::new()
-            } else {
-                format!(" sites={}", p.sites.join(","))
-            }
-        );
+        out!("  {}  {}", shown(&p.path), policy_text(p));
     }
     out!(
         "reconciler: {} files missing copies, {} surplus copies, {} copies being made; {} made and {} removed so far; last pass {:.1} s",
@@ -311,7 +315,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
     );
     out!("recent events:");
     for e in &st.events {
-        out!("  {e}");
+        out!("  {}", one_line(e));
     }
     Ok(0)
 }

@@ -28,8 +28,14 @@ pub struct MetaClient {
     pub nodes: NodeServiceClient<Channel>,
 }
 
-/// Turns a gRPC status into the error kinds (and exit codes) of the data plane.
+/// Turns a gRPC status into the error kinds (and exit codes) of the data plane. Failures below
+/// gRPC are named for what they are: a certificate the server refused (TLS 1.3 reports it
+/// only after the handshake, at the first request) is an authentication error with the reason,
+/// a connection that broke (the server died) is a connection error.
 pub fn from_status(s: tonic::Status) -> TransferError {
+    if let Some(e) = transport_cause(&s) {
+        return e;
+    }
     let m = s.message().to_string();
     use tonic::Code as C;
     match s.code() {
@@ -48,6 +54,132 @@ pub fn from_status(s: tonic::Status) -> TransferError {
         C::InvalidArgument | C::Unimplemented | C::OutOfRange => TransferError::Usage(m),
         _ => TransferError::Protocol(m),
     }
+}
+
+/// What failed below gRPC, if that is what `s` reports: a TLS alert or error in its causes
+/// (explained as the data plane does), or a broken connection.
+fn transport_cause(s: &tonic::Status) -> Option<TransferError> {
+    use std::error::Error;
+    let mut cur: Option<&(dyn Error + 'static)> = s.source();
+    let mut broken = None;
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|i| i.downcast_ref::<rustls::Error>().is_some())
+            {
+                return Some(transfer::tls::explain_tls_error("the metadata server", io));
+            }
+            // The TLS stream's error, re-made by hyper as a message: "received fatal alert: X".
+            if let Some(alert) = io
+                .to_string()
+                .strip_prefix("received fatal alert: ")
+                .and_then(alert_named)
+            {
+                let io = std::io::Error::other(rustls::Error::AlertReceived(alert));
+                return Some(transfer::tls::explain_tls_error("the metadata server", &io));
+            }
+            broken.get_or_insert_with(|| io.to_string());
+        }
+        if let Some(r) = e.downcast_ref::<rustls::Error>() {
+            let io = std::io::Error::other(r.clone());
+            return Some(transfer::tls::explain_tls_error("the metadata server", &io));
+        }
+        if e.downcast_ref::<tonic::transport::Error>().is_some() {
+            broken.get_or_insert_with(|| e.to_string());
+        }
+        cur = e.source();
+    }
+    // The request may only have seen the connection break; the refusal came on it first.
+    if let Some(e) = REFUSED.lock().expect("refusal slot").clone() {
+        return Some(e);
+    }
+    let transport = s.code() == tonic::Code::Unknown
+        && (s.message().contains("transport error") || s.message().contains("h2 protocol error"));
+    if broken.is_some() || transport {
+        let why = broken.unwrap_or_else(|| s.message().to_string());
+        return Some(TransferError::Connect(format!(
+            "connection to the metadata server lost ({why}); it may have stopped: run the command again when it is back"
+        )));
+    }
+    None
+}
+
+/// The metadata server's refusal of our certificate, once one arrived. TLS 1.3 reports it after
+/// the handshake, as an alert on the connection's next read, which a request that fails with
+/// it may only see as a broken connection; `from_status` names it from here.
+static REFUSED: std::sync::Mutex<Option<TransferError>> = std::sync::Mutex::new(None);
+
+/// A connection to a metadata server that notes TLS errors arriving on it in [`REFUSED`].
+struct Watched<S>(S);
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Err(e)) = &r {
+            if e.get_ref()
+                .is_some_and(|i| i.downcast_ref::<rustls::Error>().is_some())
+            {
+                *REFUSED.lock().expect("refusal slot") =
+                    Some(transfer::tls::explain_tls_error("the metadata server", e));
+            }
+        }
+        r
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+}
+
+/// The TLS alerts a server sends about a client certificate, by the name rustls prints.
+fn alert_named(name: &str) -> Option<rustls::AlertDescription> {
+    use rustls::AlertDescription as A;
+    Some(match name.trim() {
+        "CertificateExpired" => A::CertificateExpired,
+        "UnknownCA" => A::UnknownCA,
+        "BadCertificate" => A::BadCertificate,
+        "DecryptError" => A::DecryptError,
+        "CertificateRequired" => A::CertificateRequired,
+        "CertificateRevoked" => A::CertificateRevoked,
+        "CertificateUnknown" => A::CertificateUnknown,
+        "UnsupportedCertificate" => A::UnsupportedCertificate,
+        "AccessDenied" => A::AccessDenied,
+        "HandshakeFailure" => A::HandshakeFailure,
+        _ => return None,
+    })
 }
 
 /// A per-file error of a batch reply.
@@ -80,7 +212,7 @@ impl MetaClient {
             async move {
                 let r = handshake(&host, &shown, cfg).await;
                 match r {
-                    Ok(s) => Ok(hyper_util::rt::TokioIo::new(s)),
+                    Ok(s) => Ok(hyper_util::rt::TokioIo::new(Watched(s))),
                     Err(e) => {
                         let msg = e.to_string();
                         *errors.lock().expect("error slot") = Some(e);
@@ -355,6 +487,25 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner())
     }
 
+    /// A fresh capability for files a capability of ours covered (`op` "read" or "write").
+    pub async fn renew(
+        &self,
+        node: &str,
+        op: &str,
+        ids: Vec<i64>,
+    ) -> Result<pb::Capability, TransferError> {
+        let r = self
+            .files
+            .clone()
+            .renew(pb::RenewRequest {
+                node: node.into(),
+                op: op.into(),
+                ids,
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
     pub async fn who_am_i(&self) -> Result<pb::Identity, TransferError> {
         let r = self.files.clone().who_am_i(pb::Empty {}).await;
         Ok(r.map_err(from_status)?.into_inner())
@@ -399,4 +550,33 @@ async fn handshake(
         )));
     }
     Ok(tls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 11 C15: a metadata server that went away mid-call is "connection lost" (exit 4),
+    /// not a protocol error (exit 9).
+    #[test]
+    fn broken_connections_are_connection_errors() {
+        for s in [
+            tonic::Status::unknown("transport error"),
+            tonic::Status::unknown("h2 protocol error: error reading a body from connection"),
+        ] {
+            let e = from_status(s);
+            assert!(matches!(e, TransferError::Connect(_)), "{e:?}");
+            assert_eq!(e.exit_code(), 4);
+        }
+        assert_eq!(
+            from_status(tonic::Status::unknown("something else")).exit_code(),
+            9
+        );
+        assert_eq!(
+            from_status(tonic::Status::permission_denied("no")).exit_code(),
+            5
+        );
+        assert!(alert_named("CertificateExpired").is_some());
+        assert!(alert_named("Nonsense").is_none());
+    }
 }

@@ -25,7 +25,7 @@ use transfer::progress::{Counters, Event, EventSender};
 use transfer::spool::Naming;
 use transfer::store::{Destination, Root, SourceEntry};
 use wire::checksum::{Digest, parse_digests};
-use wire::control::ListedFile;
+use wire::control::{ListedFile, Protect};
 use wire::data::{EntryKind, Timestamp};
 use wire::grant::SignedGrant;
 
@@ -49,6 +49,53 @@ pub(crate) fn cap(c: &Option<pb::Capability>) -> Option<SignedGrant> {
         token: c.token.clone(),
         mac: c.mac.clone(),
     })
+}
+
+/// A capability as received, and when to ask for a new one: capabilities are short-lived (5
+/// minutes by default), and a copy can outlast one (sessions that start late, retries).
+#[derive(Clone)]
+pub(crate) struct Cap {
+    grant: Option<SignedGrant>,
+    /// On this host's clock: a minute before it ends (half its life for short ones).
+    renew_at: Option<Instant>,
+}
+
+impl Cap {
+    pub(crate) fn of(c: &Option<pb::Capability>) -> Self {
+        Self::received(c, Instant::now())
+    }
+
+    fn received(c: &Option<pb::Capability>, at: Instant) -> Self {
+        let renew_at = c.as_ref().filter(|c| c.ttl_ms > 0).map(|c| {
+            let ttl = Duration::from_millis(c.ttl_ms);
+            at + ttl - (ttl / 2).min(Duration::from_secs(60))
+        });
+        Self {
+            grant: cap(c),
+            renew_at,
+        }
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.renew_at.is_some_and(|t| now >= t)
+    }
+
+    /// The grant to present for `ids` on `node`: this one, or a renewed one (`op` "read" or
+    /// "write") when it is about to end. The metadata server checks permissions again.
+    async fn fresh(
+        &self,
+        meta: &MetaClient,
+        node: &str,
+        op: &str,
+        ids: Vec<i64>,
+    ) -> Result<Option<SignedGrant>, TransferError> {
+        if !self.due(Instant::now()) {
+            return Ok(self.grant.clone());
+        }
+        tracing::debug!(%node, op, files = ids.len(), "renewing a capability");
+        let c = meta.renew(node, op, ids).await?;
+        Ok(cap(&Some(c)))
+    }
 }
 
 fn ts(ns: i64) -> Timestamp {
@@ -580,6 +627,8 @@ async fn upload(
                             size: e.size,
                             mode: e.mode & 0o7777,
                             mtime_ns: ns_of(e.mtime),
+                            // Sent privately: its copies will travel privately too.
+                            private: opts.copy.session.protect == Protect::Private,
                         }
                     })
                     .collect(),
@@ -604,18 +653,21 @@ async fn upload(
                     names.insert(id.to_string(), (path.clone(), *id));
                     list.push(e);
                 }
-                jobs.push((pl.node, peer, cap(&pl.capability), list, names));
+                let grant = Cap::of(&pl.capability);
+                jobs.push((pl.node, peer, grant, pl.ids, list, names));
             }
         }
         let results = run_bounded(
             jobs.into_iter()
-                .map(|(node, peer, grant, list, names)| {
+                .map(|(node, peer, grant, ids, list, names)| {
                     let runner = &runner;
                     let copy = &opts.copy;
                     let announced: Vec<String> = names.keys().cloned().collect();
                     async move {
+                        let n = node.clone();
                         let r = runner
                             .session(node.clone(), announced, |c, ev, cancel| async move {
+                                let grant = grant.fresh(meta, &n, "write", ids).await?;
                                 transfer::client::upload(
                                     list,
                                     &peer,
@@ -676,6 +728,8 @@ async fn upload(
                 let Some((path, id)) = names.get(&name) else {
                     continue;
                 };
+                // The node names the file by its id: name it by its grid path.
+                let e = renamed(e, &format!("file {id}"), path);
                 abort.push(*id);
                 if e.retryable() || node_failed {
                     todo.push(path.clone());
@@ -704,8 +758,10 @@ struct ReadFile {
     rel: String,
     source: pb::ReadSource,
     expect: Vec<Digest>,
-    /// Index into `source.replicas` of the replica in use.
+    /// Index into `source.replicas` of the replica in use (`usize::MAX`: none).
     replica: usize,
+    /// Why it cannot be read at all (the metadata server said so: e.g. permission denied).
+    refused: Option<TransferError>,
 }
 
 impl ReadFile {
@@ -744,15 +800,7 @@ async fn open_source(
     src: &str,
     opts: &GridOptions,
     exclude: &[String],
-) -> Result<
-    (
-        Vec<ReadFile>,
-        Vec<pb::Entry>,
-        HashMap<String, Option<SignedGrant>>,
-        bool,
-    ),
-    TransferError,
-> {
+) -> Result<(Vec<ReadFile>, Vec<pb::Entry>, HashMap<String, Cap>, bool), TransferError> {
     let norm = normalize(src);
     let top = meta.stat(&norm).await?;
     if top.is_dir && !opts.copy.recursive {
@@ -794,6 +842,7 @@ async fn open_source(
             source: s,
             expect,
             replica: 0,
+            refused: None,
         });
     }
     let mut dirs = reply.dirs;
@@ -810,9 +859,8 @@ async fn open_source(
             },
             expect: vec![],
             replica: usize::MAX,
+            refused: Some(from_file_error(&e)),
         });
-        // Marked failed by the caller (no replica index).
-        let _ = e;
     }
     if !top.is_dir && files.is_empty() && top.size == 0 {
         files.push(ReadFile {
@@ -825,15 +873,17 @@ async fn open_source(
                 mode: top.mode,
                 checksum: top.checksum.clone(),
                 replicas: vec![],
+                private: false,
             },
             expect: vec![],
             replica: 0,
+            refused: None,
         });
     }
     let grants = reply
         .nodes
         .into_iter()
-        .map(|n| (n.node, cap(&n.capability)))
+        .map(|n| (n.node, Cap::of(&n.capability)))
         .collect();
     Ok((files, dirs, grants, top.is_dir))
 }
@@ -870,10 +920,11 @@ async fn download(
     let mut todo: Vec<ReadFile> = Vec::new();
     for f in files {
         if f.replica == usize::MAX {
-            tally.fail(
-                &f.source.path,
-                TransferError::Connect(format!("{}: no healthy replica", f.source.path)),
-            );
+            // With the reason the metadata server gave (permission denied is exit 5).
+            let e = f.refused.clone().unwrap_or_else(|| {
+                TransferError::Connect(format!("{}: no healthy replica", f.source.path))
+            });
+            tally.fail(&f.source.path, e);
         } else if f.source.size == 0 {
             match write_empty(&dest.map(&f.rel), &f.source) {
                 Ok(()) => tally.ok(&f.source.path, 0, &[], &events),
@@ -916,7 +967,7 @@ async fn download(
         for (node, list) in by_node {
             let address = list[0].node().expect("replica").address.clone();
             let peer = Peer::parse(&address)?;
-            let grant = grants.get(&node).cloned().flatten();
+            let grant = grants.get(&node).cloned();
             for chunk in list.chunks(SESSION_FILES) {
                 jobs.push((node.clone(), peer.clone(), grant.clone(), chunk.to_vec()));
             }
@@ -929,11 +980,22 @@ async fn download(
                     let names: Vec<String> = chunk.iter().map(|f| f.rel.clone()).collect();
                     let listed: Vec<ListedFile> =
                         chunk.iter().map(|f| f.listed(f.rel.clone())).collect();
+                    let ids: Vec<i64> = chunk.iter().map(|f| f.source.id).collect();
+                    let private = chunk.iter().any(|f| f.source.private);
                     async move {
+                        let n = node.clone();
                         let r = runner
                             .session(node.clone(), names, |c, ev, cancel| async move {
+                                let grant = match grant {
+                                    Some(g) => g.fresh(meta, &n, "read", ids).await?,
+                                    None => None,
+                                };
                                 let mut session = copy.session.clone();
                                 session.resume = resume;
+                                // Files that arrived privately leave privately.
+                                if private {
+                                    session.protect = Protect::Private;
+                                }
                                 transfer::client::download(
                                     &peer,
                                     SourceRequest {
@@ -1026,13 +1088,16 @@ async fn download(
                 } else {
                     tally.fail(
                         &f.source.path,
-                        if switch {
-                            TransferError::Connect(format!(
+                        match err {
+                            // Refused (e.g. a renewal after a chmod): that is the reason.
+                            TransferError::Auth(m) if switch => {
+                                TransferError::Auth(format!("{}: {m}", f.source.path))
+                            }
+                            _ if switch => TransferError::Connect(format!(
                                 "{}: no healthy replica left ({err})",
                                 f.source.path
-                            ))
-                        } else {
-                            err
+                            )),
+                            _ => err,
                         },
                     );
                 }
@@ -1049,6 +1114,16 @@ async fn download(
         &counters,
         &events,
     )
+}
+
+/// `e` with `from` replaced by `to` in its message, of the same kind.
+fn renamed(e: TransferError, from: &str, to: &str) -> TransferError {
+    let mut info = e.to_info();
+    if !info.message.contains(from) {
+        return e;
+    }
+    info.message = info.message.replace(from, to);
+    TransferError::from(info)
 }
 
 /// Whether received digests agree with the catalog's (on the algorithms both have).
@@ -1106,10 +1181,11 @@ async fn within(
     for f in files {
         let target = map_grid(&base, into_dir, &f.rel);
         if f.replica == usize::MAX {
-            tally.fail(
-                &f.source.path,
-                TransferError::Connect(format!("{}: no healthy replica", f.source.path)),
-            );
+            // With the reason the metadata server gave (permission denied is exit 5).
+            let e = f.refused.clone().unwrap_or_else(|| {
+                TransferError::Connect(format!("{}: no healthy replica", f.source.path))
+            });
+            tally.fail(&f.source.path, e);
         } else {
             todo.push((target, f));
         }
@@ -1134,6 +1210,8 @@ async fn within(
                             size: f.source.size,
                             mode: f.source.mode,
                             mtime_ns: f.source.mtime_ns,
+                            private: f.source.private
+                                || opts.copy.session.protect == Protect::Private,
                         })
                         .collect(),
                     client_site: opts.site.clone().unwrap_or_default(),
@@ -1149,7 +1227,7 @@ async fn within(
             }
             for pl in reply.placements {
                 let to = Peer::parse(&pl.address)?;
-                let write = cap(&pl.capability);
+                let write = Cap::of(&pl.capability);
                 // Group this node's files by the node each is read from.
                 let mut by_source: BTreeMap<String, Vec<(i64, String, ReadFile)>> = BTreeMap::new();
                 for (id, path) in pl.ids.iter().zip(&pl.paths) {
@@ -1176,19 +1254,34 @@ async fn within(
         let results = run_bounded(
             jobs.into_iter()
                 .map(|(src_node, from, dst_node, to, write, list)| {
-                    let read = grants.get(&src_node).cloned().flatten();
+                    let read = grants.get(&src_node).cloned();
                     let (runner, copy) = (&runner, &opts.copy);
                     let names: Vec<String> = list.iter().map(|(id, _, _)| id.to_string()).collect();
                     let listed: Vec<ListedFile> = list
                         .iter()
                         .map(|(id, _, f)| f.listed(id.to_string()))
                         .collect();
+                    let new_ids: Vec<i64> = list.iter().map(|(id, _, _)| *id).collect();
+                    // Files that arrived privately leave privately.
+                    let private = list.iter().any(|(_, _, f)| f.source.private);
+                    let old_ids: Vec<i64> = list.iter().map(|(_, _, f)| f.source.id).collect();
+                    let (s_node, d_node) = (src_node.clone(), dst_node.clone());
                     async move {
                         let r = runner
                             .session(
                                 format!("{src_node}->{dst_node}"),
                                 names,
                                 |c, ev, cancel| async move {
+                                    let read = match read {
+                                        Some(g) => g.fresh(meta, &s_node, "read", old_ids).await?,
+                                        None => None,
+                                    };
+                                    let write =
+                                        write.fresh(meta, &d_node, "write", new_ids).await?;
+                                    let mut session = copy.session.clone();
+                                    if private {
+                                        session.protect = Protect::Private;
+                                    }
                                     transfer::client::third_party(
                                         &from,
                                         SourceRequest {
@@ -1202,7 +1295,7 @@ async fn within(
                                             ..Default::default()
                                         },
                                         copy,
-                                        copy.session.clone(),
+                                        session,
                                         c,
                                         ev,
                                         cancel,
@@ -1258,6 +1351,7 @@ async fn within(
                     .failed
                     .get(&id.to_string())
                     .cloned()
+                    .map(|e| renamed(e, &format!("file {id}"), &path))
                     .unwrap_or_else(|| TransferError::Connect(format!("{path}: not copied")));
                 if failed && failed_sources.contains(&src_node) && !f.fail_over(&failed_sources) {
                     // No other source; try the same again (the destination may have been
@@ -1305,6 +1399,29 @@ mod tests {
     }
 
     #[test]
+    fn capabilities_are_renewed_before_they_end() {
+        let t0 = Instant::now();
+        let c = |ttl_ms| {
+            Some(pb::Capability {
+                token: vec![1],
+                mac: vec![2],
+                ttl_ms,
+            })
+        };
+        // Five minutes: renewed in its last minute.
+        let five = Cap::received(&c(300_000), t0);
+        assert!(!five.due(t0 + Duration::from_secs(239)));
+        assert!(five.due(t0 + Duration::from_secs(240)));
+        // Short ones at half their life.
+        let two = Cap::received(&c(2_000), t0);
+        assert!(!two.due(t0 + Duration::from_millis(999)));
+        assert!(two.due(t0 + Duration::from_millis(1000)));
+        // From a server that does not say (ttl 0), or none at all: never.
+        assert!(!Cap::received(&c(0), t0).due(t0 + Duration::from_secs(86_400)));
+        assert!(!Cap::received(&None, t0).due(t0 + Duration::from_secs(86_400)));
+    }
+
+    #[test]
     fn fail_over_skips_failed_nodes() {
         let rep = |n: &str| pb::ReplicaInfo {
             node: n.into(),
@@ -1318,6 +1435,7 @@ mod tests {
             },
             expect: vec![],
             replica: 0,
+            refused: None,
         };
         let failed: HashSet<String> = ["n1".to_string(), "n2".to_string()].into();
         assert!(f.fail_over(&failed));

@@ -1,8 +1,9 @@
 //! Who is calling: the metadata server accepts only mutually authenticated TLS 1.3 (the same
-//! CA and certificates as the data plane), hands the peer's certificate subject to the gRPC
-//! handlers with each request, and maps it to a caller: a storage node (a host certificate,
-//! `OU=hosts`, whose CN names the node) or a user (through the mapfile), with the user's
-//! groups (from the groups file) and whether it is an administrator.
+//! CA and certificates as the data plane), hands the peer's parsed certificate
+//! ([`CertIdentity`]: subject, host, fingerprint) to the gRPC handlers with each request, and
+//! maps it to a caller: a storage node (a host certificate as `transfer::certid` defines it,
+//! whose CN names the node) or a user (through the mapfile), with the user's groups (from the
+//! groups file) and whether it is an administrator. Nothing is parsed from subject strings.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,13 +17,14 @@ use tokio_rustls::server::TlsStream;
 use tonic::Status;
 use tonic::transport::server::Connected;
 use transfer::limits::{Admission, ConnLimiter, Limits};
+use transfer::certid::{CertIdentity, Fingerprint};
 use transfer::tls::Mapfile;
 
 /// What a handler knows about the connection a request came on.
 #[derive(Clone, Debug)]
 pub struct PeerInfo {
-    /// `/O=.../OU=.../CN=...` of the client certificate.
-    pub subject: String,
+    /// The client certificate, parsed (`None` if it does not parse: such a peer is refused).
+    pub cert: Option<Arc<CertIdentity>>,
     pub addr: SocketAddr,
 }
 
@@ -119,16 +121,10 @@ pub fn incoming(
                         return;
                     }
                 };
-                let subject = tls
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|c| c.first())
-                    .and_then(transfer::tls::subject_of)
-                    .unwrap_or_default();
+                let cert = CertIdentity::of_peer(tls.get_ref().1).map(Arc::new);
                 let conn = TlsConn {
                     inner: tls,
-                    peer: PeerInfo { subject, addr },
+                    peer: PeerInfo { cert, addr },
                     _slot: slot,
                 };
                 let _ = conn_tx.send(Ok(conn)).await;
@@ -148,6 +144,9 @@ pub struct User {
     /// Primary group first.
     pub groups: Vec<String>,
     pub admin: bool,
+    /// The certificate the user called with: capabilities signed for this user are bound to
+    /// it (`None` when acting for a user who is not on the line, e.g. outputs of a run).
+    pub cert: Option<Fingerprint>,
 }
 
 impl User {
@@ -167,7 +166,7 @@ impl User {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
     User(User),
-    /// A storage node, by name.
+    /// A storage node, by name (its host certificate's CN).
     Node(String),
 }
 
@@ -218,19 +217,22 @@ impl Groups {
     }
 }
 
-/// Maps certificate subjects to callers.
+/// Maps certificates to callers.
 pub struct Identities {
     pub mapfile: Mapfile,
     pub groups: Groups,
     pub admins: Vec<String>,
+    /// Which host certificates may join as storage nodes.
+    pub nodes: crate::enrol::Enrolment,
 }
 
 impl Identities {
-    /// The caller behind a certificate subject.
-    pub fn caller(&self, subject: &str) -> Result<Caller, Status> {
-        if let Some(node) = host_name(subject) {
-            return Ok(Caller::Node(node));
+    /// The caller behind a certificate.
+    pub fn caller(&self, cert: &CertIdentity) -> Result<Caller, Status> {
+        if let Some(host) = &cert.host {
+            return Ok(Caller::Node(host.clone()));
         }
+        let subject = &cert.subject;
         let Some(mapped) = self.mapfile.lookup(subject) else {
             return Err(Status::permission_denied(format!(
                 "certificate subject {subject:?} is not in the metadata server's mapfile; ask its operator to add: \"{subject}\" <user>"
@@ -247,6 +249,7 @@ impl Identities {
             groups: self.groups.of(&name),
             admin: self.admins.contains(&name),
             name,
+            cert: Some(cert.fingerprint),
         }))
     }
 
@@ -256,16 +259,21 @@ impl Identities {
             groups: self.groups.of(name),
             admin: self.admins.iter().any(|a| a == name),
             name: name.to_string(),
+            cert: None,
         }
+    }
+
+    /// The certificate of a request's connection.
+    pub fn cert_of<T>(req: &tonic::Request<T>) -> Result<Arc<CertIdentity>, Status> {
+        req.extensions()
+            .get::<PeerInfo>()
+            .and_then(|p| p.cert.clone())
+            .ok_or_else(|| Status::unauthenticated("no usable client certificate"))
     }
 
     /// The caller of a request (its connection's certificate).
     pub fn of_request<T>(&self, req: &tonic::Request<T>) -> Result<Caller, Status> {
-        let peer = req
-            .extensions()
-            .get::<PeerInfo>()
-            .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
-        self.caller(&peer.subject)
+        self.caller(Self::cert_of(req)?.as_ref())
     }
 
     /// A user caller, or an error for nodes.
@@ -290,20 +298,6 @@ impl Identities {
     }
 }
 
-/// The host name in a host certificate's subject (`.../OU=hosts/CN=name`).
-pub fn host_name(subject: &str) -> Option<String> {
-    let mut is_host = false;
-    let mut cn = None;
-    for part in subject.split('/') {
-        if part == "OU=hosts" {
-            is_host = true;
-        } else if let Some(v) = part.strip_prefix("CN=") {
-            cn = Some(v.to_string());
-        }
-    }
-    if is_host { cn } else { None }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,30 +310,73 @@ mod tests {
             .unwrap(),
             groups: Groups::parse("# groups\natlas: alice bob\ncms: alice\n").unwrap(),
             admins: vec!["root".into()],
+            nodes: Default::default(),
         }
     }
 
+    fn identity(der: &[u8]) -> CertIdentity {
+        CertIdentity::from_der(der).unwrap()
+    }
+
+    fn cert(ou: &str, cn: &str, server: bool) -> Vec<u8> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose as E, KeyPair};
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        let mut d = rcgen::DistinguishedName::new();
+        d.push(DnType::OrganizationName, "g");
+        d.push(DnType::OrganizationalUnitName, ou);
+        d.push(DnType::CommonName, cn);
+        p.distinguished_name = d;
+        p.extended_key_usages = if server {
+            vec![E::ServerAuth, E::ClientAuth]
+        } else {
+            vec![E::ClientAuth]
+        };
+        p.self_signed(&KeyPair::generate().unwrap())
+            .unwrap()
+            .der()
+            .to_vec()
+    }
+
     #[test]
-    fn subjects_map_to_callers() {
+    fn certificates_map_to_callers() {
         let i = ids();
         assert_eq!(
-            i.caller("/O=g/OU=hosts/CN=node1").unwrap(),
+            i.caller(&identity(&cert("hosts", "node1", true))).unwrap(),
             Caller::Node("node1".into())
         );
-        let Caller::User(a) = i.caller("/O=g/OU=users/CN=Alice A").unwrap() else {
+        let alice = identity(&cert("users", "Alice A", false));
+        let Caller::User(a) = i.caller(&alice).unwrap() else {
             panic!()
         };
         assert_eq!(a.name, "alice");
         assert_eq!(a.groups, vec!["atlas", "cms"]);
+        assert_eq!(a.cert, Some(alice.fingerprint));
         assert!(!a.admin);
-        let Caller::User(r) = i.caller("/O=g/OU=users/CN=Root").unwrap() else {
+        let Caller::User(r) = i.caller(&identity(&cert("users", "Root", false))).unwrap() else {
             panic!()
         };
         assert!(r.admin);
         assert_eq!(r.primary_group(), "root");
-        let e = i.caller("/O=g/OU=users/CN=Mallory").unwrap_err();
+        let e = i
+            .caller(&identity(&cert("users", "Mallory", false)))
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(e.message().contains("mapfile"));
         assert!(Groups::parse("nogroupline").is_err());
+    }
+
+    /// Issue 11 C2: a user certificate whose CN spells a host subject is a user (here an
+    /// unmapped one), never the storage node it names.
+    #[test]
+    fn a_user_certificate_cannot_pose_as_a_node() {
+        let i = ids();
+        for (ou, cn, server) in [
+            ("users", "eve/OU=hosts/CN=node3", false),
+            ("hosts", "node3", false),
+            ("hosts", "eve/OU=hosts/CN=node3", true),
+        ] {
+            let e = i.caller(&identity(&cert(ou, cn, server))).unwrap_err();
+            assert!(e.message().contains("mapfile"), "{ou} {cn}: {e:?}");
+        }
     }
 }

@@ -118,6 +118,7 @@ impl Meta {
                 } else {
                     CreateKind::Pending
                 },
+                private: f.private,
             });
             sizes.push(f.size);
         }
@@ -174,7 +175,8 @@ impl Meta {
             .enumerate()
             .map(|(f, n)| (pending[f].1.id, nodes[*n].node.name.clone()))
             .collect();
-        if let Err(e) = self.catalog.start_replicas(&starts).await {
+        // New files: none has a complete replica anywhere.
+        if let Err(e) = self.catalog.start_replicas(&starts, 0).await {
             for (_, i, _) in &pending {
                 let _ = self.catalog.abort_pending(i.id).await;
             }
@@ -183,7 +185,7 @@ impl Meta {
         for (n, files) in by_node {
             let node = &nodes[n];
             let ids: Vec<i64> = files.iter().map(|f| pending[*f].1.id).collect();
-            let cap = self.grant(node, Operation::Write, ids.clone(), &user.name)?;
+            let cap = self.user_grant(node, Operation::Write, ids.clone(), user)?;
             reply.placements.push(pb::Placement {
                 node: node.node.name.clone(),
                 address: node.node.address.clone(),
@@ -348,6 +350,7 @@ impl Meta {
                 mode: f.mode,
                 checksum: f.checksum.clone(),
                 replicas: infos,
+                private: f.private,
             });
         }
         for (node, ids) in grants {
@@ -356,10 +359,76 @@ impl Meta {
                 node: node.clone(),
                 site: n.node.site.clone(),
                 address: n.node.address.clone(),
-                capability: Some(self.grant(n, op, ids, &user.name)?),
+                capability: Some(self.user_grant(n, op, ids, user)?),
             });
         }
         Ok(reply)
+    }
+
+    /// A new capability for files the caller's capability covered: `read` (each a file the
+    /// caller may read, complete on the node) or `write` (each a pending file the caller
+    /// created, being written on the node). Permissions are checked again, so a renewal after a
+    /// chmod is refused.
+    pub async fn renew(
+        &self,
+        user: &User,
+        req: &pb::RenewRequest,
+    ) -> Result<pb::Capability, Status> {
+        if req.ids.len() > MAX_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_BATCH} files per request"
+            )));
+        }
+        let node = self
+            .node(&req.node)
+            .ok_or_else(|| Status::not_found(format!("node {}: not registered", req.node)))?;
+        let (op, want) = match req.op.as_str() {
+            "read" => (Operation::Read, ReplicaState::Complete),
+            "write" => (Operation::Write, ReplicaState::Writing),
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "cannot renew a {other:?} capability (read or write)"
+                )));
+            }
+        };
+        let replicas = self.catalog.replicas_of(&req.ids).await.map_err(status)?;
+        for id in &req.ids {
+            let i = self.catalog.inode(*id).await.map_err(status)?;
+            let path = self.catalog.path_of(*id).await.map_err(status)?;
+            let denied = || {
+                Status::permission_denied(format!(
+                    "{path}: permission denied ({} may no longer {} it)",
+                    user.name, req.op
+                ))
+            };
+            if op == Operation::Read {
+                if i.pending || i.kind != Kind::File {
+                    return Err(Status::not_found(format!("{path}: no such file")));
+                }
+                // Search permission on the way, read permission on the file.
+                let (_, e) = self.existing(user, &path).await?;
+                if e.id != i.id || !perm::allows(user, &e, Access::Read) {
+                    return Err(denied());
+                }
+            } else if !i.pending || (i.owner != user.name && !user.admin) {
+                return Err(denied());
+            }
+            let held = replicas
+                .get(id)
+                .is_some_and(|v| v.iter().any(|r| r.node == req.node && r.state == want));
+            if !held {
+                return Err(Status::failed_precondition(format!(
+                    "{path}: node {} holds no {} replica of it",
+                    req.node,
+                    if op == Operation::Read {
+                        "complete"
+                    } else {
+                        "pending"
+                    }
+                )));
+            }
+        }
+        self.user_grant(&node, op, req.ids.clone(), user)
     }
 
     /// Every replica of a file, with its node.
@@ -567,10 +636,26 @@ impl Files for FilesService {
     }
 
     async fn status(&self, req: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {
-        self.meta.ids.of_request(&req)?;
-        crate::reconcile::status_reply(&self.meta)
+        // A node sees what anybody may see.
+        let user = match self.meta.ids.of_request(&req)? {
+            crate::auth::Caller::User(u) => u,
+            crate::auth::Caller::Node(_) => crate::perm::anonymous(),
+        };
+        crate::reconcile::status_reply(&self.meta, &user)
             .await
             .map(Response::new)
+    }
+
+    async fn renew(
+        &self,
+        req: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::Capability>, Status> {
+        let t = Instant::now();
+        let m = &self.meta;
+        let user = m.ids.user(&req)?;
+        let r = m.renew(&user, req.get_ref()).await;
+        m.record("renew", t, req.get_ref().ids.len() as u64, r.is_ok());
+        r.map(Response::new)
     }
 
     async fn who_am_i(&self, req: Request<pb::Empty>) -> Result<Response<pb::Identity>, Status> {
@@ -578,7 +663,7 @@ impl Files for FilesService {
         let subject = req
             .extensions()
             .get::<crate::auth::PeerInfo>()
-            .map(|p| p.subject.clone())
+            .and_then(|p| p.cert.as_ref().map(|c| c.subject.clone()))
             .unwrap_or_default();
         match m.ids.of_request(&req)? {
             crate::auth::Caller::User(u) => Ok(Response::new(pb::Identity {

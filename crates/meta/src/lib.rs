@@ -7,6 +7,7 @@
 //! The server never moves file data: clients and nodes do, with capabilities it signs.
 
 pub mod auth;
+pub mod enrol;
 mod files;
 pub mod http;
 mod namespace;
@@ -51,21 +52,33 @@ pub enum MetaError {
 
 /// Takes the data directory's lock, so that two servers never use one SQLite catalog.
 /// The lock is held as long as the returned file is open.
+///
+/// The catalog holds every node's capability key: the directory is made 0700 and the lock,
+/// `catalog.db` and its `-wal` and `-shm` files 0600 (created so, and tightened when they
+/// exist looser and belong to this user; a warning names those that belong to someone else).
 pub fn lock_data_dir(dir: &Path) -> Result<std::fs::File, MetaError> {
     use std::os::fd::AsRawFd;
-    std::fs::create_dir_all(dir).map_err(|e| {
-        MetaError::Config(format!(
-            "cannot create data directory {}: {e}",
-            dir.display()
-        ))
-    })?;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| {
+            MetaError::Config(format!(
+                "cannot create data directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+    tighten(dir, 0o700);
     let path = dir.join("meta.lock");
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(&path)
         .map_err(|e| MetaError::Config(format!("cannot open {}: {e}", path.display())))?;
+    tighten(&path, 0o600);
     // flock: released by the kernel when the process exits, however it exits.
     let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if r != 0 {
@@ -74,7 +87,48 @@ pub fn lock_data_dir(dir: &Path) -> Result<std::fs::File, MetaError> {
             dir.display()
         )));
     }
+    // SQLite gives its -wal and -shm files the database file's mode: create it private.
+    let db = dir.join("catalog.db");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&db)
+        .map_err(|e| MetaError::Config(format!("cannot create {}: {e}", db.display())))?;
+    for suffix in ["", "-wal", "-shm"] {
+        tighten(&dir.join(format!("catalog.db{suffix}")), 0o600);
+    }
     Ok(f)
+}
+
+/// Clears the permission bits of `path` beyond `allowed` if it is ours; warns if it is not.
+fn tighten(path: &Path, allowed: u32) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    let mode = m.mode() & 0o7777;
+    if mode & !allowed == 0 {
+        return;
+    }
+    let ours = m.uid() == unsafe { libc::geteuid() };
+    if ours && !m.file_type().is_symlink() {
+        match std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & allowed)) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), from = format!("{mode:o}"), to = format!("{:o}", mode & allowed), "permissions tightened (the catalog holds node keys)");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot tighten permissions")
+            }
+        }
+    }
+    tracing::warn!(
+        path = %path.display(),
+        mode = format!("{mode:o}"),
+        "other local users may read the catalog's node keys: make it {:o} (chmod) and owned by the metadata server's account",
+        allowed
+    );
 }
 
 /// Serves the gRPC API on `listener` (and, given one, the dashboard on `http`) until
@@ -193,6 +247,38 @@ fn spawn_background(
             }
         }
     });
+    // Replicas left "writing" by copies that died with a metadata server block their nodes
+    // as destinations: drop them when their lease ends. At start, a SQLite catalog (owned by
+    // this server alone) has no running copies: all of them go at once.
+    let m = meta.clone();
+    let s = stop.clone();
+    let leases = tokio::spawn(async move {
+        let owned = m.catalog.backend() == catalog::Backend::Sqlite;
+        let mut first = true;
+        loop {
+            let before = if first && owned {
+                i64::MAX
+            } else {
+                catalog::now_ms()
+            };
+            first = false;
+            match m.catalog.expire_writing(before, None).await {
+                Ok(gone) if !gone.is_empty() => {
+                    m.event(format!(
+                        "dropped {} replicas left being written by copies that ended without finishing",
+                        gone.len()
+                    ));
+                    m.reconcile_now.notify_one();
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot expire replicas being written"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep((m.settings.writing_lease / 3).max(Duration::from_millis(100))) => {}
+                _ = s.cancelled() => return,
+            }
+        }
+    });
     let m = meta.clone();
     let s = stop.clone();
     let every = m.settings.reconcile_every;
@@ -208,7 +294,7 @@ fn spawn_background(
             }
         }
     });
-    let mut tasks = vec![liveness, pending, reconciler, warmer];
+    let mut tasks = vec![liveness, pending, leases, reconciler, warmer];
     if let Some(every) = meta.settings.scrub_every {
         tasks.push(tokio::spawn(verify::scrub(
             meta.clone(),
@@ -217,4 +303,50 @@ fn spawn_background(
         )));
     }
     tasks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// Issue 11 C4: catalog.db was 0644 in a 0755 directory, so every local user could read
+    /// every node's capability key.
+    #[test]
+    fn the_data_directory_and_catalog_are_private() {
+        let t = tempfile::tempdir().unwrap();
+        let fresh = t.path().join("fresh/meta");
+        let lock = lock_data_dir(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        assert_eq!(mode(&fresh.join("meta.lock")), 0o600);
+        assert_eq!(mode(&fresh.join("catalog.db")), 0o600);
+        drop(lock);
+        // An existing data directory of an older version is tightened.
+        let old = t.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for f in [
+            "catalog.db",
+            "catalog.db-wal",
+            "catalog.db-shm",
+            "meta.lock",
+        ] {
+            std::fs::write(old.join(f), b"").unwrap();
+            std::fs::set_permissions(old.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let _lock = lock_data_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700);
+        for f in [
+            "catalog.db",
+            "catalog.db-wal",
+            "catalog.db-shm",
+            "meta.lock",
+        ] {
+            assert_eq!(mode(&old.join(f)), 0o600, "{f}");
+        }
+    }
 }

@@ -40,6 +40,7 @@ impl NodeService for NodeServiceImpl {
     ) -> Result<Response<pb::RegisterReply>, Status> {
         let m = &self.meta;
         let caller = m.ids.node(&req)?;
+        let cert = crate::auth::Identities::cert_of(&req)?;
         let q = req.into_inner();
         same_node(&caller, &q.name)?;
         if q.site.is_empty() || q.address.is_empty() {
@@ -47,12 +48,49 @@ impl NodeService for NodeServiceImpl {
                 "a node needs a site and an address",
             ));
         }
+        let fp = cert.fingerprint;
+        let refuse = |why: String| {
+            m.event(format!("node {} refused: {why}", q.name));
+            Status::permission_denied(why)
+        };
+        // The server's own certificate is a host certificate of the CA too, but never a node.
+        if m.own_cert() == Some(fp) {
+            return Err(refuse(format!(
+                "{fp} is the metadata server's own certificate; a storage node needs a host certificate of its own (haul cert issue --host NAME)"
+            )));
+        }
+        let enrolled = m.ids.nodes.check(&q.name, &fp).map_err(refuse)?;
         let fresh_key: [u8; 32] = rand::random();
-        let (node, key) = m
+        let fp_text = fp.to_string();
+        let r = m
             .catalog
-            .register_node_with_key(&q.name, &q.site, &q.address, q.capacity, q.free, &fresh_key)
-            .await
-            .map_err(status)?;
+            .register_node_with_key(&catalog::NodeRegistration {
+                name: &q.name,
+                site: &q.site,
+                address: &q.address,
+                capacity: q.capacity,
+                free: q.free,
+                new_key: &fresh_key,
+                cert: &fp_text,
+                may_rotate: enrolled == crate::enrol::Enrolled::Certificate,
+            })
+            .await;
+        let (node, key) = match r {
+            Ok(x) => x,
+            Err(CatalogError::Denied(why)) => {
+                let file = m
+                    .ids
+                    .nodes
+                    .path()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "the --nodes file".into());
+                return Err(refuse(format!(
+                    "{why}; if the node's certificate was replaced, add the line `{} {fp}` to {file} on the metadata server",
+                    q.name
+                )));
+            }
+            Err(e) => return Err(status(e)),
+        };
         m.refresh_nodes().await.map_err(status)?;
         // Its first session need not wait for the next round of the connection warmer.
         m.warm_node_connections();
@@ -227,7 +265,7 @@ impl Meta {
         };
         // A task may end after its capability's hour: its outputs are taken for a day more.
         let g = signed
-            .verify(&node.key, &q.node, Operation::Run, 0)
+            .verify_relayed(&node.key, &q.node, Operation::Run, 0)
             .map_err(|e| Status::permission_denied(e.to_string()))?;
         if catalog::now_ms() > g.expires_ms + 86_400_000 {
             return Err(Status::permission_denied(
@@ -284,6 +322,8 @@ impl Meta {
                 size: f.size,
                 mode: f.mode,
                 mtime_ns: f.mtime_ns,
+                // Written on the node itself: it never crossed a network.
+                private: false,
             });
         }
         if !want.is_empty() {

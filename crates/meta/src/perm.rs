@@ -46,6 +46,27 @@ fn denied(user: &User, what: &str, path: &str) -> Status {
 }
 
 /// Checks `access` to `inode` at `path`.
+/// Whether `user` could find the entry at the end of `chain` (the entries from the root to
+/// it) by listing directories: read and search permission on every directory above it.
+/// Paths the user could not find are not shown to them (in status, policy lists, events).
+pub fn may_see(user: &User, chain: &[Inode]) -> bool {
+    user.admin
+        || chain.split_last().is_some_and(|(_, dirs)| {
+            dirs.iter()
+                .all(|d| allows(user, d, Access::Read) && allows(user, d, Access::Search))
+        })
+}
+
+/// Whoever reads the unauthenticated dashboard: no name, no group, only "other" permissions.
+pub fn anonymous() -> User {
+    User {
+        name: String::new(),
+        groups: Vec::new(),
+        admin: false,
+        cert: None,
+    }
+}
+
 pub fn require(user: &User, inode: &Inode, access: Access, path: &str) -> Result<(), Status> {
     if allows(user, inode, access) {
         return Ok(());
@@ -148,6 +169,7 @@ mod tests {
             name: name.into(),
             groups: groups.iter().map(|g| g.to_string()).collect(),
             admin: false,
+            cert: None,
         }
     }
 
@@ -164,6 +186,7 @@ mod tests {
             mtime_ns: 0,
             checksum: String::new(),
             pending: false,
+            private: false,
         }
     }
 

@@ -109,6 +109,7 @@ impl Meta {
             let want = Want {
                 copies: req.copies.max(1),
                 sites: req.sites.clone(),
+                private: req.private,
             };
             if want.copies > 64 {
                 return Err(Status::invalid_argument("at most 64 copies"));
@@ -118,32 +119,36 @@ impl Meta {
                 .xattr_set(&r.norm, POLICY_XATTR, want.format().as_bytes())
                 .await
                 .map_err(status)?;
-            self.event(format!("policy {} on {}", want.format(), r.norm));
+            self.event_about(
+                format!("policy {} on {}", want.format(), r.norm),
+                vec![r.norm.clone()],
+            );
         }
         self.reconcile_now.notify_one();
         self.policies_reply(user, "/").await
     }
 
+    /// The policies below `under` that `user` may see (whose paths they could find).
     pub async fn policies_reply(
         &self,
-        _user: &User,
+        user: &User,
         under: &str,
     ) -> Result<pb::PolicyReply, Status> {
         let under = catalog::normalize(under).map_err(status)?;
         let all = policies(self).await.map_err(status)?;
-        Ok(pb::PolicyReply {
-            policies: all
-                .into_iter()
-                .filter(|(p, _, _)| {
-                    under == "/" || *p == under || p.starts_with(&format!("{under}/"))
-                })
-                .map(|(path, _, w)| pb::Policy {
+        let mut out = Vec::new();
+        for (path, _, w) in all {
+            let below = under == "/" || path == under || path.starts_with(&format!("{under}/"));
+            if below && self.may_see(user, &path).await {
+                out.push(pb::Policy {
                     path,
                     copies: w.copies,
                     sites: w.sites,
-                })
-                .collect(),
-        })
+                    private: w.private,
+                });
+            }
+        }
+        Ok(pb::PolicyReply { policies: out })
     }
 
     /// Runs a one-shot replication for `user`, reporting progress on `tx`.
@@ -165,6 +170,7 @@ impl Meta {
             let want = Want {
                 copies: req.copies.max(1),
                 sites: req.sites.clone(),
+                private: req.private,
             };
             check_sites(&self, &want)?;
             let mut paths = Vec::new();
@@ -396,34 +402,19 @@ pub async fn run(meta: Arc<Meta>, every: Duration, stop: CancellationToken) {
     }
 }
 
-/// `haul status`.
-pub async fn status_reply(meta: &Meta) -> Result<pb::StatusReply, Status> {
-    let pols = policies(meta).await.map_err(status)?;
+/// `haul status` for `user`: policies and events only about paths the user may see.
+pub async fn status_reply(meta: &Meta, user: &User) -> Result<pb::StatusReply, Status> {
+    let pols = meta.policies_reply(user, "/").await?.policies;
     let st = meta.reconciler.lock().expect("reconciler").clone();
     let nodes = meta.nodes();
     Ok(pb::StatusReply {
-        policies: pols
-            .into_iter()
-            .map(|(path, _, w)| pb::Policy {
-                path,
-                copies: w.copies,
-                sites: w.sites,
-            })
-            .collect(),
+        policies: pols,
         under_replicated: st.under_replicated,
         over_replicated: st.over_replicated,
         repairs_running: st.running,
         repairs_done: st.repairs_done,
         removals_done: st.removals_done,
-        events: meta
-            .events
-            .lock()
-            .expect("events")
-            .iter()
-            .rev()
-            .take(20)
-            .cloned()
-            .collect(),
+        events: meta.events_for(user, 20).await,
         nodes_up: nodes.iter().filter(|n| n.node.up).count() as u64,
         nodes_down: nodes.iter().filter(|n| !n.node.up).count() as u64,
         last_pass_ms: st.last_pass_ms,

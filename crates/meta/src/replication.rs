@@ -28,14 +28,18 @@ pub struct Want {
     pub copies: u32,
     /// Sites that must each hold one.
     pub sites: Vec<String>,
+    /// Copies travel over private (TLS) streams. Those of files that arrived privately always
+    /// do, whatever is wanted.
+    pub private: bool,
 }
 
 impl Want {
-    /// Parses the `haul.policy` attribute: `copies=2 sites=A,B`.
+    /// Parses the `haul.policy` attribute: `copies=2 sites=A,B protect=private`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut w = Want {
             copies: 1,
             sites: vec![],
+            private: false,
         };
         for part in s.split_whitespace() {
             match part.split_once('=') {
@@ -53,18 +57,27 @@ impl Want {
                         .map(String::from)
                         .collect()
                 }
-                _ => return Err(format!("{part:?}: expected copies=N or sites=A,B")),
+                Some(("protect", "private")) => w.private = true,
+                Some(("protect", "clear")) => w.private = false,
+                _ => {
+                    return Err(format!(
+                        "{part:?}: expected copies=N, sites=A,B or protect=clear|private"
+                    ));
+                }
             }
         }
         Ok(w)
     }
 
     pub fn format(&self) -> String {
-        if self.sites.is_empty() {
-            format!("copies={}", self.copies)
-        } else {
-            format!("copies={} sites={}", self.copies, self.sites.join(","))
+        let mut s = format!("copies={}", self.copies);
+        if !self.sites.is_empty() {
+            s += &format!(" sites={}", self.sites.join(","));
         }
+        if self.private {
+            s += " protect=private";
+        }
+        s
     }
 
     /// Copies in total, counting that each listed site needs one.
@@ -96,6 +109,8 @@ pub struct Task {
     pub avoid: HashSet<String>,
     /// Attempts so far.
     pub tries: u32,
+    /// Copy over private (TLS) streams.
+    pub private: bool,
 }
 
 /// A file that cannot get what was asked, and why.
@@ -219,6 +234,7 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
                 held_sites: held_sites.clone(),
                 avoid: busy.clone(),
                 tries: 0,
+                private: want.private || f.inode.private,
             });
         }
     }
@@ -375,6 +391,7 @@ pub async fn execute(
             while j < queue.len() && batch.len() < opts.batch_files && bytes < batch_bytes {
                 let u = &queue[j];
                 let ok = u.sources.contains(&src)
+                    && u.private == batch[0].private
                     && eligible_dst(u, &nodes[&dst], &inflight)
                     && !batch.iter().any(|b| b.inode.id == u.inode.id);
                 if ok {
@@ -474,7 +491,10 @@ pub async fn execute(
                     .mark_replicas(&[(t.inode.id, done.src.clone())], ReplicaState::Damaged)
                     .await;
                 t.sources.retain(|s| *s != done.src);
-                meta.event(format!("{}: replica on {} is damaged", t.path, done.src));
+                meta.event_about(
+                    format!("{}: replica on {} is damaged", t.path, done.src),
+                    vec![t.path.clone()],
+                );
             } else if done.session_error.is_some() {
                 // Which end failed is unknown: avoid this pair's destination.
                 t.avoid.insert(done.dst.clone());
@@ -666,23 +686,63 @@ async fn run_session(
         seconds: 0.0,
         released: false,
     };
+    // Replicas the destination already has complete (made meanwhile) are never written over.
+    let mut already: HashSet<i64> = HashSet::new();
     let r = async {
+        let db = |e: catalog::CatalogError| TransferError::Local(e.to_string());
+        // A damaged or missing replica on the destination is replaced (repaired in place).
+        let before = meta.catalog.replicas_of(&ids).await.map_err(db)?;
+        let replace: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| {
+                before.get(id).is_some_and(|v| {
+                    v.iter().any(|r| {
+                        r.node == dst.node.name
+                            && matches!(r.state, ReplicaState::Damaged | ReplicaState::Missing)
+                    })
+                })
+            })
+            .collect();
         let starts: Vec<(i64, String)> = ids.iter().map(|i| (*i, dst.node.name.clone())).collect();
-        meta.catalog
-            .start_replicas(&starts)
+        let lease = meta.settings.writing_lease;
+        already = meta
+            .catalog
+            .start_replicas(&starts, catalog::now_ms() + lease.as_millis() as i64)
             .await
-            .map_err(|e| TransferError::Local(e.to_string()))?;
+            .map_err(db)?
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        let ids: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|i| !already.contains(i))
+            .collect();
+        if ids.is_empty() {
+            return Ok((None, HashSet::new(), HashMap::new(), 0));
+        }
         let read = meta
-            .grant(&src, Operation::Read, ids.clone(), "haul-meta")
+            .own_grant(&src, Operation::Read, ids.clone())
             .map_err(|s| TransferError::Connect(s.message().to_string()))?;
         let write = meta
-            .grant(&dst, Operation::Write, ids.clone(), "haul-meta")
+            .own_grant_replacing(&dst, Operation::Write, ids.clone(), replace)
             .map_err(|s| TransferError::Connect(s.message().to_string()))?;
-        let opts = meta.copy_options().ok_or_else(|| {
+        let mut opts = meta.copy_options().ok_or_else(|| {
             TransferError::Usage("the metadata server has no client certificate".into())
         })?;
+        // A session's files share their protection (see `execute`).
+        let private = tasks.iter().any(|t| t.private);
+        if private {
+            opts.session.protect = wire::control::Protect::Private;
+        }
+        tracing::info!(
+            src = %src.node.name, dst = %dst.node.name, files = ids.len(),
+            protect = ?opts.session.protect, "replication session"
+        );
         let files: Vec<ListedFile> = tasks
             .iter()
+            .filter(|t| !already.contains(&t.inode.id))
             .map(|t| ListedFile {
                 locator: t.inode.id.to_string(),
                 name: t.inode.id.to_string(),
@@ -701,6 +761,25 @@ async fn run_session(
         let p = progress.clone();
         let ticker_stop = CancellationToken::new();
         let ts = ticker_stop.clone();
+        // This session holds its "writing" rows: renew their lease while it runs (other
+        // metadata servers sharing the database expire only rows whose lease ended).
+        let renewer = {
+            let (m, stop) = (meta.clone(), ticker_stop.clone());
+            let rows: Vec<(i64, String)> =
+                ids.iter().map(|i| (*i, dst.node.name.clone())).collect();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(lease / 3) => {}
+                        _ = stop.cancelled() => return,
+                    }
+                    let until = catalog::now_ms() + lease.as_millis() as i64;
+                    if let Err(e) = m.catalog.renew_writing(&rows, until).await {
+                        tracing::warn!(error = %e, "cannot renew the lease of replicas being written");
+                    }
+                }
+            })
+        };
         let (rel, pair) = (
             released.clone(),
             (src.node.name.clone(), dst.node.name.clone()),
@@ -756,6 +835,7 @@ async fn run_session(
         .await;
         ticker_stop.cancel();
         let moved = ticker.await.unwrap_or(0);
+        let _ = renewer.await;
         if let Ok(a) = &result {
             tracing::debug!(
                 src = %src.node.name, dst = %dst.node.name, files = ids.len(), bytes = moved,
@@ -789,10 +869,14 @@ async fn run_session(
         Ok((err, done, failed, moved)) => {
             out.session_error = err;
             out.done = done;
+            out.done.extend(already.iter().copied());
             out.failed = failed;
             out.bytes = moved;
         }
-        Err(e) => out.session_error = Some(e),
+        Err(e) => {
+            out.session_error = Some(e);
+            out.done.extend(already.iter().copied());
+        }
     }
     // What the destination did not confirm: the catalog may still have it complete (its
     // report raced the end of the session); otherwise drop the "writing" row.
@@ -915,6 +999,7 @@ mod tests {
                 mtime_ns: 0,
                 checksum: "crc32c:00000001".into(),
                 pending: false,
+                private: false,
             },
             replicas: on
                 .iter()
@@ -992,12 +1077,17 @@ mod tests {
             w,
             Want {
                 copies: 2,
-                sites: vec!["A".into(), "B".into()]
+                sites: vec!["A".into(), "B".into()],
+                private: false,
             }
         );
         assert_eq!(Want::parse(&w.format()).unwrap(), w);
         assert!(Want::parse("copies=0").is_err());
         assert!(Want::parse("replicas=2").is_err());
+        let p = Want::parse("copies=2 protect=private").unwrap();
+        assert!(p.private);
+        assert_eq!(Want::parse(&p.format()).unwrap(), p);
+        assert!(Want::parse("protect=sometimes").is_err());
         assert_eq!(Want::parse("copies=1 sites=A,B,C").unwrap().total(), 3);
     }
 
@@ -1010,6 +1100,7 @@ mod tests {
             &Want {
                 copies: 2,
                 sites: vec!["B".into()],
+                private: false,
             },
             false,
         );
@@ -1022,11 +1113,37 @@ mod tests {
             &Want {
                 copies: 3,
                 sites: vec![],
+                private: false,
             },
             false,
         );
         assert_eq!(p.tasks.len(), 2);
         assert!(p.tasks.iter().all(|t| t.avoid.contains("a1")));
+    }
+
+    /// Issue 11 C10: copies of a file that arrived privately are made privately whatever is
+    /// asked; a private policy makes every copy private.
+    #[test]
+    fn files_that_arrived_privately_are_copied_privately() {
+        let mut secret = file(1, &[("a1", ReplicaState::Complete)]);
+        secret.inode.private = true;
+        let open = file(2, &[("a1", ReplicaState::Complete)]);
+        let want = |private| Want {
+            copies: 2,
+            sites: vec![],
+            private,
+        };
+        let p = plan(
+            &[secret.clone(), open.clone()],
+            &nodes(),
+            &want(false),
+            false,
+        );
+        let by_id = |p: &Plan, id| p.tasks.iter().find(|t| t.inode.id == id).unwrap().private;
+        assert!(by_id(&p, 1));
+        assert!(!by_id(&p, 2));
+        let p = plan(&[secret, open], &nodes(), &want(true), false);
+        assert!(by_id(&p, 1) && by_id(&p, 2));
     }
 
     #[test]
@@ -1039,6 +1156,7 @@ mod tests {
             &Want {
                 copies: 4,
                 sites: vec![],
+                private: false,
             },
             false,
         );
@@ -1054,6 +1172,7 @@ mod tests {
             &Want {
                 copies: 1,
                 sites: vec!["C".into()],
+                private: false,
             },
             false,
         );
@@ -1072,6 +1191,7 @@ mod tests {
             &Want {
                 copies: 2,
                 sites: vec![],
+                private: false,
             },
             false,
         );
@@ -1094,6 +1214,7 @@ mod tests {
             &Want {
                 copies: 2,
                 sites: vec!["B".into()],
+                private: false,
             },
             true,
         );
@@ -1114,6 +1235,7 @@ mod tests {
             &Want {
                 copies: 2,
                 sites: vec![],
+                private: false,
             },
             false,
         );

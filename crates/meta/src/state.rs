@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tonic::Status;
+use transfer::certid::Fingerprint;
 use wire::grant::{Grant, Operation};
 
 /// Tunables of a metadata server.
@@ -24,8 +25,11 @@ pub struct Settings {
     pub orphan_grace: Duration,
     /// Uploads that never finish are dropped after this long.
     pub pending_grace: Duration,
-    /// How long capabilities are valid.
+    /// How long capabilities are valid (clients renew them in longer transfers).
     pub grant_ttl: Duration,
+    /// How long a replica being written by one of the server's copies is held without the
+    /// copy renewing it (the copy renews it every third of this); after that it is dropped.
+    pub writing_lease: Duration,
     /// How often the reconciler checks replica policies (it also runs on changes).
     pub reconcile_every: Duration,
     /// Verify and repair every replica this often (off by default).
@@ -41,7 +45,8 @@ impl Default for Settings {
             node_timeout: Duration::from_secs(10),
             orphan_grace: Duration::from_secs(3600),
             pending_grace: Duration::from_secs(24 * 3600),
-            grant_ttl: Duration::from_secs(3600),
+            grant_ttl: Duration::from_secs(300),
+            writing_lease: Duration::from_secs(60),
             reconcile_every: Duration::from_secs(30),
             scrub_every: None,
             listen: transfer::limits::Limits::default(),
@@ -73,6 +78,14 @@ impl NodeEntry {
     }
 }
 
+/// Something worth showing on the dashboard and in `haul status`, with the grid paths it
+/// names: it is shown only to those who may see every one of them.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub text: String,
+    pub paths: Vec<String>,
+}
+
 /// Per-operation counters, for `/metrics` and the dashboard.
 #[derive(Default)]
 pub struct OpStats {
@@ -92,10 +105,13 @@ pub struct Meta {
     pub started: Instant,
     /// Inventories being uploaded in parts, by node.
     pub inventories: Mutex<HashMap<String, HashMap<i64, u64>>>,
-    /// Recent events for the dashboard (newest last).
-    pub events: Mutex<std::collections::VecDeque<String>>,
+    /// Recent events for the dashboard and `haul status` (newest last).
+    pub events: Mutex<std::collections::VecDeque<Event>>,
     /// Client credentials for driving node-to-node copies (the server's host certificate).
     client_tls: RwLock<Option<std::sync::Arc<rustls::ClientConfig>>>,
+    /// The fingerprint of that certificate: capabilities for the server's own copies are
+    /// bound to it, and it may never register as a node.
+    own_cert: RwLock<Option<Fingerprint>>,
     /// Control connections to nodes kept between node-to-node sessions.
     control_pool: std::sync::Arc<transfer::control_pool::ControlPool>,
     /// Delivery rate measured per node in node-to-node copies (bytes/s, smoothed).
@@ -118,6 +134,7 @@ impl Meta {
             inventories: Mutex::new(HashMap::new()),
             events: Mutex::new(Default::default()),
             client_tls: RwLock::new(None),
+            own_cert: RwLock::new(None),
             control_pool: Default::default(),
             rates: Mutex::new(HashMap::new()),
             reconciler: Mutex::new(Default::default()),
@@ -125,9 +142,26 @@ impl Meta {
         }
     }
 
-    /// Gives the server the client credentials it drives node-to-node copies with.
-    pub fn set_client_tls(&self, tls: std::sync::Arc<rustls::ClientConfig>) {
+    /// Gives the server its own certificate: it drives node-to-node copies (replication,
+    /// verification) with it.
+    pub fn set_credentials(
+        &self,
+        creds: &transfer::tls::Credentials,
+    ) -> Result<(), transfer::TransferError> {
+        let tls = transfer::tls::client_config(creds)?;
+        let fp = creds
+            .chain
+            .first()
+            .map(|c| Fingerprint::of(c.as_ref()))
+            .ok_or_else(|| transfer::TransferError::Auth("no certificate".into()))?;
         *self.client_tls.write().expect("tls lock") = Some(tls);
+        *self.own_cert.write().expect("cert lock") = Some(fp);
+        Ok(())
+    }
+
+    /// The fingerprint of the server's own certificate, once set.
+    pub fn own_cert(&self) -> Option<Fingerprint> {
+        *self.own_cert.read().expect("cert lock")
     }
 
     /// Options for node-to-node copies, if the server has client credentials.
@@ -179,8 +213,13 @@ impl Meta {
         self.node(node).map(|n| n.rate as f64).unwrap_or(0.0)
     }
 
-    /// Notes something worth showing on the dashboard.
+    /// Notes something worth showing on the dashboard that names no grid path.
     pub fn event(&self, msg: String) {
+        self.event_about(msg, Vec::new());
+    }
+
+    /// Notes something worth showing about grid `paths` (only to those who may see them).
+    pub fn event_about(&self, msg: String, paths: Vec<String>) {
         tracing::info!("{msg}");
         let mut ev = self.events.lock().expect("events lock");
         if ev.len() >= 200 {
@@ -188,12 +227,60 @@ impl Meta {
         }
         let secs = catalog::now_ms() / 1000;
         let t = secs.rem_euclid(86_400);
-        ev.push_back(format!(
-            "{:02}:{:02}:{:02}Z {msg}",
-            t / 3600,
-            t / 60 % 60,
-            t % 60
-        ));
+        ev.push_back(Event {
+            text: format!("{:02}:{:02}:{:02}Z {msg}", t / 3600, t / 60 % 60, t % 60),
+            paths,
+        });
+    }
+
+    /// Whether `user` could find `path` by listing directories from the root (see
+    /// [`crate::perm::may_see`]); a path that no longer exists is seen by administrators only.
+    pub async fn may_see(&self, user: &User, path: &str) -> bool {
+        if user.admin {
+            return true;
+        }
+        let Ok(norm) = catalog::normalize(path) else {
+            return false;
+        };
+        match self.catalog.lookup_chain(&norm).await {
+            Ok(chain) if chain.len() == depth(&norm) + 1 => crate::perm::may_see(user, &chain),
+            _ => false,
+        }
+    }
+
+    /// The `n` most recent events `user` may see, newest first.
+    pub async fn events_for(&self, user: &User, n: usize) -> Vec<String> {
+        let all: Vec<Event> = self
+            .events
+            .lock()
+            .expect("events lock")
+            .iter()
+            .rev()
+            .cloned()
+            .collect();
+        let mut seen: HashMap<String, bool> = HashMap::new();
+        let mut out = Vec::new();
+        for e in all {
+            if out.len() >= n {
+                break;
+            }
+            let mut ok = true;
+            for p in &e.paths {
+                let v = match seen.get(p) {
+                    Some(v) => *v,
+                    None => {
+                        let v = self.may_see(user, p).await;
+                        seen.insert(p.clone(), v);
+                        v
+                    }
+                };
+                ok &= v;
+            }
+            if ok {
+                out.push(e.text);
+            }
+        }
+        out
     }
 
     /// Counts one call of `op` that took `since` and handled `items` things.
@@ -271,13 +358,17 @@ impl Meta {
         self.nodes.read().expect("nodes lock").get(name).cloned()
     }
 
-    /// A capability for `op` on `ids` at `node`, for `user`.
+    /// A capability for `op` on `ids` at `node`, done for `user`, that only the certificate
+    /// `holder` may present (`None`: nobody; such a grant is only ever relayed). A write may
+    /// replace the node's replica of the ids in `replace` only (known damaged or missing).
     pub fn grant(
         &self,
         node: &NodeEntry,
         op: Operation,
         ids: Vec<i64>,
+        replace: Vec<i64>,
         user: &str,
+        holder: Option<Fingerprint>,
     ) -> Result<pb::Capability, Status> {
         if node.key.is_empty() {
             return Err(Status::unavailable(format!(
@@ -285,18 +376,58 @@ impl Meta {
                 node.node.name
             )));
         }
+        let ttl = self.settings.grant_ttl.as_millis() as i64;
         let g = Grant {
             node: node.node.name.clone(),
             op,
             ids,
+            replace,
             user: user.to_string(),
-            expires_ms: catalog::now_ms() + self.settings.grant_ttl.as_millis() as i64,
+            holder: holder.map(|h| h.as_bytes().to_vec()).unwrap_or_default(),
+            expires_ms: catalog::now_ms() + ttl,
         };
         let s = g.sign(&node.key);
         Ok(pb::Capability {
             token: s.token,
             mac: s.mac,
+            ttl_ms: ttl as u64,
         })
+    }
+
+    /// A capability for the calling user, bound to the certificate the user called with.
+    pub fn user_grant(
+        &self,
+        node: &NodeEntry,
+        op: Operation,
+        ids: Vec<i64>,
+        user: &User,
+    ) -> Result<pb::Capability, Status> {
+        self.grant(node, op, ids, vec![], &user.name, user.cert)
+    }
+
+    /// A capability for the server's own copies (replication, repair, verification), bound to
+    /// its own certificate.
+    pub fn own_grant(
+        &self,
+        node: &NodeEntry,
+        op: Operation,
+        ids: Vec<i64>,
+    ) -> Result<pb::Capability, Status> {
+        self.own_grant_replacing(node, op, ids, vec![])
+    }
+
+    /// [`Self::own_grant`] for a write that may replace the node's (bad) replicas of `replace`.
+    pub fn own_grant_replacing(
+        &self,
+        node: &NodeEntry,
+        op: Operation,
+        ids: Vec<i64>,
+        replace: Vec<i64>,
+    ) -> Result<pb::Capability, Status> {
+        let own = self.own_cert().ok_or_else(|| {
+            Status::failed_precondition("the metadata server has no certificate of its own")
+        })?;
+        self.grant(node, op, ids, replace, "haul-meta", Some(own))
     }
 
     /// The group a new entry in `parent` gets: the parent's, if it has the set-group-id bit,
@@ -322,6 +453,7 @@ pub fn entry(path: &str, i: &Inode) -> pb::Entry {
         size: i.size,
         mtime_ns: i.mtime_ns,
         checksum: i.checksum.clone(),
+        private: i.private,
     }
 }
 
@@ -349,6 +481,7 @@ pub fn status(e: CatalogError) -> Status {
         | CatalogError::NotEmpty(_)
         | CatalogError::Busy(_) => Status::failed_precondition(e.to_string()),
         CatalogError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        CatalogError::Denied(_) => Status::permission_denied(e.to_string()),
         CatalogError::Database(_) => {
             tracing::error!(error = %e, "catalog database error");
             Status::unavailable(format!("metadata database: {e}"))
@@ -366,6 +499,7 @@ pub fn code_of(e: &CatalogError) -> &'static str {
         CatalogError::NotEmpty(_) => "not_empty",
         CatalogError::Busy(_) => "busy",
         CatalogError::Invalid(_) => "invalid",
+        CatalogError::Denied(_) => "permission_denied",
         CatalogError::Database(_) => "unavailable",
     }
 }

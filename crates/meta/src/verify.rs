@@ -100,7 +100,7 @@ pub async fn verify_files(
                     break;
                 }
                 let ids: Vec<i64> = meta_chunk.iter().map(|f| f.0).collect();
-                let grant = match meta.grant(&entry, Operation::Verify, ids, "haul-meta") {
+                let grant = match meta.own_grant(&entry, Operation::Verify, ids) {
                     Ok(g) => g,
                     Err(s) => {
                         findings
@@ -256,9 +256,11 @@ pub async fn verify_files(
         let plan = replication::plan(
             &fs,
             &node_list,
+            // Each copy as private as its file arrived.
             &Want {
                 copies,
                 sites: vec![],
+                private: false,
             },
             false,
         );

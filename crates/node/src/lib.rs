@@ -131,6 +131,7 @@ impl Spool for NodeSpool {
             capability: Some(pb::Capability {
                 token: grant.token.clone(),
                 mac: grant.mac.clone(),
+                ttl_ms: 0,
             }),
             dir: dir.to_string(),
             files: files

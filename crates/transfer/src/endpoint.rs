@@ -175,8 +175,13 @@ async fn handle(
         Ok(Accepted::Data { io, bind, nonce }) => bind_data(&ep, io, bind, nonce, &peer).await,
         Ok(Accepted::Control { io, subject, first }) => {
             let _ = sys::set_keepalive(io.tcp());
+            // Capabilities serve only the certificate they were issued to.
+            let presenter = match &io {
+                conn::Io::Tls(s) => crate::certid::peer_fingerprint(s.get_ref().1),
+                conn::Io::Plain(_) => None,
+            };
             let conn = conn::ControlConn::new(io, first, peer.clone());
-            if let Err(e) = control(ep, conn, subject, stop).await {
+            if let Err(e) = control(ep, conn, subject, presenter, stop).await {
                 tracing::debug!(%peer, error = %e, "control connection ended");
             }
         }
@@ -325,8 +330,10 @@ async fn control(
     ep: Arc<Endpoint>,
     conn: conn::ControlConn,
     subject: Option<String>,
+    presenter: Option<crate::certid::Fingerprint>,
     stop: CancellationToken,
 ) -> Result<(), TransferError> {
+    let presenter = presenter.as_ref().map(|f| f.as_bytes());
     let (mut reader, mut writer) = conn.split();
     let identity = match (&ep.acceptor, &subject) {
         (None, _) => "anonymous".to_string(),
@@ -406,8 +413,15 @@ async fn control(
             Request::Cancel => {}
             Request::Run(spec) => match &ep.cfg.spool {
                 Some(sp) => {
-                    crate::run::serve(sp.clone(), &ep.cfg.root, &mut reader, &mut writer, *spec)
-                        .await?
+                    crate::run::serve(
+                        sp.clone(),
+                        &ep.cfg.root,
+                        &mut reader,
+                        &mut writer,
+                        *spec,
+                        presenter,
+                    )
+                    .await?
                 }
                 None => {
                     let e = ErrorInfo::new(ErrorKind::Unsupported, "only storage nodes run tasks");
@@ -419,7 +433,7 @@ async fn control(
                 writer.send_response(&Response::Error(e)).await?;
             }
             Request::Verify { files, grant } => {
-                let reply = match verify_files(&ep, &root, files, grant.as_ref()).await {
+                let reply = match verify_files(&ep, &root, files, grant.as_ref(), presenter).await {
                     Ok(r) => Response::Verified(r),
                     Err(e) => Response::Error(e),
                 };
@@ -433,7 +447,7 @@ async fn control(
                 options,
                 grant,
             } => {
-                let naming = match sink_naming(&ep, &root, &dest, into_dir, grant.as_ref()) {
+                let naming = match sink_naming(&ep, &root, &dest, into_dir, grant.as_ref(), presenter) {
                     Ok(n) => n,
                     Err(e) => {
                         writer.send_response(&Response::Error(e)).await?;
@@ -463,15 +477,23 @@ async fn control(
                 files,
                 grant,
             } => {
-                let (entries, unsendable) =
-                    match source_entries(&ep, &root, &path, recursive, files, grant.as_ref()).await
-                    {
-                        Ok(e) => e,
-                        Err(e) => {
-                            writer.send_response(&Response::Error(e)).await?;
-                            continue;
-                        }
-                    };
+                let (entries, unsendable) = match source_entries(
+                    &ep,
+                    &root,
+                    &path,
+                    recursive,
+                    files,
+                    grant.as_ref(),
+                    presenter,
+                )
+                .await
+                {
+                    Ok(e) => e,
+                    Err(e) => {
+                        writer.send_response(&Response::Error(e)).await?;
+                        continue;
+                    }
+                };
                 for (path, error) in unsendable {
                     writer
                         .send_response(&Response::FileFailed { path, error })
@@ -953,11 +975,13 @@ fn sink_naming(
     dest: &str,
     into_dir: Option<bool>,
     grant: Option<&SignedGrant>,
+    presenter: Option<&[u8]>,
 ) -> Result<Naming, ErrorInfo> {
     if let Some(sp) = &ep.cfg.spool {
-        let g = spool::check(sp.as_ref(), grant, Operation::Write)?;
+        let g = spool::check(sp.as_ref(), grant, Operation::Write, presenter)?;
         return Ok(Naming::Spool {
             allowed: Arc::new(g.ids.into_iter().collect()),
+            replace: Arc::new(g.replace.into_iter().collect()),
             spool: sp.clone(),
         });
     }
@@ -981,6 +1005,7 @@ async fn source_entries(
     recursive: bool,
     files: Vec<ListedFile>,
     grant: Option<&SignedGrant>,
+    presenter: Option<&[u8]>,
 ) -> Result<(Vec<SourceEntry>, Vec<(String, ErrorInfo)>), ErrorInfo> {
     let Some(sp) = &ep.cfg.spool else {
         if !files.is_empty() {
@@ -991,7 +1016,7 @@ async fn source_entries(
         }
         return enumerate_remote(root, path, recursive).await;
     };
-    let g = spool::check(sp.as_ref(), grant, Operation::Read)?;
+    let g = spool::check(sp.as_ref(), grant, Operation::Read, presenter)?;
     if files.is_empty() {
         return Err(ErrorInfo::new(
             ErrorKind::Invalid,
@@ -1050,6 +1075,7 @@ async fn verify_files(
     root: &Arc<Root>,
     files: Vec<ListedFile>,
     grant: Option<&SignedGrant>,
+    presenter: Option<&[u8]>,
 ) -> Result<Vec<control::VerifyResult>, ErrorInfo> {
     let Some(sp) = &ep.cfg.spool else {
         return Err(ErrorInfo::new(
@@ -1057,7 +1083,7 @@ async fn verify_files(
             "only storage nodes verify replicas",
         ));
     };
-    let g = spool::check(sp.as_ref(), grant, Operation::Verify)?;
+    let g = spool::check(sp.as_ref(), grant, Operation::Verify, presenter)?;
     let mut jobs = Vec::with_capacity(files.len());
     for f in files {
         let id = spool::parse_id(&f.locator)?;

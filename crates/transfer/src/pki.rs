@@ -3,7 +3,9 @@
 //! other hosts in third-party transfers) and user certificates (client use).
 //!
 //! Subjects follow the grid convention `/O=<org>/OU=hosts|users/CN=<name>`, which is what the
-//! endpoint's mapfile maps to local identities.
+//! endpoint's mapfile maps to local identities. Names are checked before anything is signed:
+//! host names must be DNS names or IP addresses, and user names and organizations may not hold
+//! `/ = , " \`, control characters or nothing at all, so that a subject reads one way only.
 
 use crate::error::TransferError;
 use rcgen::{
@@ -88,6 +90,50 @@ fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), TransferError
         .map_err(|e| io_err(path, e))
 }
 
+/// What `haul cert issue` made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Issued {
+    /// The subject as the mapfile spells it.
+    pub subject: String,
+    /// SHA-256 of the certificate, as `haul meta serve --nodes` lists it.
+    pub fingerprint: crate::certid::Fingerprint,
+}
+
+/// Checks a user name or organization for a subject: not empty, at most 64 characters, none
+/// of `/ = , " \` or control characters (they would make the subject read another way in
+/// mapfiles and in tools that print subjects).
+pub fn check_name(what: &str, name: &str) -> Result<(), TransferError> {
+    let bad = |why: &str| {
+        Err(TransferError::Usage(format!(
+            "{what} {name:?} {why}; use letters, digits, spaces, '.', '-', '_' or '@'"
+        )))
+    };
+    if name.trim().is_empty() {
+        return bad("is empty");
+    }
+    if name.chars().count() > 64 {
+        return bad("is longer than 64 characters");
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| matches!(c, '/' | '=' | ',' | '"' | '\\') || c.is_control())
+    {
+        return bad(&format!("contains {c:?}"));
+    }
+    Ok(())
+}
+
+/// Checks a host name for a host certificate: a DNS name or an IP address.
+pub fn check_host(name: &str) -> Result<(), TransferError> {
+    if crate::certid::is_host_name(name) {
+        Ok(())
+    } else {
+        Err(TransferError::Usage(format!(
+            "--host {name:?} is not a DNS name or IP address (letters, digits, '-' and '.', e.g. node1.example.org)"
+        )))
+    }
+}
+
 fn dn(org: &str, unit: &str, cn: &str) -> DistinguishedName {
     let mut d = DistinguishedName::new();
     d.push(DnType::OrganizationName, org);
@@ -98,6 +144,7 @@ fn dn(org: &str, unit: &str, cn: &str) -> DistinguishedName {
 
 /// Creates a CA (`ca.pem`, `ca.key`) in `dir`. Returns the CA subject.
 pub fn init_ca(dir: &Path, org: &str, days: i64) -> Result<String, TransferError> {
+    check_name("--org", org)?;
     fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
     let paths = CaPaths::in_dir(dir);
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(cert_err)?;
@@ -119,14 +166,19 @@ pub fn init_ca(dir: &Path, org: &str, days: i64) -> Result<String, TransferError
 }
 
 /// Issues a certificate signed by the CA in `ca_dir`, writing `<out>.pem` (certificate) and
-/// `<out>.key`. Returns the subject as the mapfile spells it.
+/// `<out>.key`. Returns the subject as the mapfile spells it and the certificate's fingerprint.
 pub fn issue(
     ca_dir: &Path,
     out: &Path,
     subject: &Subject,
     org: &str,
     validity: &Validity,
-) -> Result<String, TransferError> {
+) -> Result<Issued, TransferError> {
+    check_name("--org", org)?;
+    match subject {
+        Subject::Host { names } => names.iter().try_for_each(|n| check_host(n))?,
+        Subject::User { name } => check_name("--user", name)?,
+    }
     let paths = CaPaths::in_dir(ca_dir);
     let ca_pem = fs::read_to_string(&paths.cert).map_err(|e| {
         TransferError::Local(format!(
@@ -170,12 +222,16 @@ pub fn issue(
     let cert_path = out.with_extension("pem");
     write_new(&key_path, &key.serialize_pem(), 0o600)?;
     write_new(&cert_path, &cert.pem(), 0o644)?;
-    Ok(format!("/O={org}/OU={unit}/CN={cn}"))
+    Ok(Issued {
+        subject: format!("/O={org}/OU={unit}/CN={cn}"),
+        fingerprint: crate::certid::Fingerprint::of(cert.der()),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::pki_types::pem::PemObject;
 
     #[test]
     fn ca_and_certificates_are_written_once_with_private_keys() {
@@ -197,7 +253,13 @@ mod tests {
             &Validity::days(1),
         )
         .unwrap();
-        assert_eq!(subj, "/O=longhaul/OU=hosts/CN=localhost");
+        assert_eq!(subj.subject, "/O=longhaul/OU=hosts/CN=localhost");
+        let pem = fs::read(dir.path().join("host.pem")).unwrap();
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(&pem).unwrap();
+        assert_eq!(
+            subj.fingerprint,
+            crate::certid::Fingerprint::of(der.as_ref())
+        );
         use std::os::unix::fs::PermissionsExt;
         let mode = fs::metadata(dir.path().join("host.key"))
             .unwrap()
@@ -212,5 +274,57 @@ mod tests {
             &Validity::days(1),
         );
         assert!(missing.unwrap_err().to_string().contains("haul ca init"));
+    }
+
+    /// Issue 11 C2: names that would make a subject read another way are refused before
+    /// anything is signed (`haul cert issue` exits 2).
+    #[test]
+    fn names_that_would_forge_a_subject_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca");
+        init_ca(&ca, "longhaul", 30).unwrap();
+        let user = |name: &str, org: &str| {
+            issue(
+                &ca,
+                &dir.path().join("u"),
+                &Subject::User { name: name.into() },
+                org,
+                &Validity::days(1),
+            )
+        };
+        for bad in [
+            "eve/OU=hosts/CN=node3",
+            "a=b",
+            "a,b",
+            "a\"b",
+            "a\\b",
+            "a\nb",
+            "a\u{7f}",
+            "",
+            "  ",
+        ] {
+            let e = user(bad, "longhaul").unwrap_err();
+            assert!(matches!(e, TransferError::Usage(_)), "{bad:?}: {e}");
+        }
+        let e = user("alice", "x/OU=hosts").unwrap_err();
+        assert!(e.to_string().contains("--org"), "{e}");
+        assert!(init_ca(&dir.path().join("ca2"), "a,b", 1).is_err());
+        for bad in ["node/3", "node 3", "*.example.org", "a_b,c", ""] {
+            let e = issue(
+                &ca,
+                &dir.path().join("h"),
+                &Subject::Host {
+                    names: vec!["ok.example.org".into(), bad.into()],
+                },
+                "longhaul",
+                &Validity::days(1),
+            )
+            .unwrap_err();
+            assert!(matches!(e, TransferError::Usage(_)), "{bad:?}: {e}");
+        }
+        // Nothing was written for the refused ones.
+        assert!(!dir.path().join("u.pem").exists());
+        assert!(!dir.path().join("h.pem").exists());
+        assert!(user("Alice Smith-Jones", "longhaul").is_ok());
     }
 }

@@ -123,8 +123,9 @@ pub async fn serve(
     reader: &mut ControlReader,
     writer: &mut ControlWriter,
     spec: RunSpec,
+    presenter: Option<&[u8]>,
 ) -> Result<(), TransferError> {
-    let ctx = match prepare(spool, root, spec) {
+    let ctx = match prepare(spool, root, spec, presenter) {
         Ok(c) => Arc::new(c),
         Err(e) => return writer.send_response(&Response::Error(e)).await,
     };
@@ -222,14 +223,19 @@ pub async fn serve(
     r1.and(r2)
 }
 
-fn prepare(spool: Arc<dyn Spool>, root: &Path, spec: RunSpec) -> Result<RunCtx, ErrorInfo> {
+fn prepare(
+    spool: Arc<dyn Spool>,
+    root: &Path,
+    spec: RunSpec,
+    presenter: Option<&[u8]>,
+) -> Result<RunCtx, ErrorInfo> {
     let signed = spec.grant.clone().ok_or_else(|| {
         ErrorInfo::new(
             ErrorKind::PermissionDenied,
             "a run needs a capability from the metadata server (use haul run)",
         )
     })?;
-    let grant = spool::check(spool.as_ref(), Some(&signed), Operation::Run)?;
+    let grant = spool::check(spool.as_ref(), Some(&signed), Operation::Run, presenter)?;
     if spec.argv.is_empty() || spec.argv[0].is_empty() {
         return Err(ErrorInfo::new(ErrorKind::Invalid, "no command to run"));
     }

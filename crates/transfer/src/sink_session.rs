@@ -265,7 +265,11 @@ impl Shared {
         let result = of
             .file
             .write_all_at(job.payload.as_ref(), job.offset)
-            .map_err(|e| io_info(&self.root.display(&of.final_path), &e));
+            .map_err(|e| {
+                let shown = self.root.display(&of.final_path);
+                self.naming
+                    .public_error(&of.begin.path, &shown, io_info(&shown, &e))
+            });
         if result.is_ok() {
             Counters::add(&self.counters.bytes_received, len);
             faults::moved(len);
@@ -374,13 +378,26 @@ impl Shared {
                         return;
                     }
                 };
-                let opened = store::open_destination(
-                    &self.root,
-                    &final_path,
-                    begin.size,
-                    begin.mtime,
-                    begin.resume,
-                );
+                // A storage node never writes over a replica it holds (unless its capability
+                // says that replica is bad): a write capability replayed after the commit must
+                // not destroy the verified copy.
+                let replace = self.naming.may_replace(&begin.path);
+                let opened = if replace {
+                    Ok(())
+                } else {
+                    store::refuse_existing(&self.root, &final_path, &begin)
+                }
+                .and_then(|()| {
+                    store::open_destination(
+                        &self.root,
+                        &final_path,
+                        begin.size,
+                        begin.mtime,
+                        begin.resume,
+                    )
+                });
+                let shown = self.root.display(&final_path);
+                let opened = opened.map_err(|e| self.naming.public_error(&begin.path, &shown, e));
                 match opened {
                     Ok(Opened::Partial { file: f, have }) => {
                         let mut digest =
@@ -483,6 +500,7 @@ impl Shared {
                             begin.mode,
                             begin.mtime,
                             self.fsync,
+                            self.naming.may_replace(&begin.path),
                         );
                         (r, claim)
                     }
@@ -494,8 +512,14 @@ impl Shared {
                         None,
                     ),
                 };
+                let r = r.map_err(|e| {
+                    let shown = self.naming.map(&begin.path).map(|p| self.root.display(&p));
+                    self.naming
+                        .public_error(&begin.path, &shown.unwrap_or_default(), e)
+                });
                 // A storage node reports the file before its sender hears it is done; if the
-                // metadata server refuses it, the local copy goes.
+                // metadata server refuses it, the local copy goes (it is the one this commit
+                // made: a node's commit never replaces an existing replica it may not).
                 let r = r.and_then(|()| {
                     self.naming
                         .committed(&begin.path, begin.size, &digests, begin.mtime)

@@ -45,11 +45,13 @@ pub trait Spool: Send + Sync {
     }
 }
 
-/// Checks a request's capability for `op`.
+/// Checks a request's capability for `op`, presented on a connection whose client certificate
+/// has the fingerprint `presenter` (capabilities serve only the holder they name).
 pub fn check(
     spool: &dyn Spool,
     grant: Option<&SignedGrant>,
     op: Operation,
+    presenter: Option<&[u8]>,
 ) -> Result<Grant, ErrorInfo> {
     let Some(grant) = grant else {
         return Err(ErrorInfo::new(
@@ -64,7 +66,13 @@ pub fn check(
         )
     })?;
     grant
-        .verify(&key, &spool.node(), op, now_ms())
+        .verify(
+            &key,
+            &spool.node(),
+            op,
+            now_ms(),
+            presenter.unwrap_or_default(),
+        )
         .map_err(|e| ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()))
 }
 
@@ -91,6 +99,8 @@ pub enum Naming {
     /// A storage node's spool: entries are file ids allowed by a grant.
     Spool {
         allowed: Arc<HashSet<i64>>,
+        /// Ids whose (bad) replica the grant allows to replace.
+        replace: Arc<HashSet<i64>>,
         spool: Arc<dyn Spool>,
     },
 }
@@ -100,7 +110,7 @@ impl Naming {
     pub fn map(&self, announced: &str) -> Result<PathBuf, ErrorInfo> {
         match self {
             Naming::Tree(d) => Ok(d.map(announced)),
-            Naming::Spool { allowed, spool } => {
+            Naming::Spool { allowed, spool, .. } => {
                 let id = parse_id(announced)?;
                 if !allowed.contains(&id) {
                     return Err(ErrorInfo::new(
@@ -129,8 +139,28 @@ impl Naming {
         }
     }
 
+    /// An error about received file `announced` as its sender sees it: on a storage node the
+    /// file's id instead of the node's own path for it (`shown`, e.g. `/data/12/34/…`).
+    pub fn public_error(&self, announced: &str, shown: &str, mut e: ErrorInfo) -> ErrorInfo {
+        if self.is_spool() && !shown.is_empty() {
+            e.message = e.message.replace(shown, &format!("file {announced}"));
+        }
+        e
+    }
+
     pub fn is_spool(&self) -> bool {
         matches!(self, Naming::Spool { .. })
+    }
+
+    /// Whether a received file may replace an existing one under its final name: always with
+    /// `cp` semantics; on a storage node only a replica its capability names as bad.
+    pub fn may_replace(&self, announced: &str) -> bool {
+        match self {
+            Naming::Tree(_) => true,
+            Naming::Spool { replace, .. } => {
+                parse_id(announced).is_ok_and(|id| replace.contains(&id))
+            }
+        }
     }
 }
 
@@ -158,6 +188,45 @@ pub fn spool_id(path: &std::path::Path) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 11 C15: a node's disk-full message named its internal path (`/data/xx/yy/<id>`).
+    #[test]
+    fn errors_name_the_file_not_the_nodes_path() {
+        struct S;
+        impl Spool for S {
+            fn node(&self) -> String {
+                "n".into()
+            }
+            fn key(&self) -> Option<Vec<u8>> {
+                None
+            }
+            fn path_of(&self, id: i64) -> PathBuf {
+                spool_path(id)
+            }
+            fn committed(
+                &self,
+                _: i64,
+                _: u64,
+                _: &[Digest],
+                _: Timestamp,
+            ) -> Result<(), ErrorInfo> {
+                Ok(())
+            }
+        }
+        let spool = Naming::Spool {
+            allowed: Arc::new([12].into_iter().collect()),
+            replace: Arc::new(HashSet::new()),
+            spool: Arc::new(S),
+        };
+        let shown = format!("/{}", spool_path(12).display());
+        let e = ErrorInfo::new(
+            ErrorKind::NoSpace,
+            format!("{shown}: no space left on the destination"),
+        );
+        let p = spool.public_error("12", &shown, e.clone());
+        assert_eq!(p.message, "file 12: no space left on the destination");
+        assert_eq!(p.kind, ErrorKind::NoSpace);
+    }
 
     #[test]
     fn spool_paths_round_trip() {

@@ -271,6 +271,24 @@ impl Root {
         }
     }
 
+    /// Renames `from` to `to` unless `to` exists (`AlreadyExists` then): a hard link under
+    /// the new name, then the old name goes, so nothing is ever replaced.
+    pub fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.check(from)?;
+        self.check(to)?;
+        let _as = self.act()?;
+        match self {
+            Root::Ambient => {
+                std::fs::hard_link(from, to)?;
+                std::fs::remove_file(from)
+            }
+            Root::Confined { dir, .. } => {
+                dir.hard_link(from, dir, to)?;
+                dir.remove_file(from)
+            }
+        }
+    }
+
     pub fn remove_file(&self, rel: &Path) -> io::Result<()> {
         self.check(rel)?;
         let _as = self.act()?;
@@ -873,7 +891,30 @@ pub fn checkpoint(
     root.write_atomic(&ledger_path, &body)
 }
 
-/// Moves a verified temporary file into place.
+/// Refuses to receive a file whose final name exists (a storage node's replica), except an
+/// identical one a resumed transfer finds complete.
+pub fn refuse_existing(
+    root: &Root,
+    final_path: &Path,
+    begin: &wire::data::FileBegin,
+) -> Result<(), ErrorInfo> {
+    match root.metadata(final_path) {
+        Ok(m) if begin.resume && m.is_file && m.len == begin.size && m.mtime == begin.mtime => {
+            Ok(())
+        }
+        Ok(_) => Err(ErrorInfo::new(
+            ErrorKind::NotWritable,
+            format!(
+                "file {} already has a replica on this node; it is never overwritten",
+                begin.path
+            ),
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Moves a verified temporary file into place, replacing a file of that name only if
+/// `replace` (otherwise an existing file makes the commit fail and stays as it is).
 pub fn commit(
     root: &Root,
     final_path: &Path,
@@ -881,6 +922,7 @@ pub fn commit(
     mode: u32,
     mtime: Timestamp,
     durable: bool,
+    replace: bool,
 ) -> Result<(), ErrorInfo> {
     let shown = root.display(final_path);
     let (part, ledger_path) = partial_paths(final_path);
@@ -910,7 +952,22 @@ pub fn commit(
             ));
         }
     }
-    root.rename(&part, final_path).map_err(err)?;
+    if replace {
+        root.rename(&part, final_path).map_err(err)?;
+    } else {
+        root.rename_noreplace(&part, final_path).map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                let _ = root.remove_file(&part);
+                let _ = root.remove_file(&ledger_path);
+                ErrorInfo::new(
+                    ErrorKind::NotWritable,
+                    format!("{shown} already exists; it is never overwritten"),
+                )
+            } else {
+                err(e)
+            }
+        })?;
+    }
     if durable {
         let parent = final_path.parent().unwrap_or(Path::new(""));
         root.sync_dir(parent).map_err(err)?;
@@ -1081,7 +1138,7 @@ mod tests {
             panic!()
         };
         assert_eq!(have.pairs(), &[(0, 40)]);
-        commit(&root, fp, &file, 0o640, mtime, true).unwrap();
+        commit(&root, fp, &file, 0o640, mtime, true, true).unwrap();
         let m = root.metadata(fp).unwrap();
         assert_eq!((m.len, m.mode, m.mtime), (100, 0o640, mtime));
         assert!(!d.path().join("out/.f.dat.haul-part").exists());
@@ -1097,7 +1154,53 @@ mod tests {
         else {
             panic!()
         };
-        commit(&root, fp2, &file, 0o6755, mtime, false).unwrap();
+        commit(&root, fp2, &file, 0o6755, mtime, false, true).unwrap();
         assert_eq!(root.metadata(fp2).unwrap().mode, 0o755);
+    }
+
+    /// Issue 11 C7: a storage node's commit never replaces a replica (a replayed write
+    /// capability renamed over the verified copy); the refused file's temporary goes.
+    #[test]
+    fn a_commit_that_may_not_replace_leaves_the_existing_file() {
+        let d = tempfile::tempdir().unwrap();
+        let root = confined(d.path());
+        let fp = Path::new("data/00/01/0000000000000001");
+        let mtime = Timestamp { secs: 5, nanos: 0 };
+        let write = |byte: u8| {
+            let Opened::Partial { file, .. } =
+                open_destination(&root, fp, 10, mtime, false).unwrap()
+            else {
+                panic!()
+            };
+            use std::os::unix::fs::FileExt;
+            file.write_all_at(&[byte; 10], 0).unwrap();
+            file
+        };
+        let first = write(1);
+        commit(&root, fp, &first, 0o600, mtime, true, false).unwrap();
+        let second = write(2);
+        let e = commit(&root, fp, &second, 0o600, mtime, true, false).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotWritable, "{e:?}");
+        assert_eq!(std::fs::read(d.path().join(fp)).unwrap(), vec![1; 10]);
+        assert!(
+            !d.path()
+                .join("data/00/01/.0000000000000001.haul-part")
+                .exists()
+        );
+        // Receiving it at all is refused up front, unless a resume finds it identical.
+        let begin = |resume, size| wire::data::FileBegin {
+            file: 0,
+            attempt: 0,
+            kind: wire::data::EntryKind::File,
+            path: "1".into(),
+            size,
+            mode: 0o600,
+            mtime,
+            resume,
+        };
+        assert!(refuse_existing(&root, fp, &begin(false, 10)).is_err());
+        assert!(refuse_existing(&root, fp, &begin(true, 11)).is_err());
+        assert!(refuse_existing(&root, fp, &begin(true, 10)).is_ok());
+        assert!(refuse_existing(&root, Path::new("data/00/01/other"), &begin(false, 10)).is_ok());
     }
 }

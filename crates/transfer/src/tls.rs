@@ -179,26 +179,13 @@ pub fn client_config(creds: &Credentials) -> Result<Arc<ClientConfig>, TransferE
     Ok(Arc::new(cfg))
 }
 
-/// The subject of a certificate as `/O=.../OU=.../CN=...`.
+/// The subject of a certificate as `/O=.../OU=.../CN=...`, each value escaped
+/// ([`crate::certid::escape_value`]): one string per certificate, which no attribute value
+/// can forge. Identities beyond the mapfile come from [`crate::certid::CertIdentity`].
 pub fn subject_of(cert: &CertificateDer<'_>) -> Option<String> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    let mut out = String::new();
-    for rdn in parsed.subject().iter() {
-        for atv in rdn.iter() {
-            let key = x509_parser::objects::oid2abbrev(
-                atv.attr_type(),
-                x509_parser::objects::oid_registry(),
-            )
-            .map(str::to_string)
-            .unwrap_or_else(|_| atv.attr_type().to_id_string());
-            let value = atv.as_str().ok()?;
-            out.push('/');
-            out.push_str(&key);
-            out.push('=');
-            out.push_str(value);
-        }
-    }
-    Some(out)
+    crate::certid::CertIdentity::from_der(cert.as_ref())
+        .ok()
+        .map(|i| i.subject)
 }
 
 /// The subject of the peer's end-entity certificate.
@@ -439,7 +426,7 @@ mod tests {
             ca: dir.path().join("ca/ca.pem"),
         })
         .unwrap();
-        assert_eq!(subject_of(&creds.chain[0]).unwrap(), subj);
+        assert_eq!(subject_of(&creds.chain[0]).unwrap(), subj.subject);
         server_config(&creds).unwrap();
         client_config(&creds).unwrap();
     }

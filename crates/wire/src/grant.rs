@@ -1,8 +1,10 @@
 //! Capabilities: short-lived permissions the metadata server signs for one storage node, one
-//! operation and a set of files, so that a client cannot bypass the namespace's permissions by
-//! talking to nodes directly. The node checks the signature (HMAC-SHA256 with a key it shares
-//! with the metadata servers, agreed at registration), its own name, the operation, the files
-//! and the expiry.
+//! operation, a set of files and one holder, so that a client cannot bypass the namespace's
+//! permissions by talking to nodes directly. The node checks the signature (HMAC-SHA256 with a
+//! key it shares with the metadata servers, agreed at registration), its own name, the
+//! operation, the files, the expiry, and that the connection presenting the grant is the
+//! holder's: the SHA-256 fingerprint of the TLS client certificate must be the one the grant
+//! names. A grant is therefore not a bearer token: copied to another user it is useless.
 
 use crate::codec;
 use hmac::{KeyInit, Mac};
@@ -29,8 +31,15 @@ pub struct Grant {
     pub op: Operation,
     /// Inode ids the grant covers.
     pub ids: Vec<i64>,
-    /// Identity the operation is done for (for logs).
+    /// `Write` only: ids (of `ids`) whose replica on the node is known to be damaged or
+    /// missing, which the write may replace. A node never replaces a replica of any other id
+    /// (a write capability replayed after the commit must not destroy the verified copy).
+    pub replace: Vec<i64>,
+    /// Identity the operation is done for (for logs, and the account of a run).
     pub user: String,
+    /// SHA-256 fingerprint of the certificate that may present the grant (the caller's, or the
+    /// metadata server's own for its copies). Empty: nobody may.
+    pub holder: Vec<u8>,
     /// Milliseconds since the Unix epoch after which the grant is void.
     pub expires_ms: i64,
 }
@@ -53,6 +62,8 @@ pub enum GrantError {
     WrongNode(String),
     #[error("capability expired")]
     Expired,
+    #[error("capability was issued to another certificate (capabilities are not transferable)")]
+    WrongHolder,
     #[error("capability allows {have:?}, not {want:?}")]
     WrongOperation { have: Operation, want: Operation },
     #[error("capability does not cover file {0}")]
@@ -63,7 +74,8 @@ type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
 fn mac(key: &[u8], token: &[u8]) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(key).expect("HMAC accepts any key length");
-    m.update(b"longhaul capability v1");
+    // v2: grants name their holder.
+    m.update(b"longhaul capability v2");
     m.update(token);
     m
 }
@@ -88,8 +100,27 @@ impl SignedGrant {
         }
     }
 
-    /// Checks the signature, node, operation and expiry; returns the grant.
+    /// Checks the signature, node, operation, expiry and holder (`presenter`: the fingerprint
+    /// of the certificate of the connection the grant came on); returns the grant.
     pub fn verify(
+        &self,
+        key: &[u8],
+        node: &str,
+        op: Operation,
+        now_ms: i64,
+        presenter: &[u8],
+    ) -> Result<Grant, GrantError> {
+        let grant = self.verify_relayed(key, node, op, now_ms)?;
+        if grant.holder.is_empty() || grant.holder != presenter {
+            return Err(GrantError::WrongHolder);
+        }
+        Ok(grant)
+    }
+
+    /// Checks the signature, node, operation and expiry, not the holder: for a grant relayed by
+    /// the node it was issued for (which checked its holder when it was presented), e.g. the
+    /// run grant a node sends with the outputs of its tasks.
+    pub fn verify_relayed(
         &self,
         key: &[u8],
         node: &str,
@@ -136,12 +167,16 @@ impl Grant {
 mod tests {
     use super::*;
 
+    const ALICE: [u8; 32] = [0xa1; 32];
+
     fn grant() -> Grant {
         Grant {
             node: "n1".into(),
             op: Operation::Write,
             ids: vec![7, 9],
+            replace: vec![],
             user: "alice".into(),
+            holder: ALICE.to_vec(),
             expires_ms: 1000,
         }
     }
@@ -150,34 +185,79 @@ mod tests {
     fn a_signed_grant_verifies_only_as_issued() {
         let key = [1u8; 32];
         let s = grant().sign(&key);
+        let verify =
+            |s: &SignedGrant, key: &[u8], node, op, now| s.verify(key, node, op, now, &ALICE);
         assert_eq!(
-            s.verify(&key, "n1", Operation::Write, 999).unwrap(),
+            verify(&s, &key, "n1", Operation::Write, 999).unwrap(),
             grant()
         );
         assert_eq!(
-            s.verify(&[2u8; 32], "n1", Operation::Write, 999),
+            verify(&s, &[2u8; 32], "n1", Operation::Write, 999),
             Err(GrantError::BadSignature)
         );
         assert_eq!(
-            s.verify(&key, "n2", Operation::Write, 999),
+            verify(&s, &key, "n2", Operation::Write, 999),
             Err(GrantError::WrongNode("n1".into()))
         );
         assert!(matches!(
-            s.verify(&key, "n1", Operation::Read, 999),
+            verify(&s, &key, "n1", Operation::Read, 999),
             Err(GrantError::WrongOperation { .. })
         ));
         assert_eq!(
-            s.verify(&key, "n1", Operation::Write, 1001),
+            verify(&s, &key, "n1", Operation::Write, 1001),
             Err(GrantError::Expired)
         );
         let mut tampered = s.clone();
         tampered.token[3] ^= 1;
         assert_eq!(
-            tampered.verify(&key, "n1", Operation::Write, 0),
+            verify(&tampered, &key, "n1", Operation::Write, 0),
             Err(GrantError::BadSignature)
         );
-        let g = s.verify(&key, "n1", Operation::Write, 0).unwrap();
+        let g = verify(&s, &key, "n1", Operation::Write, 0).unwrap();
         assert!(g.covers([7, 9]).is_ok());
         assert_eq!(g.covers([7, 8]), Err(GrantError::NotCovered(8)));
+    }
+
+    /// Issue 11 C11: capabilities were bearer tokens; another user holding one could use it.
+    #[test]
+    fn a_grant_serves_only_its_holder() {
+        let key = [1u8; 32];
+        let s = grant().sign(&key);
+        assert_eq!(
+            s.verify(&key, "n1", Operation::Write, 0, &[0xb0; 32]),
+            Err(GrantError::WrongHolder)
+        );
+        assert_eq!(
+            s.verify(&key, "n1", Operation::Write, 0, &[]),
+            Err(GrantError::WrongHolder)
+        );
+        // A grant for nobody serves nobody, not even a presenter without a certificate.
+        let nobody = Grant {
+            holder: vec![],
+            ..grant()
+        }
+        .sign(&key);
+        assert_eq!(
+            nobody.verify(&key, "n1", Operation::Write, 0, &[]),
+            Err(GrantError::WrongHolder)
+        );
+        // Relayed by its node: the holder is not checked, everything else is.
+        assert!(s.verify_relayed(&key, "n1", Operation::Write, 0).is_ok());
+        assert_eq!(
+            s.verify_relayed(&key, "n1", Operation::Write, 2000),
+            Err(GrantError::Expired)
+        );
+        // The v1 signature domain is gone: a grant signed the old way does not verify.
+        let mut m = HmacSha256::new_from_slice(&key).unwrap();
+        m.update(b"longhaul capability v1");
+        m.update(&s.token);
+        let v1 = SignedGrant {
+            token: s.token.clone(),
+            mac: m.finalize().into_bytes().to_vec(),
+        };
+        assert_eq!(
+            v1.verify(&key, "n1", Operation::Write, 0, &ALICE),
+            Err(GrantError::BadSignature)
+        );
     }
 }

@@ -2,6 +2,8 @@
 //! PKI, deterministic test data, and assertions on outputs.
 #![allow(dead_code)]
 
+pub mod grid;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,670 @@
+//! The grid as real processes on loopback, for the integration tests of the grid
+//! (`tests/grid.rs`) and of attacks on it (`tests/adversary_grid.rs`): a metadata server and
+//! four storage nodes at two sites, with a PKI made by `haul ca init` and `haul cert issue`,
+//! the nodes enrolled by their certificates' fingerprints.
+//!
+//! Every process is killed when the grid is dropped (also when a test panics), every client
+//! command and every wait is bounded.
+
+use super::*;
+use serde_json::Value;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Longest a single client command may take.
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(90);
+/// Longest a server may take to print its address.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest to wait for the grid to notice something (nodes up or down, replicas made).
+pub const SETTLE: Duration = Duration::from_secs(30);
+/// The storage nodes: name (also the CN of its host certificate) and site.
+pub const NODES: [(&str, &str); 4] = [("a1", "A"), ("a2", "A"), ("b1", "B"), ("b2", "B")];
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A `haul` command with no credentials, grid or configuration from the environment.
+pub fn haul_clean() -> Command {
+    let mut c = haul();
+    for v in [
+        "HAUL_META",
+        "HAUL_SITE",
+        "HAUL_CONFIG",
+        "HAUL_META_DB",
+        "HAUL_MAPFILE",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
+/// Runs `cmd` to completion and returns its output; kills it and fails after `timeout`.
+pub fn run_bounded(mut cmd: Command, timeout: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn haul");
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for haul") {
+            break s;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            let e = err.join().unwrap_or_default();
+            panic!(
+                "{what} did not finish within {timeout:?}; stderr: {}",
+                String::from_utf8_lossy(&e)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// A server process (metadata server or storage node); killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` with stderr to `log`, waits (bounded) for the first line it prints on stdout
+    /// (`--print-addr`) and returns it. Stdout keeps being drained so later prints cannot fail.
+    pub fn start(mut cmd: Command, log: &Path) -> (Proc, String) {
+        let what = format!("{cmd:?}");
+        let child = cmd
+            .env("HAUL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(File::create(log).expect("create log"))
+            .spawn()
+            .expect("spawn haul server");
+        let mut p = Proc {
+            child,
+            log: log.to_path_buf(),
+        };
+        let stdout = p.child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            let _ = std::io::copy(&mut r, &mut std::io::sink());
+        });
+        let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
+        if line.trim().is_empty() {
+            p.kill();
+            panic!("{what} did not start:\n{}", p.log_text());
+        }
+        (p, line.trim().to_string())
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grid
+
+pub struct Node {
+    pub name: String,
+    pub site: String,
+    pub root: PathBuf,
+    pub addr: String,
+    pub proc: Option<Proc>,
+}
+
+/// A metadata server and four storage nodes (a1, a2 at site A; b1, b2 at site B) on loopback,
+/// with TLS and a PKI of their own. The users are alice and bob (group atlas) and mallory (not
+/// in the mapfile).
+pub struct Grid {
+    // Fields drop in order: the processes before the directory they work in.
+    pub nodes: Vec<Node>,
+    /// Extra arguments of every `haul meta serve` of this grid.
+    pub meta_args: Vec<String>,
+    pub meta: Option<Proc>,
+    /// The API address (`127.0.0.1:PORT`), kept across restarts.
+    pub meta_addr: String,
+    /// The dashboard's address (`127.0.0.1:PORT`) of the running metadata server.
+    pub meta_http: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Grid {
+    pub fn start() -> Grid {
+        Self::start_with(&[])
+    }
+
+    /// A grid whose metadata server gets `meta_args` too.
+    pub fn start_with(meta_args: &[&str]) -> Grid {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        make_pki(&pki);
+        let mut g = Grid {
+            meta_args: meta_args.iter().map(|a| a.to_string()).collect(),
+            nodes: Vec::new(),
+            meta: None,
+            meta_addr: String::new(),
+            meta_http: String::new(),
+            dir,
+        };
+        g.start_meta("127.0.0.1:0");
+        for (name, site) in NODES {
+            let root = g.path().join("nodes").join(name);
+            let mut n = Node {
+                name: name.into(),
+                site: site.into(),
+                root,
+                addr: String::new(),
+                proc: None,
+            };
+            g.start_node(&mut n);
+            g.nodes.push(n);
+        }
+        g.wait_nodes_up(0);
+        g
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn pki(&self, file: &str) -> PathBuf {
+        self.path().join("pki").join(file)
+    }
+
+    pub fn start_meta(&mut self, listen: &str) {
+        let mut cmd = haul_clean();
+        cmd.args(["meta", "serve", "--data"])
+            .arg(self.path().join("meta-data"))
+            .args(["--listen", listen, "--http", "127.0.0.1:0", "--print-addr"])
+            .arg("--cert")
+            .arg(self.pki("meta.pem"))
+            .arg("--key")
+            .arg(self.pki("meta.key"))
+            .arg("--ca")
+            .arg(self.pki("ca/ca.pem"))
+            .arg("--mapfile")
+            .arg(self.pki("mapfile"))
+            .arg("--groups")
+            .arg(self.pki("groups"))
+            .arg("--nodes")
+            .arg(self.pki("nodes"))
+            .args(["--reconcile-every", "1s"])
+            .args(&self.meta_args);
+        if !self.meta_args.iter().any(|a| a == "--heartbeat") {
+            cmd.args(["--heartbeat", "300ms", "--node-timeout", "2s"]);
+        }
+        let n = std::fs::read_dir(self.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("meta")
+            })
+            .count();
+        let (p, line) = Proc::start(cmd, &self.path().join(format!("meta{n}.log")));
+        // "ADDR http://HTTP/"
+        let addr = line.split_whitespace().next().unwrap().to_string();
+        assert!(addr.starts_with("127.0.0.1:"), "meta address: {line:?}");
+        self.meta_addr = addr;
+        self.meta_http = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|u| u.strip_prefix("http://"))
+            .map(|u| u.trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        self.meta = Some(p);
+    }
+
+    pub fn start_node(&self, n: &mut Node) {
+        let cert = n.name.clone();
+        self.start_node_with(n, &cert, &[]);
+    }
+
+    /// Starts node `n` with the certificate `pki/CERT.pem` (and its key) and extra arguments.
+    pub fn start_node_with(&self, n: &mut Node, cert: &str, extra: &[&str]) {
+        std::fs::create_dir_all(&n.root).unwrap();
+        let mut cmd = haul_clean();
+        cmd.args([
+            "node",
+            "serve",
+            "--meta",
+            &format!("haul://{}", self.meta_addr),
+        ])
+        .args(["--site", &n.site, "--root"])
+        .arg(&n.root)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "10G",
+            "--print-addr",
+        ])
+        .arg("--cert")
+        .arg(self.pki(&format!("{cert}.pem")))
+        .arg("--key")
+        .arg(self.pki(&format!("{cert}.key")))
+        .arg("--ca")
+        .arg(self.pki("ca/ca.pem"))
+        .args(extra);
+        let (p, addr) = Proc::start(cmd, &self.path().join(format!("{}.log", n.name)));
+        assert!(addr.starts_with("127.0.0.1:"), "node address: {addr:?}");
+        n.addr = addr;
+        n.proc = Some(p);
+    }
+
+    /// A node that is not part of the grid's four, not started yet.
+    pub fn new_node(&self, name: &str, site: &str) -> Node {
+        Node {
+            name: name.into(),
+            site: site.into(),
+            root: self.path().join("nodes").join(name),
+            addr: String::new(),
+            proc: None,
+        }
+    }
+
+    /// The body of `GET path` from the dashboard (plain HTTP/1.0, no authentication).
+    pub fn http_get(&self, path: &str) -> String {
+        use std::io::Write;
+        let mut c = std::net::TcpStream::connect(&self.meta_http).expect("dashboard");
+        c.set_read_timeout(Some(CMD_TIMEOUT)).unwrap();
+        write!(c, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.meta_http).unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or(out)
+    }
+
+    /// `haul cert issue ARGS` in the grid's PKI directory; returns its stdout.
+    pub fn issue(&self, args: &[&str]) -> String {
+        let mut c = haul_clean();
+        c.args(["cert", "issue", "--ca", "ca"])
+            .args(args)
+            .current_dir(self.path().join("pki"));
+        let out = run_bounded(c, CMD_TIMEOUT);
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn node(&self, name: &str) -> &Node {
+        self.nodes.iter().find(|n| n.name == name).unwrap()
+    }
+
+    pub fn kill_node(&mut self, name: &str) {
+        let n = self.nodes.iter_mut().find(|n| n.name == name).unwrap();
+        n.proc.take().expect("node running").kill();
+    }
+
+    pub fn kill_meta(&mut self) {
+        self.meta.take().expect("meta running").kill();
+    }
+
+    /// All server logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        for e in std::fs::read_dir(self.path()).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "log") {
+                s += &format!(
+                    "==== {}\n{}",
+                    p.display(),
+                    std::fs::read_to_string(&p).unwrap_or_default()
+                );
+            }
+        }
+        s
+    }
+
+    /// `haul://127.0.0.1:PORT/path`
+    pub fn url(&self, path: &str) -> String {
+        format!("haul://{}/{}", self.meta_addr, path.trim_start_matches('/'))
+    }
+
+    /// A client command as `user`, with `HAUL_META` set so grid paths can be written `/path`.
+    pub fn cmd(&self, user: &str, args: &[&str]) -> Command {
+        let mut c = haul_clean();
+        c.env("HAUL_CERT", self.pki(&format!("{user}.pem")))
+            .env("HAUL_KEY", self.pki(&format!("{user}.key")))
+            .env("HAUL_CA", self.pki("ca/ca.pem"))
+            .env("HAUL_META", format!("haul://{}", self.meta_addr))
+            .current_dir(self.path())
+            .args(args);
+        c
+    }
+
+    pub fn run(&self, user: &str, args: &[&str]) -> Output {
+        run_bounded(self.cmd(user, args), CMD_TIMEOUT)
+    }
+
+    /// Runs as `user`, asserts success, returns the output.
+    #[track_caller]
+    pub fn ok(&self, user: &str, args: &[&str]) -> Output {
+        let out = self.run(user, args);
+        assert_ok(&out);
+        out
+    }
+
+    /// `haul cp --json --progress never ARGS` as `user`.
+    pub fn cp(&self, user: &str, args: &[&str]) -> Output {
+        let mut a = vec!["cp", "--json", "--progress", "never"];
+        a.extend_from_slice(args);
+        self.run(user, &a)
+    }
+
+    /// Whole JSON document on stdout of a successful command.
+    #[track_caller]
+    pub fn json(&self, user: &str, args: &[&str]) -> Value {
+        let out = self.ok(user, args);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "no JSON from {args:?} ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    pub fn nodes_json(&self) -> Vec<Value> {
+        let out = self.run("alice", &["nodes", "--json"]);
+        if !out.status.success() {
+            return Vec::new();
+        }
+        serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    /// Waits until every running node is registered and up, with a heartbeat at or after
+    /// `since_ms` (milliseconds since the epoch; 0 for any).
+    pub fn wait_nodes_up(&self, since_ms: u64) {
+        let running: Vec<&str> = self
+            .nodes
+            .iter()
+            .filter(|n| n.proc.is_some())
+            .map(|n| n.name.as_str())
+            .collect();
+        let ok = wait_for(SETTLE, || {
+            let list = self.nodes_json();
+            let r = running.iter().all(|name| {
+                list.iter().any(|n| {
+                    n["name"] == *name
+                        && n["up"] == true
+                        && n["heartbeat_ms"].as_u64().unwrap_or(0) >= since_ms
+                })
+            });
+            if !r {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r
+        });
+        assert!(
+            ok,
+            "nodes {running:?} not all up: {:?}\n{}",
+            self.nodes_json(),
+            self.logs()
+        );
+    }
+
+    /// Waits until the metadata server considers `name` down.
+    pub fn wait_node_down(&self, name: &str) {
+        let ok = wait_for(SETTLE, || {
+            let r = self
+                .nodes_json()
+                .iter()
+                .any(|n| n["name"] == name && n["up"] == false);
+            if !r {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r
+        });
+        assert!(ok, "node {name} never marked down: {:?}", self.nodes_json());
+    }
+
+    /// `haul where --json PATHS`: one object per file.
+    pub fn where_(&self, paths: &[String]) -> Vec<Value> {
+        let mut args = vec!["where", "--json"];
+        args.extend(paths.iter().map(String::as_str));
+        let v = self.json("alice", &args);
+        v.as_array().cloned().expect("where --json gives an array")
+    }
+
+    /// The catalog id of a grid file.
+    pub fn file_id(&self, path: &str) -> u64 {
+        let v = self.json("alice", &["stat", "--json", path]);
+        v[0]["id"].as_u64().expect("id")
+    }
+
+    /// The file holding `path`'s replica on node `node` (named by its id in hex).
+    pub fn replica_file(&self, node: &str, path: &str) -> PathBuf {
+        let name = format!("{:016x}", self.file_id(path));
+        let root = &self.node(node).root;
+        let found: Vec<PathBuf> = walk(root)
+            .into_iter()
+            .filter(|p| p.is_file() && p.file_name().unwrap().to_string_lossy() == name)
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "replica {name} of {path} on {node}: {found:?} in {:?}",
+            walk(root)
+        );
+        found.into_iter().next().unwrap()
+    }
+}
+
+impl Drop for Grid {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut p) = n.proc.take() {
+                p.kill();
+            }
+        }
+        if let Some(mut p) = self.meta.take() {
+            p.kill();
+        }
+    }
+}
+
+/// CA, host certificates for the metadata server and each node (name and 127.0.0.1), users
+/// alice, bob, mallory and runner, a mapfile with alice, bob and runner, the group atlas, and
+/// the enrolment file `nodes` listing each node with its certificate's fingerprint.
+pub fn make_pki(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let run = |args: &[&str]| -> String {
+        let mut c = haul_clean();
+        c.args(args).current_dir(dir);
+        let out = run_bounded(c, CMD_TIMEOUT);
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&["ca", "init", "--dir", "ca"]);
+    run(&[
+        "cert",
+        "issue",
+        "--ca",
+        "ca",
+        "--host",
+        "127.0.0.1",
+        "--host",
+        "localhost",
+        "--out",
+        "meta",
+    ]);
+    let mut enrolment = String::from("# storage nodes allowed to join\n");
+    for (name, _) in NODES {
+        let out = run(&[
+            "cert",
+            "issue",
+            "--ca",
+            "ca",
+            "--host",
+            name,
+            "--host",
+            "127.0.0.1",
+            "--out",
+            name,
+        ]);
+        enrolment += &format!("{}\n", enrolment_line(&out));
+    }
+    std::fs::write(dir.join("nodes"), enrolment).unwrap();
+    for user in ["alice", "bob", "mallory", "runner"] {
+        run(&["cert", "issue", "--ca", "ca", "--user", user, "--out", user]);
+    }
+    std::fs::write(
+        dir.join("mapfile"),
+        "\"/O=longhaul/OU=users/CN=alice\" alice\n\"/O=longhaul/OU=users/CN=bob\" bob\n\
+         \"/O=longhaul/OU=users/CN=runner\" nobody\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("groups"), "atlas: alice bob\n").unwrap();
+}
+
+/// The enrolment line (`NAME sha256:...`) that `haul cert issue --host` printed.
+pub fn enrolment_line(issue_output: &str) -> String {
+    issue_output
+        .lines()
+        .find_map(|l| l.strip_prefix("enrolment line (haul meta serve --nodes FILE): "))
+        .unwrap_or_else(|| panic!("no enrolment line in {issue_output:?}"))
+        .trim()
+        .to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data and checks
+
+/// A small tree `DIR/tree`: files of different sizes, an empty file, nested directories.
+/// Returns its path and the relative paths of its files with their sizes.
+pub fn sample_tree(dir: &Path) -> (PathBuf, Vec<(&'static str, usize)>) {
+    let root = dir.join("src").join("tree");
+    let files = vec![
+        ("big.bin", 3 * (1 << 20) + 17),
+        ("small.txt", 1000),
+        ("empty", 0),
+        ("sub/one.txt", 1),
+        ("sub/deep/mid.bin", 200_000),
+    ];
+    for (i, (rel, len)) in files.iter().enumerate() {
+        write_file(&root.join(rel), 100 + i as u64, *len);
+    }
+    (root, files)
+}
+
+/// Grid paths of the non-empty files (those that have replicas) below grid dir `base`.
+pub fn grid_files(base: &str, files: &[(&str, usize)]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(_, len)| *len > 0)
+        .map(|(rel, _)| format!("{base}/{rel}"))
+        .collect()
+}
+
+/// Complete replicas on live nodes, leaving out the nodes in `dead`: (node, site).
+pub fn live_complete(file: &Value, dead: &[&str]) -> Vec<(String, String)> {
+    file["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["state"] == "complete"
+                && r["node_up"] == true
+                && !dead.contains(&r["node"].as_str().unwrap())
+        })
+        .map(|r| {
+            (
+                r["node"].as_str().unwrap().to_string(),
+                r["site"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every file has exactly `n` complete replicas on distinct live nodes (not in `dead`).
+pub fn all_have(files: &[Value], n: usize, dead: &[&str]) -> bool {
+    files.iter().all(|f| {
+        let mut nodes: Vec<String> = live_complete(f, dead).into_iter().map(|r| r.0).collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes.len() == n && live_complete(f, dead).len() == n
+    })
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Uploads the sample tree as alice into `/alice/tree` at site A; returns the local tree, its
+/// files, and the grid paths of its non-empty files.
+pub fn upload_sample(g: &Grid) -> (PathBuf, Vec<(&'static str, usize)>, Vec<String>) {
+    let (src, files) = sample_tree(g.path());
+    g.ok("alice", &["mkdir", "/alice"]);
+    let out = g.cp(
+        "alice",
+        &["-r", src.to_str().unwrap(), &g.url("/alice"), "--site", "A"],
+    );
+    assert_ok(&out);
+    let j = json(&out);
+    assert_eq!(j["files"], files.len(), "{j}");
+    assert_eq!(j["files_failed"], 0, "{j}");
+    let paths = grid_files("/alice/tree", &files);
+    (src, files, paths)
+}
+
+/// Downloads grid dir `path` into a new local dir and checks it equals `src`.
+#[track_caller]
+pub fn assert_download_same(g: &Grid, user: &str, path: &str, src: &Path, extra: &[&str]) {
+    let dl = tempfile::tempdir_in(g.path()).unwrap();
+    let mut args = vec!["-r", path, dl.path().to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = g.cp(user, &args);
+    assert_ok(&out);
+    assert_eq!(json(&out)["files_failed"], 0);
+    let name = path.rsplit('/').next().unwrap();
+    assert_same_tree(src, &dl.path().join(name));
+    assert!(partials(dl.path()).is_empty(), "{:?}", partials(dl.path()));
+}
