@@ -990,3 +990,71 @@ fn a_full_node_names_the_grid_path() {
     // The node goes before its file system is unmounted.
     drop(c1);
 }
+
+/// C5: `haul run` is not a way around the namespace's permissions. alice keeps a file private
+/// (0600 in a 0700 directory); runner runs a task on a node that holds it, and the task tries
+/// to read alice's replica by its path on the node (ids are guessable), to list the spool, and
+/// to use a descriptor the node inherited. Nothing works: the spool is the node's alone, the
+/// task's own input comes through a link of its own, and no descriptor above stderr reaches
+/// it. And a certificate mapped to a system account (`daemon`) runs nothing.
+#[test]
+fn tasks_reach_only_their_own_input() {
+    if !testkit::is_root() {
+        testkit::skip!("haul run needs the nodes to run as root to switch to another account");
+    }
+    if ensure_task_account().is_none() {
+        testkit::skip!("the local account {TASK_ACCOUNT} does not exist and cannot be created");
+    }
+    // A descriptor without close-on-exec, inherited by the nodes the grid starts (as a
+    // service manager's or a parent's pipe would be).
+    // SAFETY: dup of stderr; the result is a plain descriptor this test owns.
+    let leaked = unsafe { libc::dup(2) };
+    assert!(leaked > 2);
+    let g = Grid::start();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(g.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    g.ok("alice", &["mkdir", "/alice"]);
+    g.ok("alice", &["chmod", "700", "/alice"]);
+    g.ok("runner", &["mkdir", "/r"]);
+    let secret = g.path().join("secret.txt");
+    std::fs::write(&secret, "alice's secret\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_ok(&g.cp("alice", &[secret.to_str().unwrap(), &g.url("/alice/secret.txt"), "--site", "A"]));
+    let mine = g.path().join("mine.txt");
+    std::fs::write(&mine, "runner's input\n").unwrap();
+    assert_ok(&g.cp("runner", &[mine.to_str().unwrap(), &g.url("/r/mine.txt"), "--site", "A"]));
+    // Both files on every node, so wherever the task runs, alice's replica is there too.
+    for (who, p) in [("alice", "/alice/secret.txt"), ("runner", "/r/mine.txt")] {
+        g.ok(who, &["replicate", "--copies", "4", "--progress", "never", p]);
+    }
+    let theirs = g.replica_file("a1", "/alice/secret.txt");
+    let spool = theirs.ancestors().find(|a| a.ends_with("data")).unwrap().to_path_buf();
+    // Even a replica readable by all (a task of alice's own once made the replicas it read
+    // 0644, and an upload may carry such a mode) is out of reach: the spool is the node's.
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let script = format!(
+        "cat {{}}; cat {} && echo READ-THEIRS; ls {} && echo LISTED-SPOOL; ls /proc/$$/fd | tr '\\n' ' '; echo",
+        theirs.display(),
+        spool.display()
+    );
+    let out = g.run("runner", &["run", "--json", "/r/mine.txt", "--", "sh", "-c", &script]);
+    let j = json(&out);
+    let task = &j["tasks"][0];
+    let stdout = task["stdout"].as_str().unwrap();
+    assert!(stdout.contains("runner's input"), "the task's own input: {task}");
+    assert!(!stdout.contains("alice's secret") && !stdout.contains("READ-THEIRS"), "{task}");
+    assert!(!stdout.contains("LISTED-SPOOL"), "{task}");
+    let fds = stdout.lines().last().unwrap_or_default();
+    assert_eq!(fds.split_whitespace().collect::<Vec<_>>(), ["0", "1", "2"], "descriptors of the task: {task}");
+    assert!(task["stderr"].as_str().unwrap().contains("Permission denied"), "{task}");
+    // alice reads her file as before.
+    let back = g.path().join("back.txt");
+    assert_ok(&g.cp("alice", &[&g.url("/alice/secret.txt"), back.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&secret).unwrap());
+    // A certificate mapped to a system account runs nothing.
+    let out = g.run("sysacct", &["run", "/r/mine.txt", "--", "id"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("system account"), "{}", stderr(&out));
+    // SAFETY: closing the descriptor dup'ed above.
+    unsafe { libc::close(leaked) };
+}

@@ -684,17 +684,19 @@ fn verify_repairs_while_another_replica_holder_is_down() {
     assert_same_file(&f, &back);
 }
 
-/// `haul run` runs tasks as the local account the certificate maps to (here `nobody`, so the
+/// `haul run` runs tasks as the local account the certificate maps to (here `haulrun`, so the
 /// nodes must run as root), on nodes holding the files, registers their outputs, reports
 /// failures by file, and moves the tasks of a node that dies to another holder.
 #[test]
 fn run_tasks_where_the_data_is() {
-    let me = std::process::Command::new("id").arg("-u").output().unwrap();
-    if String::from_utf8_lossy(&me.stdout).trim() != "0" {
-        testkit::skip!("haul run needs the nodes to run as root to switch to `nobody`");
+    if !testkit::is_root() {
+        testkit::skip!("haul run needs the nodes to run as root to switch to another account");
     }
+    let Some(task_uid) = ensure_task_account() else {
+        testkit::skip!("the local account {TASK_ACCOUNT} does not exist and cannot be created");
+    };
     let g = Grid::start();
-    // Tasks run as nobody: the node roots must be reachable by it.
+    // Tasks run as haulrun: the node roots must be reachable by it.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(g.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let (src, files) = sample_tree(g.path());
@@ -719,7 +721,7 @@ fn run_tasks_where_the_data_is() {
     );
     g.ok("runner", &["mkdir", "/r/out"]);
 
-    // Every file once, as nobody, with its outputs registered in the grid.
+    // Every file once, as haulrun, with its outputs registered in the grid.
     let out = g.ok(
         "runner",
         &[
@@ -739,14 +741,9 @@ fn run_tasks_where_the_data_is() {
     let j = json(&out);
     assert_eq!(j["succeeded"], files.len() as u64, "{j}");
     let tasks = j["tasks"].as_array().unwrap();
-    let nobody = std::process::Command::new("id")
-        .args(["-u", "nobody"])
-        .output()
-        .unwrap();
-    let nobody = String::from_utf8_lossy(&nobody.stdout).trim().to_string();
     for t in tasks {
         assert_eq!(t["exit"], 0, "{t}");
-        assert_eq!(t["stdout"].as_str().unwrap().trim(), nobody, "{t}");
+        assert_eq!(t["stdout"].as_str().unwrap().trim(), task_uid.to_string(), "{t}");
         assert_eq!(t["outputs"].as_array().unwrap().len(), 1, "{t}");
     }
     for (rel, len) in &files {

@@ -508,9 +508,32 @@ impl Drop for Grid {
     }
 }
 
+/// The local account `haul run` tests run tasks as (the grid user `runner` maps to it): an
+/// ordinary account, as tasks never run as system accounts such as `nobody`.
+pub const TASK_ACCOUNT: &str = "haulrun";
+
+/// Makes sure [`TASK_ACCOUNT`] exists on this machine (creating it needs root) and returns
+/// its uid, or `None` when it cannot be had.
+pub fn ensure_task_account() -> Option<u32> {
+    let uid = || {
+        let out = Command::new("id").args(["-u", TASK_ACCOUNT]).output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().parse().ok())?
+    };
+    if let Some(u) = uid() {
+        return Some(u);
+    }
+    let _ = Command::new("useradd")
+        .args(["-M", "-N", "-s", "/usr/sbin/nologin", TASK_ACCOUNT])
+        .status();
+    uid()
+}
+
 /// CA, host certificates for the metadata server and each node (name and 127.0.0.1), users
-/// alice, bob, mallory and runner, a mapfile with alice, bob and runner, the group atlas, and
-/// the enrolment file `nodes` listing each node with its certificate's fingerprint.
+/// alice, bob, mallory, runner (mapped to the local account [`TASK_ACCOUNT`]) and sysacct
+/// (mapped to the system account `daemon`), the group atlas, and the enrolment file `nodes`
+/// listing each node with its certificate's fingerprint.
 pub fn make_pki(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     let run = |args: &[&str]| -> String {
@@ -550,13 +573,13 @@ pub fn make_pki(dir: &Path) {
         enrolment += &format!("{}\n", enrolment_line(&out));
     }
     std::fs::write(dir.join("nodes"), enrolment).unwrap();
-    for user in ["alice", "bob", "mallory", "runner"] {
+    for user in ["alice", "bob", "mallory", "runner", "sysacct"] {
         run(&["cert", "issue", "--ca", "ca", "--user", user, "--out", user]);
     }
     std::fs::write(
         dir.join("mapfile"),
         "\"/O=longhaul/OU=users/CN=alice\" alice\n\"/O=longhaul/OU=users/CN=bob\" bob\n\
-         \"/O=longhaul/OU=users/CN=runner\" nobody\n",
+         \"/O=longhaul/OU=users/CN=runner\" haulrun\n\"/O=longhaul/OU=users/CN=sysacct\" daemon\n",
     )
     .unwrap();
     std::fs::write(dir.join("groups"), "atlas: alice bob\n").unwrap();
