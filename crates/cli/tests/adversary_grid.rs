@@ -1019,16 +1019,34 @@ fn tasks_reach_only_their_own_input() {
     let secret = g.path().join("secret.txt");
     std::fs::write(&secret, "alice's secret\n").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
-    assert_ok(&g.cp("alice", &[secret.to_str().unwrap(), &g.url("/alice/secret.txt"), "--site", "A"]));
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            secret.to_str().unwrap(),
+            &g.url("/alice/secret.txt"),
+            "--site",
+            "A",
+        ],
+    ));
     let mine = g.path().join("mine.txt");
     std::fs::write(&mine, "runner's input\n").unwrap();
-    assert_ok(&g.cp("runner", &[mine.to_str().unwrap(), &g.url("/r/mine.txt"), "--site", "A"]));
+    assert_ok(&g.cp(
+        "runner",
+        &[mine.to_str().unwrap(), &g.url("/r/mine.txt"), "--site", "A"],
+    ));
     // Both files on every node, so wherever the task runs, alice's replica is there too.
     for (who, p) in [("alice", "/alice/secret.txt"), ("runner", "/r/mine.txt")] {
-        g.ok(who, &["replicate", "--copies", "4", "--progress", "never", p]);
+        g.ok(
+            who,
+            &["replicate", "--copies", "4", "--progress", "never", p],
+        );
     }
     let theirs = g.replica_file("a1", "/alice/secret.txt");
-    let spool = theirs.ancestors().find(|a| a.ends_with("data")).unwrap().to_path_buf();
+    let spool = theirs
+        .ancestors()
+        .find(|a| a.ends_with("data"))
+        .unwrap()
+        .to_path_buf();
     // Even a replica readable by all (a task of alice's own once made the replicas it read
     // 0644, and an upload may carry such a mode) is out of reach: the spool is the node's.
     std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -1037,24 +1055,113 @@ fn tasks_reach_only_their_own_input() {
         theirs.display(),
         spool.display()
     );
-    let out = g.run("runner", &["run", "--json", "/r/mine.txt", "--", "sh", "-c", &script]);
+    let out = g.run(
+        "runner",
+        &["run", "--json", "/r/mine.txt", "--", "sh", "-c", &script],
+    );
     let j = json(&out);
     let task = &j["tasks"][0];
     let stdout = task["stdout"].as_str().unwrap();
-    assert!(stdout.contains("runner's input"), "the task's own input: {task}");
-    assert!(!stdout.contains("alice's secret") && !stdout.contains("READ-THEIRS"), "{task}");
+    assert!(
+        stdout.contains("runner's input"),
+        "the task's own input: {task}"
+    );
+    assert!(
+        !stdout.contains("alice's secret") && !stdout.contains("READ-THEIRS"),
+        "{task}"
+    );
     assert!(!stdout.contains("LISTED-SPOOL"), "{task}");
     let fds = stdout.lines().last().unwrap_or_default();
-    assert_eq!(fds.split_whitespace().collect::<Vec<_>>(), ["0", "1", "2"], "descriptors of the task: {task}");
-    assert!(task["stderr"].as_str().unwrap().contains("Permission denied"), "{task}");
+    assert_eq!(
+        fds.split_whitespace().collect::<Vec<_>>(),
+        ["0", "1", "2"],
+        "descriptors of the task: {task}"
+    );
+    assert!(
+        task["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Permission denied"),
+        "{task}"
+    );
     // alice reads her file as before.
     let back = g.path().join("back.txt");
-    assert_ok(&g.cp("alice", &[&g.url("/alice/secret.txt"), back.to_str().unwrap()]));
-    assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&secret).unwrap());
+    assert_ok(&g.cp(
+        "alice",
+        &[&g.url("/alice/secret.txt"), back.to_str().unwrap()],
+    ));
+    assert_eq!(
+        std::fs::read(&back).unwrap(),
+        std::fs::read(&secret).unwrap()
+    );
     // A certificate mapped to a system account runs nothing.
     let out = g.run("sysacct", &["run", "/r/mine.txt", "--", "id"]);
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("system account"), "{}", stderr(&out));
     // SAFETY: closing the descriptor dup'ed above.
     unsafe { libc::close(leaked) };
+}
+
+/// C1 on the metadata server: a client with a certificate of the CA that nobody here knows
+/// (not a node, not in the mapfile) connects and sends nothing. Its calls would be refused; its
+/// connection is closed after the handshake timeout instead of holding a slot for ever. One
+/// byte and a close, repeated, holds nothing either, and a mapped user is served meanwhile.
+#[test]
+fn unknown_and_silent_clients_do_not_keep_metadata_server_connections() {
+    use std::io::{Read, Write};
+    let g = Grid::start_with(&["--handshake-timeout", "2s"]);
+    for _ in 0..50 {
+        let mut s = std::net::TcpStream::connect(&g.meta_addr).unwrap();
+        let _ = s.write_all(b"H");
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let closed = rt.block_on(async {
+        let creds = transfer::tls::Credentials::load(&transfer::tls::CredentialPaths {
+            cert: g.pki("mallory.pem"),
+            key: g.pki("mallory.key"),
+            ca: g.pki("ca/ca.pem"),
+        })
+        .unwrap();
+        let tls = transfer::conn::ClientTls {
+            config: transfer::tls::client_config(&creds).unwrap(),
+        };
+        let tcp = transfer::conn::connect_tcp(&g.meta_addr, None)
+            .await
+            .unwrap();
+        let mut io = tls.handshake(tcp, "127.0.0.1", "meta").await.unwrap();
+        let t = std::time::Instant::now();
+        let mut buf = [0u8; 1024];
+        use tokio::io::AsyncReadExt;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), io.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return Some(t.elapsed()),
+                Ok(Ok(_)) => continue,
+                Err(_) => return None,
+            }
+        }
+    });
+    assert!(
+        closed.is_some(),
+        "an unknown certificate kept its connection to the metadata server"
+    );
+    g.ok("alice", &["ls", "/"]);
+    let mut s = std::net::TcpStream::connect(&g.meta_addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let _ = s.write_all(b"H");
+    // What comes back is at most an alert, then the end of the connection.
+    let mut b = [0u8; 64];
+    let t = std::time::Instant::now();
+    loop {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => assert!(
+                t.elapsed() < Duration::from_secs(8),
+                "a one-byte connection was kept open"
+            ),
+        }
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "a one-byte connection was kept open"
+    );
 }

@@ -743,7 +743,11 @@ fn run_tasks_where_the_data_is() {
     let tasks = j["tasks"].as_array().unwrap();
     for t in tasks {
         assert_eq!(t["exit"], 0, "{t}");
-        assert_eq!(t["stdout"].as_str().unwrap().trim(), task_uid.to_string(), "{t}");
+        assert_eq!(
+            t["stdout"].as_str().unwrap().trim(),
+            task_uid.to_string(),
+            "{t}"
+        );
         assert_eq!(t["outputs"].as_array().unwrap().len(), 1, "{t}");
     }
     for (rel, len) in &files {

@@ -16,8 +16,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tonic::Status;
 use tonic::transport::server::Connected;
-use transfer::limits::{Admission, ConnLimiter, Limits};
 use transfer::certid::{CertIdentity, Fingerprint};
+use transfer::limits::{Admission, ConnLimiter, Limits};
 use transfer::tls::Mapfile;
 
 /// What a handler knows about the connection a request came on.
@@ -34,6 +34,11 @@ pub struct TlsConn {
     inner: TlsStream<TcpStream>,
     peer: PeerInfo,
     _slot: Admission,
+    /// For a peer nobody here knows (a certificate of the CA that is neither a node's nor in
+    /// the mapfile): when its connection ends, the handshake timeout after it was accepted.
+    /// Its calls are refused with the line to add to the mapfile; it may not keep the
+    /// connection (a slot) beyond that, as it never authenticated as anyone.
+    ends: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Connected for TlsConn {
@@ -49,6 +54,12 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if let Some(end) = self.ends.as_mut()
+            && end.as_mut().poll(cx).is_ready()
+        {
+            // The end of the stream: the server closes the connection.
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -87,7 +98,9 @@ pub fn incoming(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
     limits: Limits,
+    known: impl Fn(&CertIdentity) -> bool + Send + Sync + 'static,
 ) -> tokio_stream::wrappers::ReceiverStream<Result<TlsConn, std::io::Error>> {
+    let known = Arc::new(known);
     let limiter = ConnLimiter::new(limits);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
@@ -106,7 +119,7 @@ pub fn incoming(
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            let (acceptor, conn_tx) = (acceptor.clone(), tx.clone());
+            let (acceptor, conn_tx, known) = (acceptor.clone(), tx.clone(), known.clone());
             let handshake_timeout = limiter.limits().handshake_timeout;
             tokio::spawn(async move {
                 let hs = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await;
@@ -122,10 +135,18 @@ pub fn incoming(
                     }
                 };
                 let cert = CertIdentity::of_peer(tls.get_ref().1).map(Arc::new);
+                let ends = match &cert {
+                    Some(c) if known(c) => None,
+                    _ => {
+                        tracing::info!(%addr, subject = ?cert.as_ref().map(|c| &c.subject), "connection of an unknown certificate: its calls are refused");
+                        Some(Box::pin(tokio::time::sleep(handshake_timeout)))
+                    }
+                };
                 let conn = TlsConn {
                     inner: tls,
                     peer: PeerInfo { cert, addr },
                     _slot: slot,
+                    ends,
                 };
                 let _ = conn_tx.send(Ok(conn)).await;
             });

@@ -145,7 +145,13 @@ pub async fn run(
         .map_err(|e| MetaError::Database(e.to_string()))?;
     let mut tls = (*tls).clone();
     tls.alpn_protocols = vec![transfer::tls::ALPN_GRPC.to_vec()];
-    let incoming = auth::incoming(listener, Arc::new(tls), meta.settings.listen.clone());
+    let m = meta.clone();
+    let incoming = auth::incoming(
+        listener,
+        Arc::new(tls),
+        meta.settings.listen.clone(),
+        move |cert| m.ids.caller(cert).is_ok(),
+    );
     let stop = tokio_util::sync::CancellationToken::new();
     let tasks = spawn_background(meta.clone(), stop.clone());
     if let Some(h) = http {

@@ -447,13 +447,14 @@ async fn control(
                 options,
                 grant,
             } => {
-                let naming = match sink_naming(&ep, &root, &dest, into_dir, grant.as_ref(), presenter) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        writer.send_response(&Response::Error(e)).await?;
-                        continue;
-                    }
-                };
+                let naming =
+                    match sink_naming(&ep, &root, &dest, into_dir, grant.as_ref(), presenter) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            writer.send_response(&Response::Error(e)).await?;
+                            continue;
+                        }
+                    };
                 sink(
                     &ep,
                     &root,

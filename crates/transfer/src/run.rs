@@ -384,7 +384,13 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
     // SAFETY: the closure only makes one system call, which is async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
-            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+            if libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -516,7 +516,10 @@ pub const TASK_ACCOUNT: &str = "haulrun";
 /// its uid, or `None` when it cannot be had.
 pub fn ensure_task_account() -> Option<u32> {
     let uid = || {
-        let out = Command::new("id").args(["-u", TASK_ACCOUNT]).output().ok()?;
+        let out = Command::new("id")
+            .args(["-u", TASK_ACCOUNT])
+            .output()
+            .ok()?;
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().parse().ok())?
