@@ -927,8 +927,10 @@ fn permission_denied_in_a_recursive_read_exits_5() {
     assert_same_file(&src.join("big.bin"), &dl.path().join("tree/big.bin"));
 }
 
-/// A node whose disk fills named its own path (`/data/xx/yy/<id>`) in the message: it names
-/// the grid path. (A small tmpfs as the node's root: needs root.)
+/// C15, C16: a node whose disk fills named its own path (`/data/xx/yy/<id>`) in the message,
+/// and failed the upload (exit 6) although other nodes had room. Now the upload places the
+/// file on another node and says why, by the node's name. (A small tmpfs as the node's root:
+/// needs root.)
 #[test]
 fn a_full_node_names_the_grid_path() {
     // The metadata server hears from nodes rarely here, so it does not know the disk filled.
@@ -983,10 +985,23 @@ fn a_full_node_names_the_grid_path() {
             "C",
         ],
     );
-    assert_exit(&out, 6, "/alice/big.bin");
+    // C16: the upload does not fail because one node is full: the file goes to a node with
+    // room, and the notice names the node, never its internal paths.
+    assert_ok(&out);
     let err = stderr(&out);
-    assert!(err.contains("no space"), "{err}");
+    assert!(err.contains("no space left"), "{err}");
     assert!(!err.contains("/data/"), "{err}");
+    let w = g.where_(&["/alice/big.bin".to_string()]);
+    let holders = format!("{w:?}");
+    assert!(
+        !holders.contains("\"c1\""),
+        "placed on the full node: {holders}"
+    );
+    let back = g.path().join("back.bin");
+    assert_ok(&g.cp("alice", &[&g.url("/alice/big.bin"), back.to_str().unwrap()]));
+    assert_same_file(&src, &back);
+    // Nothing half-written stays on the full node.
+    assert!(partials(&c1.root).is_empty(), "{:?}", partials(&c1.root));
     // The node goes before its file system is unmounted.
     drop(c1);
 }

@@ -117,6 +117,8 @@ struct SessionResult {
     done: HashMap<String, (u64, Vec<Digest>)>,
     /// Names that failed, with why.
     failed: HashMap<String, TransferError>,
+    /// Names that failed because the node's disk is full (the upload places them elsewhere).
+    no_space: HashSet<String>,
 }
 
 /// Runs sessions side by side, each with its own counters (summed into `total` for progress)
@@ -182,12 +184,13 @@ impl Runner {
         tokio::pin!(fut);
         let mut done = HashMap::new();
         let mut failed = HashMap::new();
+        let mut no_space = HashSet::new();
         let mut last = (0u64, Instant::now());
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         let result = loop {
             tokio::select! {
                 r = &mut fut => break r,
-                Some(ev) = rx.recv() => self.note(ev, &mut done, &mut failed),
+                Some(ev) = rx.recv() => self.note(ev, &mut done, &mut failed, &mut no_space),
                 _ = tick.tick() => {
                     let progress = Counters::get(&counters.bytes_done)
                         + Counters::get(&counters.bytes_sent)
@@ -205,7 +208,7 @@ impl Runner {
             }
         };
         while let Ok(ev) = rx.try_recv() {
-            self.note(ev, &mut done, &mut failed);
+            self.note(ev, &mut done, &mut failed, &mut no_space);
         }
         cancel.cancel();
         // This session's bytes stay in the total.
@@ -230,6 +233,7 @@ impl Runner {
             result,
             done,
             failed,
+            no_space,
         }
     }
 
@@ -238,6 +242,7 @@ impl Runner {
         ev: Event,
         done: &mut HashMap<String, (u64, Vec<Digest>)>,
         failed: &mut HashMap<String, TransferError>,
+        no_space: &mut HashSet<String>,
     ) {
         match ev {
             Event::FileDone {
@@ -251,6 +256,9 @@ impl Runner {
             }
             Event::FileFailed { path, error } => {
                 if !done.contains_key(&path) {
+                    if error.kind == wire::error::ErrorKind::NoSpace {
+                        no_space.insert(path.clone());
+                    }
                     failed.insert(path, error.into());
                 }
             }
@@ -724,6 +732,21 @@ async fn upload(
                 });
                 exclude.push(r.node.clone());
             }
+            // A node whose disk filled (the metadata server learns of it only with the next
+            // heartbeat) gets no more of this upload: its files go to nodes with room.
+            let full = !r.no_space.is_empty();
+            if full && !node_failed && !exclude.contains(&r.node) {
+                tracing::warn!(node = %r.node, "storage node has no space left; placing its files elsewhere");
+                let _ = events.send(Event::Retrying {
+                    attempt: round + 1,
+                    delay_ms: 0,
+                    reason: format!(
+                        "node {} has no space left; its files go to another node",
+                        r.node
+                    ),
+                });
+                exclude.push(r.node.clone());
+            }
             for (name, e) in r.failed {
                 let Some((path, id)) = names.get(&name) else {
                     continue;
@@ -731,7 +754,7 @@ async fn upload(
                 // The node names the file by its id: name it by its grid path.
                 let e = renamed(e, &format!("file {id}"), path);
                 abort.push(*id);
-                if e.retryable() || node_failed {
+                if e.retryable() || node_failed || r.no_space.contains(&name) {
                     todo.push(path.clone());
                 }
                 tally.fail(path, e);

@@ -407,14 +407,28 @@ impl Grid {
     }
 
     pub fn nodes_json(&self) -> Vec<Value> {
+        self.try_nodes_json().unwrap_or_default()
+    }
+
+    /// `haul nodes --json`, or why it failed.
+    pub fn try_nodes_json(&self) -> Result<Vec<Value>, String> {
         let out = self.run("alice", &["nodes", "--json"]);
         if !out.status.success() {
-            return Vec::new();
+            return Err(format!(
+                "haul nodes: exit {:?}: {}",
+                out.status.code(),
+                stderr(&out)
+            ));
         }
         serde_json::from_slice::<Value>(&out.stdout)
             .ok()
             .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default()
+            .ok_or_else(|| {
+                format!(
+                    "haul nodes: not a JSON list: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                )
+            })
     }
 
     /// Waits until every running node is registered and up, with a heartbeat at or after
@@ -426,8 +440,15 @@ impl Grid {
             .filter(|n| n.proc.is_some())
             .map(|n| n.name.as_str())
             .collect();
+        let mut last_error = String::new();
         let ok = wait_for(SETTLE, || {
-            let list = self.nodes_json();
+            let list = match self.try_nodes_json() {
+                Ok(l) => l,
+                Err(e) => {
+                    last_error = e;
+                    Vec::new()
+                }
+            };
             let r = running.iter().all(|name| {
                 list.iter().any(|n| {
                     n["name"] == *name
@@ -442,7 +463,7 @@ impl Grid {
         });
         assert!(
             ok,
-            "nodes {running:?} not all up: {:?}\n{}",
+            "nodes {running:?} not all up: {:?} (last error: {last_error})\n{}",
             self.nodes_json(),
             self.logs()
         );
