@@ -3,5 +3,5 @@
 
 /// `haul.meta.v1`.
 pub mod meta {
-    tonic::include_proto!("haul.meta.v1");
+    include!(concat!(env!("OUT_DIR"), "/haul.meta.v1.rs"));
 }

@@ -118,11 +118,14 @@ impl NodeService for NodeServiceImpl {
         let q = req.into_inner();
         same_node(&caller, &q.name)?;
         let was_up = m.node(&q.name).map(|n| n.node.up);
-        let node = match m
-            .catalog
-            .heartbeat(&q.name, q.capacity, q.free, q.load)
-            .await
-        {
+        // A load that is not a number (NaN, infinite, negative) counts as idle: it is only a
+        // weight for placement, and must not reach the catalog or the sorts as a NaN.
+        let load = if q.load.is_finite() {
+            q.load.max(0.0)
+        } else {
+            0.0
+        };
+        let node = match m.catalog.heartbeat(&q.name, q.capacity, q.free, load).await {
             Ok(n) => n,
             Err(CatalogError::NotFound(_)) => {
                 return Ok(Response::new(pb::HeartbeatReply {
