@@ -1180,3 +1180,27 @@ fn unknown_and_silent_clients_do_not_keep_metadata_server_connections() {
         "a one-byte connection was kept open"
     );
 }
+
+/// C1 on a storage node's data port (the same listener as `haul serve`): one byte and a close,
+/// far more times than the node's connection limit, holds no slot; the grid still uploads to
+/// and downloads from the node.
+#[test]
+fn one_byte_connections_do_not_hold_a_nodes_data_port() {
+    use std::io::Write;
+    let g = Grid::start();
+    let addr = g.node("a1").addr.clone();
+    for _ in 0..600 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let _ = s.write_all(b"H");
+    }
+    g.ok("alice", &["mkdir", "/alice"]);
+    let src = g.path().join("f.bin");
+    write_file(&src, 5, 3 << 20);
+    assert_ok(&g.cp(
+        "alice",
+        &[src.to_str().unwrap(), &g.url("/alice/f.bin"), "--site", "A"],
+    ));
+    let back = g.path().join("back.bin");
+    assert_ok(&g.cp("alice", &[&g.url("/alice/f.bin"), back.to_str().unwrap()]));
+    assert_same_file(&src, &back);
+}

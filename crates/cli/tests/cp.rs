@@ -498,6 +498,11 @@ fn disk_filling_up_during_the_copy_fails_cleanly_and_resumes() {
     ];
     assert_exit(&cp(&args), 6, "no space left");
     let left = partials(&fs.path);
+    // C16: a ledger that could not be written leaves no empty `.tmp` behind.
+    assert!(
+        !left.iter().any(|p| p.to_string_lossy().ends_with(".tmp")),
+        "{left:?}"
+    );
     for p in left
         .iter()
         .filter(|p| p.to_string_lossy().ends_with(".haul-part"))

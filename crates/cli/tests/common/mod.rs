@@ -228,13 +228,16 @@ pub fn walk(root: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Names of leftover temporary files (`.*.haul-part`, `.*.haul-ledger`) below `root`.
+/// Names of leftover temporary files (`.*.haul-part`, `.*.haul-ledger` and the ledger's
+/// `.haul-ledger.tmp`) below `root`.
 pub fn partials(root: &Path) -> Vec<PathBuf> {
     walk(root)
         .into_iter()
         .filter(|p| {
             let n = p.file_name().unwrap().to_string_lossy();
-            n.ends_with(".haul-part") || n.ends_with(".haul-ledger")
+            n.ends_with(".haul-part")
+                || n.ends_with(".haul-ledger")
+                || n.ends_with(".haul-ledger.tmp")
         })
         .collect()
 }
