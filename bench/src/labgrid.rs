@@ -128,11 +128,11 @@ pub fn pki(dir: &Path, haul: &Path, lab: &netlab::Lab) -> Result<()> {
     ]))?;
     fs::write(
         dir.join("mapfile"),
-        "\"/O=longhaul/OU=users/CN=bench\" nobody\n",
+        "\"/O=longhaul/OU=users/CN=bench\" bench\n",
     )?;
     // Enrolment: every host may join as a node (by name).
     let names: Vec<String> = lab.hosts().iter().map(|h| h.name().to_string()).collect();
-    fs::write(dir.join("nodes"), names.join("\n") + "\n")?;
+    fs::write(dir.join("enrolled-nodes"), names.join("\n") + "\n")?;
     Ok(())
 }
 
@@ -158,7 +158,7 @@ impl<'a> Grid<'a> {
                 "--mapfile",
                 "mapfile",
                 "--nodes",
-                "nodes",
+                "enrolled-nodes",
                 "--print-addr",
             ])
             .current_dir(dir)

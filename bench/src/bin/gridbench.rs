@@ -96,10 +96,21 @@ impl Grid {
         run(&[
             "cert", "issue", "--ca", "ca", "--out", "user", "--user", "bench",
         ])?;
-        // Tasks of `haul run` need an unprivileged local account: `nobody`.
+        // Tasks of `haul run` need an ordinary local account (never a system account such as
+        // `nobody`): `haulrun`, created when missing.
+        if Command::new("id")
+            .arg(TASK_ACCOUNT)
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            let _ = Command::new("useradd")
+                .args(["-M", "-N", "-s", "/usr/sbin/nologin", TASK_ACCOUNT])
+                .status();
+        }
         std::fs::write(
             dir.join("mapfile"),
-            "\"/O=longhaul/OU=users/CN=bench\" nobody\n",
+            format!("\"/O=longhaul/OU=users/CN=bench\" {TASK_ACCOUNT}\n"),
         )?;
         Ok(())
     }
@@ -117,13 +128,13 @@ impl Grid {
             Self::pki(dir, haul, &names)?;
         }
         // Enrolment: the nodes may join (by name; each keeps the certificate it first used).
-        std::fs::write(dir.join("nodes"), names.join("\n") + "\n")?;
+        std::fs::write(dir.join("enrolled-nodes"), names.join("\n") + "\n")?;
         let mut cmd = Command::new(haul);
         cmd.args([
             "meta",
             "serve",
             "--nodes",
-            "nodes",
+            "enrolled-nodes",
             "--listen",
             "127.0.0.1:0",
             "--http",
@@ -274,6 +285,8 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// The local account `haul run` tasks run as (tasks never run as system accounts).
+const TASK_ACCOUNT: &str = "haulrun";
 const CLIENTS: usize = 8;
 const BATCH: usize = 1000;
 
