@@ -590,43 +590,31 @@ fn walk(
     for name in names {
         let child = path.join(&name);
         let shown = root.display(&child);
-        let unsendable = |error: ErrorInfo| Found::Unsendable {
-            rel: format!("{rel}/{}", name.to_string_lossy()),
-            error: error.retryable(false),
-        };
-        let Some(utf8) = name.to_str() else {
-            let error = ErrorInfo::new(
+        let sendable = match name.to_str() {
+            None => Err(ErrorInfo::new(
                 ErrorKind::Io,
                 format!("{shown}: the name is not valid UTF-8 and cannot be sent"),
-            );
-            if !emit(unsendable(error)) {
-                return Ok(false);
-            }
-            continue;
-        };
-        let m = match root.metadata(&child) {
-            Ok(m) => m,
-            Err(e) if e.to_string().contains("outside of the filesystem") => {
-                return Err(io_info(&shown, &e));
-            }
-            Err(e) => {
-                if !emit(unsendable(io_info(&shown, &e))) {
-                    return Ok(false);
+            )),
+            Some(utf8) => match root.metadata(&child) {
+                Err(e) if e.to_string().contains("outside of the filesystem") => {
+                    return Err(io_info(&shown, &e));
                 }
-                continue;
-            }
+                Err(e) => Err(io_info(&shown, &e)),
+                Ok(m) if !m.is_dir && !m.is_file => Err(ErrorInfo::new(
+                    ErrorKind::Io,
+                    format!("{shown}: not a regular file or directory; not copied"),
+                )),
+                Ok(m) => Ok((utf8, m)),
+            },
         };
-        if !m.is_dir && !m.is_file {
-            let error = ErrorInfo::new(
-                ErrorKind::Io,
-                format!("{shown}: not a regular file or directory; not copied"),
-            );
-            if !emit(unsendable(error)) {
-                return Ok(false);
-            }
-            continue;
-        }
-        if !walk(root, &child, format!("{rel}/{utf8}"), m, emit, seen)? {
+        let more = match sendable {
+            Ok((utf8, m)) => walk(root, &child, format!("{rel}/{utf8}"), m, emit, seen)?,
+            Err(error) => emit(Found::Unsendable {
+                rel: format!("{rel}/{}", name.to_string_lossy()),
+                error: error.retryable(false),
+            }),
+        };
+        if !more {
             return Ok(false);
         }
     }
