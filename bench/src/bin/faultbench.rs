@@ -716,6 +716,9 @@ fn main() -> Result<()> {
     if args.quick {
         sizes.truncate(6);
     }
+    // Made afresh each run (a quick run's smaller one may be there).
+    let _ = fs::remove_dir_all(args.work.join("ds"));
+    let _ = fs::remove_file(args.work.join(".ds.complete"));
     let ds = data::tree(&args.work, "faults", "ds", &sizes, 4242)?;
     let expected_s = ds.bytes as f64 * 8.0 / RATE_BPS as f64;
     eprintln!(
@@ -823,6 +826,7 @@ fn main() -> Result<()> {
     fs::write(base.with_extension("md"), &md)?;
     print!("{md}");
     let _ = fs::remove_dir_all(args.work.join("ds"));
+    let _ = fs::remove_file(args.work.join(".ds.complete"));
     if results.iter().chain(&baselines).any(|t| !t.ok()) {
         bail!("some trials lost, misplaced or corrupted files, left litter or failed (see above)");
     }
