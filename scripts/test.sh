@@ -10,9 +10,9 @@
 # HAUL_REQUIRE_ALL=1 (set by .ci/run: CI runs as root with TUN and PostgreSQL) such a test
 # fails instead.
 #
-# Environment: FUZZ_SECONDS (per fuzz target, default 15), HAUL_TEST_POSTGRES_URL (use this
-# PostgreSQL instead of starting one), HAUL_REQUIRE_ALL. Exit status: 0 when every step
-# passed, 1 otherwise.
+# Environment: FUZZ_SECONDS (per fuzz target, default 10; two run at a time),
+# HAUL_TEST_POSTGRES_URL (use this PostgreSQL instead of starting one), HAUL_REQUIRE_ALL.
+# Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -76,10 +76,26 @@ fuzz() {
   flags="$flags --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
   (cd fuzz && RUSTFLAGS="$flags" cargo build --release --locked --bins --target "$triple") || return 1
   bin=fuzz/target/$triple/release
+  # Two targets at a time (the machine's two cores), each for FUZZ_SECONDS.
+  local running=()
   for t in $(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^haul-fuzz$'); do
     mkdir -p "fuzz/corpus/$t"
-    if "$bin/$t" "fuzz/corpus/$t" -max_total_time="${FUZZ_SECONDS:-15}" -rss_limit_mb=2048 \
-      -artifact_prefix="$logs/fuzz-$t-" >"$logs/fuzz-$t.log" 2>&1; then
+    (
+      "$bin/$t" "fuzz/corpus/$t" -max_total_time="${FUZZ_SECONDS:-10}" -rss_limit_mb=2048 \
+        -artifact_prefix="$logs/fuzz-$t-" >"$logs/fuzz-$t.log" 2>&1
+      echo $? >"$logs/fuzz-$t.rc"
+    ) &
+    running+=($!)
+    if [ ${#running[@]} -ge 2 ]; then
+      wait "${running[0]}"
+      running=("${running[@]:1}")
+    fi
+  done
+  wait
+  for rc in "$logs"/fuzz-*.rc; do
+    t=$(basename "$rc" .rc)
+    t=${t#fuzz-}
+    if [ "$(cat "$rc")" = 0 ]; then
       echo "fuzz $t: $(grep -o 'Done [0-9]* runs' "$logs/fuzz-$t.log")"
     else
       echo "fuzz target $t FAILED (log $logs/fuzz-$t.log):"
