@@ -95,7 +95,42 @@ struct Trial {
     attempts: Option<u64>,
 }
 
+/// What a trial's copy did, before it is judged.
+struct Run {
+    kind: &'static str,
+    n: usize,
+    at_s: f64,
+    outage_s: Option<f64>,
+    exit: Option<i32>,
+    seconds: f64,
+    link_payload: u64,
+    interruptions: u32,
+    attempts: Option<u64>,
+}
+
 impl Trial {
+    /// Judges a finished copy: the tree under `landed` against the dataset, the litter left
+    /// there, and the bytes the link carried beyond the dataset and `overhead` (what an
+    /// undisturbed copy of the same kind puts there).
+    fn judge(r: Run, ds: &Dataset, landed: &Path, overhead: u64) -> Trial {
+        Trial {
+            kind: r.kind,
+            n: r.n,
+            // A fault point after the end (an undisturbed copy) is the end.
+            at_s: r.at_s.min(r.seconds),
+            outage_s: r.outage_s,
+            exit: r.exit,
+            seconds: r.seconds,
+            correct: data::verify(ds, landed),
+            litter: litter(landed),
+            link_payload: r.link_payload,
+            resent: r.link_payload.saturating_sub(ds.bytes + overhead),
+            interruptions: r.interruptions,
+            bound: per_interruption_bound() * r.interruptions.max(1) as u64,
+            attempts: r.attempts,
+        }
+    }
+
     fn json(&self) -> Value {
         json!({
             "kind": self.kind,
@@ -337,23 +372,18 @@ impl Lab {
             interruptions = j["retries"].as_u64().unwrap_or(0) as u32;
         }
         drop(ep);
-        let link_payload = payload_from(&self.lab, data_site) - before;
-        let correct = data::verify(ds, &landed_dir);
-        let t = Trial {
+        let run = Run {
             kind,
             n,
             at_s: at,
             outage_s: outage,
             exit,
             seconds,
-            correct,
-            litter: litter(&landed_dir),
-            link_payload,
-            resent: link_payload.saturating_sub(ds.bytes + overhead),
+            link_payload: payload_from(&self.lab, data_site) - before,
             interruptions,
-            bound: per_interruption_bound() * interruptions.max(1) as u64,
             attempts: j["attempts"].as_u64(),
         };
+        let t = Trial::judge(run, ds, &landed_dir, overhead);
         if t.ok() {
             let _ = fs::remove_dir_all(&dir);
         }
@@ -483,25 +513,19 @@ fn node_trials(
         }
         let exit = wait_child(&mut cp, Duration::from_secs(600));
         let seconds = started.elapsed().as_secs_f64();
-        let link_payload = payload_from(&lab, "b") - before;
-        let correct = data::verify(ds, &local);
         let j = last_json(&fs::read_to_string(&o).unwrap_or_default());
-        let interruptions = u32::from(killed.is_some());
-        let t = Trial {
+        let run = Run {
             kind: if n == 0 { "baseline-node" } else { "node" },
             n,
-            at_s: at.min(seconds),
+            at_s: at,
             outage_s: None,
             exit,
             seconds,
-            correct,
-            litter: litter(&local),
-            link_payload,
-            resent: link_payload.saturating_sub(ds.bytes + overhead),
-            interruptions,
-            bound: per_interruption_bound() * interruptions.max(1) as u64,
+            link_payload: payload_from(&lab, "b") - before,
+            interruptions: u32::from(killed.is_some()),
             attempts: j["attempts"].as_u64(),
         };
+        let t = Trial::judge(run, ds, &local, overhead);
         eprintln!("faultbench: node {n}: {}", t.json());
         let ok = t.ok();
         if n == 0 {
