@@ -1876,6 +1876,22 @@ impl Catalog {
             .collect()
     }
 
+    /// The certificate fingerprint each node registered with (`sha256:...`; empty for a node
+    /// registered before fingerprints were recorded).
+    pub async fn node_certs(&self) -> Result<HashMap<String, String>> {
+        let rows = sqlx::query("SELECT name, cert_fp FROM nodes")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String, _>(0)?,
+                    r.try_get::<Option<String>, _>(1)?.unwrap_or_default(),
+                ))
+            })
+            .collect()
+    }
+
     pub async fn heartbeat(&self, name: &str, capacity: u64, free: u64, load: f64) -> Result<Node> {
         let mut w = self.wtx().await?;
         let r = async {

@@ -569,3 +569,69 @@ fn an_endpoint_pushes_only_to_endpoints_of_its_ca() {
         "file data reached the trap"
     );
 }
+
+/// A newer transfer takes a file over from an older one still writing it only when both act
+/// for the same user: mallory, mapped to another account, starting an upload to the name
+/// alice is uploading to, does not abort alice's upload (it is refused instead).
+#[test]
+fn another_user_cannot_take_over_a_file_being_written() {
+    let t = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&t.path().join("pki"));
+    let mut mapfile = std::fs::read_to_string(pki.dir.join("mapfile")).unwrap();
+    mapfile += "\"/O=longhaul/OU=users/CN=mallory\" nobody\n";
+    std::fs::write(pki.dir.join("mapfile"), mapfile).unwrap();
+    let mut args: Vec<String> = pki.serve_args();
+    args.extend(["--checkpoint-interval".into(), "50ms".into()]);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let a = serve(&t.path().join("a"), &args, &[]);
+    std::fs::create_dir_all(a.root.join("shared")).unwrap();
+    let src = t.path().join("report");
+    write_file(&src, 8, 24 << 20);
+    let url = a.tls_url("shared/report");
+    let alice = haul()
+        .args([
+            "cp",
+            "--json",
+            "--progress",
+            "never",
+            "--retries",
+            "0",
+            "--rate",
+            "40M",
+        ])
+        .args([
+            "--cert",
+            &pki.p("alice.pem"),
+            "--key",
+            &pki.p("alice.key"),
+            "--ca",
+            &pki.p("ca/ca.pem"),
+        ])
+        .arg(&src)
+        .arg(&url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || a
+            .root
+            .join("shared/.report.haul-ledger")
+            .exists()),
+        "alice's upload checkpointed"
+    );
+    let other = t.path().join("other");
+    write_file(&other, 9, 1 << 20);
+    let out = pki.cp(
+        "mallory",
+        &["--retries", "0", other.to_str().unwrap(), &url],
+    );
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "mallory's upload over alice's went through"
+    );
+    let alice = alice.wait_with_output().unwrap();
+    assert_ok(&alice);
+    assert_same_file(&src, &a.root.join("shared/report"));
+}

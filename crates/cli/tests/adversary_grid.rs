@@ -1204,3 +1204,59 @@ fn one_byte_connections_do_not_hold_a_nodes_data_port() {
     assert_ok(&g.cp("alice", &[&g.url("/alice/f.bin"), back.to_str().unwrap()]));
     assert_same_file(&src, &back);
 }
+
+/// C2: a second host certificate for a registered node's name is refused at registration,
+/// and also for every other node call: it cannot report an empty inventory (which would mark
+/// the node's replicas missing), heartbeat for it, or report replicas written.
+#[test]
+fn another_certificate_for_a_node_cannot_report_for_it() {
+    let g = Grid::start();
+    let (src, files, paths) = upload_sample(&g);
+    let _ = (src, files);
+    let issued = g.issue(&["--host", "a1", "--host", "127.0.0.1", "--out", "a1-copy"]);
+    let _ = issued;
+    let twin = Direct::new(&g, "a1-copy");
+    // The status of a refused call, as "Code: message".
+    let refused = |r: Result<(), String>| {
+        let s = r.expect_err("a call with another certificate for a1 was taken");
+        assert!(s.starts_with("PermissionDenied:"), "{s}");
+        assert!(
+            s.contains("not the certificate node a1 registered with"),
+            "{s}"
+        );
+    };
+    let mut nodes = twin.meta.nodes.clone();
+    refused(
+        twin.rt
+            .block_on(nodes.inventory(pb::InventoryRequest {
+                name: "a1".into(),
+                files: vec![],
+                last: true,
+                ..Default::default()
+            }))
+            .map(|_| ())
+            .map_err(|s| format!("{:?}: {}", s.code(), s.message())),
+    );
+    refused(
+        twin.rt
+            .block_on(nodes.heartbeat(pb::HeartbeatRequest {
+                name: "a1".into(),
+                capacity: 1,
+                free: 0,
+                ..Default::default()
+            }))
+            .map(|_| ())
+            .map_err(|s| format!("{:?}: {}", s.code(), s.message())),
+    );
+    // Every file still has its complete replicas, a1's included.
+    for w in g.where_(&paths) {
+        assert!(
+            w["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["state"] == "complete"),
+            "{w}"
+        );
+    }
+}

@@ -32,6 +32,33 @@ fn same_node(caller: &str, claimed: &str) -> Result<(), Status> {
     }
 }
 
+/// The node a request comes from, for every call but `Register`: a host certificate, and the
+/// very certificate the node registered with (recorded with its key), still enrolled. Another
+/// host certificate for the same name (a copy made for an attack, a rotated-out one, one whose
+/// enrolment line was removed) cannot report for the node: heartbeats, inventories and replica
+/// reports would otherwise let it hide the node's replicas or vouch for data it never held.
+fn registered_node<T>(m: &Meta, req: &Request<T>) -> Result<String, Status> {
+    let name = m.ids.node(req)?;
+    let cert = crate::auth::Identities::cert_of(req)?;
+    let fp = cert.fingerprint;
+    if let Some(entry) = m.node(&name)
+        && !entry.cert.is_empty()
+        && entry.cert != fp.to_string()
+    {
+        m.event(format!(
+            "node {name}: a call with another certificate ({fp}) refused"
+        ));
+        return Err(Status::permission_denied(format!(
+            "{fp} is not the certificate node {name} registered with; a replacement must be enrolled and register first"
+        )));
+    }
+    m.ids
+        .nodes
+        .check(&name, &fp)
+        .map_err(Status::permission_denied)?;
+    Ok(name)
+}
+
 #[tonic::async_trait]
 impl NodeService for NodeServiceImpl {
     async fn register(
@@ -114,7 +141,7 @@ impl NodeService for NodeServiceImpl {
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
         let t = Instant::now();
         let m = &self.meta;
-        let caller = m.ids.node(&req)?;
+        let caller = registered_node(m, &req)?;
         let q = req.into_inner();
         same_node(&caller, &q.name)?;
         let was_up = m.node(&q.name).map(|n| n.node.up);
@@ -152,7 +179,7 @@ impl NodeService for NodeServiceImpl {
         req: Request<pb::InventoryRequest>,
     ) -> Result<Response<pb::InventoryReply>, Status> {
         let m = &self.meta;
-        let caller = m.ids.node(&req)?;
+        let caller = registered_node(m, &req)?;
         let q = req.into_inner();
         same_node(&caller, &q.name)?;
         let held = {
@@ -200,7 +227,7 @@ impl NodeService for NodeServiceImpl {
     ) -> Result<Response<pb::ReplicaWrittenReply>, Status> {
         let t = Instant::now();
         let m = &self.meta;
-        let caller = m.ids.node(&req)?;
+        let caller = registered_node(m, &req)?;
         let q = req.into_inner();
         same_node(&caller, &q.node)?;
         let r = m
@@ -222,7 +249,7 @@ impl NodeService for NodeServiceImpl {
         req: Request<pb::RemovedRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let m = &self.meta;
-        let caller = m.ids.node(&req)?;
+        let caller = registered_node(m, &req)?;
         let q = req.into_inner();
         same_node(&caller, &q.node)?;
         m.catalog
@@ -238,7 +265,7 @@ impl NodeService for NodeServiceImpl {
     ) -> Result<Response<pb::RegisterOutputsReply>, Status> {
         let t = Instant::now();
         let m = &self.meta;
-        let caller = m.ids.node(&req)?;
+        let caller = registered_node(m, &req)?;
         let q = req.into_inner();
         same_node(&caller, &q.node)?;
         let n = q.files.len() as u64;

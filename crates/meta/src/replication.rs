@@ -967,6 +967,7 @@ mod tests {
 
     fn node(name: &str, site: &str, up: bool) -> NodeEntry {
         NodeEntry {
+            cert: String::new(),
             node: Node {
                 name: name.into(),
                 site: site.into(),

@@ -59,6 +59,8 @@ impl Default for Settings {
 pub struct NodeEntry {
     pub node: Node,
     pub key: Vec<u8>,
+    /// The fingerprint of the certificate it registered with (`sha256:...`).
+    pub cert: String,
     /// Delivery rate reported with its last heartbeat (bytes/s).
     pub rate: u64,
     pub sessions: u32,
@@ -302,6 +304,7 @@ impl Meta {
     pub async fn refresh_nodes(&self) -> Result<(), CatalogError> {
         let nodes = self.catalog.nodes().await?;
         let keys = self.catalog.node_keys().await?;
+        let certs = self.catalog.node_certs().await?;
         let mut map = self.nodes.write().expect("nodes lock");
         let mut fresh = HashMap::new();
         for n in nodes {
@@ -310,11 +313,13 @@ impl Meta {
                 .map(|e| (e.rate, e.sessions))
                 .unwrap_or((0, 0));
             let key = keys.get(&n.name).cloned().unwrap_or_default();
+            let cert = certs.get(&n.name).cloned().unwrap_or_default();
             fresh.insert(
                 n.name.clone(),
                 NodeEntry {
                     node: n,
                     key,
+                    cert,
                     rate,
                     sessions,
                 },

@@ -9,7 +9,10 @@
 //! that, and then resumes from the ledger, so only what was not yet durable is sent again.
 //!
 //! A claim is keyed by the destination's directory (device and inode, so that two roots
-//! exporting one tree agree) and its name.
+//! exporting one tree agree) and its name, and belongs to an *owner* (the identity the session
+//! acts for): only a session of the same owner can take a file over. Another user's session
+//! is refused at once, so that nobody can abort someone else's upload by starting one to the
+//! same name.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -25,8 +28,18 @@ pub type Yield = Arc<dyn Fn() + Send + Sync>;
 
 struct Holder {
     id: u64,
+    owner: String,
     yield_now: Yield,
     asked: bool,
+}
+
+/// Why a claim was not granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// A session of another owner writes the file.
+    Busy,
+    /// A session of the same owner writes it and did not let go in time.
+    NotReleased,
 }
 
 #[derive(Default)]
@@ -50,17 +63,18 @@ impl std::fmt::Debug for Claim {
     }
 }
 
-/// Claims `key`. When another session holds it, that session is asked to let go (`yield_now`
-/// of its claim is called, once) and this waits up to `wait` for it; `None` if it did not.
-/// `yield_now` is how this claim's own holder will be asked in turn. Blocking: call it from a
-/// file-operation thread.
-pub fn claim(key: Key, yield_now: Yield, wait: Duration) -> Option<Claim> {
+/// Claims `key` for `owner`. When another session of the same owner holds it, that session is
+/// asked to let go (`yield_now` of its claim is called, once) and this waits up to `wait` for
+/// it; a session of another owner keeps the file ([`Refused::Busy`]). `yield_now` is how this
+/// claim's own holder will be asked in turn. Blocking: call it from a file-operation thread.
+pub fn claim(key: Key, owner: &str, yield_now: Yield, wait: Duration) -> Result<Claim, Refused> {
     let c = &*CLAIMS;
     let deadline = Instant::now() + wait;
     let mut held = c.held.lock().expect("claims lock");
     loop {
         let ask = match held.get_mut(&key) {
             None => break,
+            Some(h) if h.owner != owner => return Err(Refused::Busy),
             Some(h) if !h.asked => {
                 h.asked = true;
                 Some(h.yield_now.clone())
@@ -76,7 +90,7 @@ pub fn claim(key: Key, yield_now: Yield, wait: Duration) -> Option<Claim> {
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return None;
+            return Err(Refused::NotReleased);
         }
         held = c.released.wait_timeout(held, left).expect("claims lock").0;
     }
@@ -85,11 +99,12 @@ pub fn claim(key: Key, yield_now: Yield, wait: Duration) -> Option<Claim> {
         key.clone(),
         Holder {
             id,
+            owner: owner.to_string(),
             yield_now,
             asked: false,
         },
     );
-    Some(Claim { key, id })
+    Ok(Claim { key, id })
 }
 
 impl Drop for Claim {
@@ -128,25 +143,49 @@ mod tests {
                 f.lock().unwrap().take();
             });
         });
-        *first.lock().unwrap() = claim(key("a"), yield_first, Duration::ZERO);
+        *first.lock().unwrap() = claim(key("a"), "bob", yield_first, Duration::ZERO).ok();
         assert!(first.lock().unwrap().is_some());
-        let second = claim(key("a"), Arc::new(|| {}), Duration::from_secs(5));
+        let second = claim(key("a"), "bob", Arc::new(|| {}), Duration::from_secs(5));
         assert!(asked.load(Ordering::SeqCst), "the holder was asked");
-        assert!(second.is_some(), "the claim passed to the second session");
+        assert!(second.is_ok(), "the claim passed to the second session");
     }
 
     #[test]
     fn a_holder_that_does_not_let_go_keeps_the_file() {
-        let _first = claim(key("b"), Arc::new(|| {}), Duration::ZERO).unwrap();
-        assert!(claim(key("b"), Arc::new(|| {}), Duration::from_millis(50)).is_none());
+        let _first = claim(key("b"), "bob", Arc::new(|| {}), Duration::ZERO).unwrap();
+        assert_eq!(
+            claim(key("b"), "bob", Arc::new(|| {}), Duration::from_millis(50)).unwrap_err(),
+            Refused::NotReleased
+        );
         // Other files are independent.
-        assert!(claim(key("c"), Arc::new(|| {}), Duration::ZERO).is_some());
+        assert!(claim(key("c"), "bob", Arc::new(|| {}), Duration::ZERO).is_ok());
     }
 
     #[test]
     fn dropping_a_claim_frees_the_file() {
-        let c = claim(key("d"), Arc::new(|| {}), Duration::ZERO).unwrap();
+        let c = claim(key("d"), "bob", Arc::new(|| {}), Duration::ZERO).unwrap();
         drop(c);
-        assert!(claim(key("d"), Arc::new(|| {}), Duration::ZERO).is_some());
+        assert!(claim(key("d"), "bob", Arc::new(|| {}), Duration::ZERO).is_ok());
+    }
+
+    #[test]
+    fn another_owner_cannot_take_a_file_over() {
+        let asked = Arc::new(AtomicBool::new(false));
+        let a = asked.clone();
+        let _bob = claim(
+            key("e"),
+            "bob",
+            Arc::new(move || a.store(true, Ordering::SeqCst)),
+            Duration::ZERO,
+        )
+        .unwrap();
+        assert_eq!(
+            claim(key("e"), "mallory", Arc::new(|| {}), Duration::from_secs(5)).unwrap_err(),
+            Refused::Busy
+        );
+        assert!(
+            !asked.load(Ordering::SeqCst),
+            "bob's session was never asked to let go"
+        );
     }
 }

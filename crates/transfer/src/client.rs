@@ -1101,6 +1101,8 @@ pub async fn download(
         options: session,
         checkpoint_interval: opts.checkpoint_interval,
         budget: MemoryBudget::new(DEFAULT_SESSION_BUFFER, None),
+        // This process's own files: its sessions may take each other's files over.
+        owner: "local".into(),
     };
     let sink = run_sink(spec, rx, counters.clone(), events.clone(), cancel.clone());
     tokio::pin!(sink);

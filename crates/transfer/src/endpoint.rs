@@ -464,6 +464,7 @@ async fn control(
                     key,
                     naming,
                     options,
+                    &identity,
                 )
                 .await?;
             }
@@ -648,6 +649,7 @@ async fn sink(
     key: DataKey,
     naming: Naming,
     options: SessionOptions,
+    owner: &str,
 ) -> Result<(), TransferError> {
     let conns = match register(ep, session, key, options.protect) {
         Ok(c) => c,
@@ -671,6 +673,7 @@ async fn sink(
         options,
         checkpoint_interval: ep.cfg.checkpoint_interval,
         budget: MemoryBudget::new(ep.cfg.limits.session_buffer, Some(ep.buffers.clone())),
+        owner: owner.to_string(),
     };
     let run = run_sink(spec, conns, counters.clone(), etx, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);

@@ -40,6 +40,9 @@ pub struct SinkSpec {
     pub checkpoint_interval: Duration,
     /// Bytes the session may hold in block buffers (see [`MemoryBudget`]).
     pub budget: MemoryBudget,
+    /// Who the session writes for (the mapped account or certificate subject): only another
+    /// session of the same owner may take one of its files over (see [`crate::claims`]).
+    pub owner: String,
 }
 
 /// Memory a receiving session may hold in block buffers unless told otherwise: enough for
@@ -107,6 +110,7 @@ struct Shared {
     writes: Vec<flume::Sender<WriteJob>>,
     root: Arc<Root>,
     naming: Naming,
+    owner: String,
     algos: Vec<Algorithm>,
     fsync: bool,
     /// Block buffers of all streams. It keeps as many idle buffers as the writer queues can
@@ -309,8 +313,10 @@ impl Shared {
         self.catch_up(&of, job.file, job.attempt);
     }
 
-    /// Another session wants to write a file this one has open: give it up (its ledger is
-    /// written by the discard that follows), see [`crate::claims`].
+    /// Another session of the same owner wants to write a file this one has open: give it up
+    /// now, on the asking thread (record its ledger, close it, release its claim), so that the
+    /// answer never waits for this session's own file-operation threads; see
+    /// [`crate::claims`].
     fn give_up(&self, file: FileId, attempt: u32) {
         let mut st = self.lock();
         st.give_up(
@@ -325,6 +331,16 @@ impl Shared {
             .retryable(false),
         );
         self.dispatch(&mut st);
+        drop(st);
+        // The discard the state machine queued finds nothing left to do.
+        let of = self
+            .files
+            .lock()
+            .expect("files lock")
+            .remove(&(file, attempt));
+        if let Some(of) = of {
+            self.save_partial(file, &of);
+        }
     }
 
     /// Claims the destination of `file` for this session, asking an earlier session that has
@@ -342,15 +358,23 @@ impl Shared {
                 sh.give_up(file, attempt);
             }
         });
-        claims::claim(key, give_up, TAKEOVER_WAIT).ok_or_else(|| {
-            ErrorInfo::new(
+        claims::claim(key, &self.owner, give_up, TAKEOVER_WAIT).map_err(|why| match why {
+            claims::Refused::Busy => ErrorInfo::new(
+                ErrorKind::NotWritable,
+                format!(
+                    "{}: another user's transfer is writing this file",
+                    self.root.display(final_path)
+                ),
+            )
+            .retryable(false),
+            claims::Refused::NotReleased => ErrorInfo::new(
                 ErrorKind::Io,
                 format!(
                     "{}: an earlier transfer still writes this file and did not let go within {} s",
                     self.root.display(final_path),
                     TAKEOVER_WAIT.as_secs()
                 ),
-            )
+            ),
         })
     }
 
@@ -415,16 +439,26 @@ impl Shared {
                                 claim: Some(claim),
                             }),
                         });
+                        // Under the state lock: the file is still wanted (not given up or
+                        // aborted while it was being opened) and becomes known to the rest of
+                        // the session in one step, so nothing can miss it.
+                        let mut st = self.lock();
+                        if !st.is_opening(file, attempt) {
+                            drop(st);
+                            let mut life = of.life.lock().expect("file life lock");
+                            let _claim = OpenFile::close(&mut life);
+                            // What was there before stays for a resume; a new empty
+                            // temporary file goes.
+                            store::discard(&self.root, &of.final_path, !have.is_empty());
+                            return;
+                        }
                         self.files
                             .lock()
                             .expect("files lock")
                             .insert((file, attempt), of.clone());
-                        let verdicts = {
-                            let mut st = self.lock();
-                            let v = st.on_opened(file, attempt, Ok(have), now);
-                            self.dispatch(&mut st);
-                            v
-                        };
+                        let verdicts = st.on_opened(file, attempt, Ok(have), now);
+                        self.dispatch(&mut st);
+                        drop(st);
                         self.write_verdicts(verdicts);
                         self.catch_up(&of, file, attempt);
                     }
@@ -872,6 +906,7 @@ pub async fn run_sink(
         writes: w_tx,
         root: spec.root.clone(),
         naming: spec.naming.clone(),
+        owner: spec.owner.clone(),
         algos: opts.checksums.clone(),
         fsync: opts.fsync,
         blocks: BufPool::new(WRITERS * WRITE_QUEUE + 8),

@@ -252,6 +252,14 @@ impl<P> Sink<P> {
     }
 
     /// The ranges written so far of a file (for reports and tests).
+    /// Whether `file` (this attempt) still waits for its destination to open: a file given
+    /// up or aborted meanwhile no longer does, and the driver closes what it opened.
+    pub fn is_opening(&self, file: FileId, attempt: u32) -> bool {
+        self.files
+            .get(&file)
+            .is_some_and(|f| f.begin.attempt == attempt && f.state == State::Opening)
+    }
+
     pub fn written(&self, file: FileId) -> Option<&RangeSet> {
         self.files.get(&file).map(|f| &f.written)
     }
