@@ -1232,7 +1232,6 @@ fn another_certificate_for_a_node_cannot_report_for_it() {
                 name: "a1".into(),
                 files: vec![],
                 last: true,
-                ..Default::default()
             }))
             .map(|_| ())
             .map_err(|s| format!("{:?}: {}", s.code(), s.message())),
