@@ -310,8 +310,20 @@ pub struct ListenLimitArgs {
 }
 
 impl ListenLimitArgs {
-    pub fn limits(&self) -> transfer::limits::Limits {
-        transfer::limits::Limits {
+    /// The limits, or why they cannot work (a buffer budget smaller than the largest block
+    /// would stall every transfer).
+    pub fn limits(&self) -> Result<transfer::limits::Limits, String> {
+        let block = wire::codec::MAX_BLOCK_LEN as u64;
+        if self.session_buffer < block {
+            return Err(format!(
+                "--session-buffer must be at least {} (the largest block)",
+                wire::units::format_bytes(block)
+            ));
+        }
+        if self.max_buffer < self.session_buffer {
+            return Err("--max-buffer must be at least --session-buffer".into());
+        }
+        Ok(transfer::limits::Limits {
             max_connections: self.max_connections,
             max_per_host: self.max_per_host,
             handshake_timeout: self.handshake_timeout,
@@ -319,7 +331,7 @@ impl ListenLimitArgs {
             max_streams: self.max_streams,
             session_buffer: self.session_buffer,
             total_buffer: self.max_buffer,
-        }
+        })
     }
 }
 

@@ -63,7 +63,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         pending_grace: a.pending_grace,
         reconcile_every: a.reconcile_every,
         scrub_every: a.scrub_every,
-        listen: a.limits.limits(),
+        listen: a.limits.limits().map_err(TransferError::Usage)?,
         grant_ttl: a.grant_ttl,
         writing_lease: a.writing_lease,
     };

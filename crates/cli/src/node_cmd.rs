@@ -64,7 +64,7 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
             server: tls::server_config(&c)?,
             client: tls::client_config(&c)?,
         },
-        limits: a.limits.limits(),
+        limits: a.limits.limits().map_err(TransferError::Usage)?,
         link_bps: a.link_rate,
         capacity: a.capacity,
     };

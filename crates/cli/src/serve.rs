@@ -68,7 +68,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         root: a.root,
         tls,
         mapfile,
-        limits: a.limits.limits(),
+        limits: a.limits.limits().map_err(TransferError::Usage)?,
         read_only: a.read_only,
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,

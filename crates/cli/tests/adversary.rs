@@ -359,13 +359,14 @@ fn open_attacker_session(
 }
 
 /// A data stream of the attacker's session that announces a block of `len` bytes and sends
-/// all but its last byte, then waits.
+/// all but its last `missing` bytes, then waits.
 fn stream_short_of_a_block(
     addr: &str,
     session: [u8; 16],
     key: [u8; 32],
     stream: u32,
     len: u32,
+    missing: usize,
 ) -> Option<TcpStream> {
     use wire::control::{Bind, CLEAR_NONCE, DATA_MAGIC, bind_proof, encode_bind};
     let mut s = attacker_connect(addr).ok()?;
@@ -388,7 +389,7 @@ fn stream_short_of_a_block(
     };
     s.write_all(&header.frame_prefix(len)).ok()?;
     let chunk = vec![0x5au8; 1 << 20];
-    let mut left = len as usize - 1;
+    let mut left = len as usize - missing;
     while left > 0 {
         let n = left.min(chunk.len());
         // A stream the endpoint does not read (no budget for it) blocks here: fine.
@@ -433,7 +434,7 @@ fn a_session_cannot_make_the_endpoint_hold_more_than_its_buffer_budget() {
     let attackers: Vec<_> = (0..30u32)
         .map(|i| {
             let addr = addr.clone();
-            std::thread::spawn(move || stream_short_of_a_block(&addr, session, key, i, 16 << 20))
+            std::thread::spawn(move || stream_short_of_a_block(&addr, session, key, i, 16 << 20, 1))
         })
         .collect();
     std::thread::sleep(Duration::from_secs(2));
@@ -634,4 +635,55 @@ fn another_user_cannot_take_over_a_file_being_written() {
     let alice = alice.wait_with_output().unwrap();
     assert_ok(&alice);
     assert_same_file(&src, &a.root.join("shared/report"));
+}
+
+/// C12: a stream that trickles a block's bytes, a little every few seconds (never idle long
+/// enough for the frame idle time), still gives its buffer back: a whole block must arrive
+/// within four idle times (here 4 x 5 s).
+#[test]
+fn a_trickled_block_is_cut_after_four_idle_times() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve(&t.path().join("a"), &["--insecure"], &[]);
+    let options = wire::control::SessionOptions {
+        block_size: 16 << 20,
+        stall_timeout_ms: 5_000,
+        ..Default::default()
+    };
+    let (_control, session, key) = open_attacker_session(&a.addr, options);
+    // Half a 16 MiB block at once, then 256 KiB every 3 s: the rest would take 96 s.
+    let mut s = stream_short_of_a_block(&a.addr, session, key, 0, 16 << 20, 8 << 20).unwrap();
+    let started = Instant::now();
+    let chunk = vec![0x5au8; 256 << 10];
+    let mut closed = false;
+    while started.elapsed() < Duration::from_secs(60) {
+        if s.write_all(&chunk).is_err() || closed_by_peer(&mut s, Duration::from_secs(3)) {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "a trickling stream kept its block buffer for 60 s");
+    assert!(
+        started.elapsed() >= Duration::from_secs(15),
+        "closed after {:?}, before the block deadline",
+        started.elapsed()
+    );
+}
+
+/// Buffer budgets smaller than the largest block would stall every transfer: refused (exit 2).
+#[test]
+fn buffer_budgets_smaller_than_a_block_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["--session-buffer", "1MiB"],
+        vec!["--session-buffer", "64MiB", "--max-buffer", "32MiB"],
+    ] {
+        let out = haul()
+            .args(["serve", "--insecure", "--listen", "127.0.0.1:0", "--root"])
+            .arg(t.path())
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("-buffer"), "{}", stderr(&out));
+    }
 }

@@ -90,13 +90,14 @@ fn transport_cause(s: &tonic::Status) -> Option<TransferError> {
         }
         cur = e.source();
     }
-    // The request may only have seen the connection break; the refusal came on it first.
-    if let Some(e) = REFUSED.lock().expect("refusal slot").clone() {
-        return Some(e);
-    }
     let transport = s.code() == tonic::Code::Unknown
         && (s.message().contains("transport error") || s.message().contains("h2 protocol error"));
     if broken.is_some() || transport {
+        // The request may only have seen the connection break; the refusal came on it first.
+        // (Only a broken connection is explained so: a call the server answered is not.)
+        if let Some(e) = REFUSED.lock().expect("refusal slot").clone() {
+            return Some(e);
+        }
         let why = broken.unwrap_or_else(|| s.message().to_string());
         return Some(TransferError::Connect(format!(
             "connection to the metadata server lost ({why}); it may have stopped: run the command again when it is back"
@@ -110,6 +111,9 @@ fn transport_cause(s: &tonic::Status) -> Option<TransferError> {
 /// it may only see as a broken connection; `from_status` names it from here.
 static REFUSED: std::sync::Mutex<Option<TransferError>> = std::sync::Mutex::new(None);
 
+/// Whether [`REFUSED`] holds a refusal (checked on every read without taking its lock).
+static REFUSAL_NOTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// A connection to a metadata server that notes TLS errors arriving on it in [`REFUSED`].
 struct Watched<S>(S);
 
@@ -119,14 +123,27 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<S> {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
+        use std::sync::atomic::Ordering;
+        let before = buf.filled().len();
         let r = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
-        if let std::task::Poll::Ready(Err(e)) = &r {
-            if e.get_ref()
-                .is_some_and(|i| i.downcast_ref::<rustls::Error>().is_some())
+        match &r {
+            std::task::Poll::Ready(Err(e))
+                if e.get_ref()
+                    .is_some_and(|i| i.downcast_ref::<rustls::Error>().is_some()) =>
             {
                 *REFUSED.lock().expect("refusal slot") =
                     Some(transfer::tls::explain_tls_error("the metadata server", e));
+                REFUSAL_NOTED.store(true, Ordering::Relaxed);
             }
+            // Data from the server: it accepted this connection's certificate (it speaks only
+            // after verifying it), so an earlier refusal is history.
+            std::task::Poll::Ready(Ok(()))
+                if buf.filled().len() > before && REFUSAL_NOTED.load(Ordering::Relaxed) =>
+            {
+                *REFUSED.lock().expect("refusal slot") = None;
+                REFUSAL_NOTED.store(false, Ordering::Relaxed);
+            }
+            _ => {}
         }
         r
     }

@@ -122,11 +122,15 @@ pub fn incoming(
             let (acceptor, conn_tx, known) = (acceptor.clone(), tx.clone(), known.clone());
             let handshake_timeout = limiter.limits().handshake_timeout;
             tokio::spawn(async move {
-                let hs = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await;
+                let hs =
+                    tokio::time::timeout(handshake_timeout, acceptor.accept(tcp).into_fallible())
+                        .await;
                 let tls = match hs {
                     Ok(Ok(t)) => t,
-                    Ok(Err(e)) => {
+                    Ok(Err((e, tcp))) => {
                         tracing::info!(%addr, error = %e, "TLS handshake refused");
+                        // The alert saying why must reach the client, not a reset.
+                        transfer::conn::close_after_alert(tcp).await;
                         return;
                     }
                     Err(_) => {

@@ -471,7 +471,7 @@ async fn classify(
 /// shut down (a FIN after the alert) and what the client still sends is read and dropped for
 /// up to a second. Closing with unread input would send a reset instead, which can overtake the
 /// alert and leave the client with a bare "broken pipe" (and a retry) instead of the reason.
-async fn close_after_alert(mut tcp: TcpStream) {
+pub async fn close_after_alert(mut tcp: TcpStream) {
     let _ = tcp.shutdown().await;
     let drain = async {
         let mut buf = [0u8; 4096];

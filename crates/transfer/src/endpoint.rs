@@ -172,7 +172,9 @@ async fn handle(
 ) {
     let deadline = tokio::time::Instant::now() + ep.cfg.limits.handshake_timeout;
     match conn::accept(tcp, ep.acceptor.as_ref(), &peer, deadline).await {
-        Ok(Accepted::Data { io, bind, nonce }) => bind_data(&ep, io, bind, nonce, &peer).await,
+        Ok(Accepted::Data { io, bind, nonce }) => {
+            bind_data(&ep, io, bind, nonce, &peer, deadline).await
+        }
         Ok(Accepted::Control { io, subject, first }) => {
             let _ = sys::set_keepalive(io.tcp());
             // Capabilities serve only the certificate they were issued to.
@@ -199,7 +201,14 @@ async fn refuse(mut io: Io, e: ErrorInfo, peer: &str) {
     .await;
 }
 
-async fn bind_data(ep: &Endpoint, mut io: Io, bind: Bind, nonce: [u8; 32], peer: &str) {
+async fn bind_data(
+    ep: &Endpoint,
+    mut io: Io,
+    bind: Bind,
+    nonce: [u8; 32],
+    peer: &str,
+    deadline: tokio::time::Instant,
+) {
     if bind.version != control::PROTOCOL_VERSION {
         let e = ErrorInfo::new(
             ErrorKind::Protocol,
@@ -207,9 +216,10 @@ async fn bind_data(ep: &Endpoint, mut io: Io, bind: Bind, nonce: [u8; 32], peer:
         );
         return refuse(io, e, peer).await;
     }
-    // The control request creating the session may still be on its way.
+    // The control request creating the session may still be on its way: wait for it, within
+    // the connection's handshake deadline (the bind is not authenticated before).
     let mut reg = None;
-    for _ in 0..500 {
+    while tokio::time::Instant::now() < deadline {
         if let Some(r) = ep
             .sessions
             .lock()

@@ -381,17 +381,31 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
     // files, a parent's pipes) must not reach the task: every descriptor above stderr is
     // closed at exec. (Marked close-on-exec rather than closed, so that the spawn's own
     // error pipe still reports an exec that fails.)
-    // SAFETY: the closure only makes one system call, which is async-signal-safe.
+    // SAFETY: the closure only makes system calls (close_range, getrlimit, fcntl), which are
+    // async-signal-safe, and touches no memory but a local.
     unsafe {
         cmd.pre_exec(|| {
-            if libc::syscall(
+            let all_above_stderr = libc::syscall(
                 libc::SYS_close_range,
                 3u32,
                 u32::MAX,
                 libc::CLOSE_RANGE_CLOEXEC,
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
+            );
+            if all_above_stderr == 0 {
+                return Ok(());
+            }
+            // Kernels before 5.11 (or a seccomp filter) lack it: mark each descriptor.
+            let mut lim: libc::rlimit = std::mem::zeroed();
+            let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+                lim.rlim_cur.min(1 << 16) as libc::c_int
+            } else {
+                1024
+            };
+            for fd in 3..max {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags >= 0 {
+                    libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                }
             }
             Ok(())
         });

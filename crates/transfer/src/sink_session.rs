@@ -692,9 +692,17 @@ async fn stream_reader(
                 };
                 let mut buf = sh.blocks.get(len);
                 buf.hold(held);
-                read_payload(&mut r, buf.as_mut_slice(), lowat, sh.frame_idle)
-                    .await
-                    .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
+                // A whole block within four idle times: a peer trickling a byte now and then
+                // cannot hold its buffer for long.
+                tokio::time::timeout(
+                    sh.frame_idle * 4,
+                    read_payload(&mut r, buf.as_mut_slice(), lowat, sh.frame_idle),
+                )
+                .await
+                .map_err(|_| {
+                    TransferError::Connect(format!("{peer}: a block took over {} s", sh.frame_idle.as_secs() * 4))
+                })?
+                .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
                 let crc_ok = block_crc(buf.as_ref()) == bh.crc;
                 let verdict = {
                     let mut st = sh.lock();
