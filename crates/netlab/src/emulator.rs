@@ -19,12 +19,19 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::gso::{Coalescer, Segments, VNET_HDR_LEN};
 use crate::model::{Bottleneck, LinkParams, Nanos, Verdict};
 use crate::stats::Counters;
 use crate::sys::{self, Epoll, EventFd};
 
 /// Packets due within this much of now are written in the same wake-up.
 const EARLY_NS: Nanos = 20_000;
+/// Once a packet is due, packets due within this share of the one-way delay go out with it
+/// (joined per flow by GRO), bounded by `GRO_MIN_NS` and `GRO_MAX_NS`: timing stays within
+/// 1% of the path's delay while one write carries many segments.
+const GRO_SHARE: Nanos = 100;
+const GRO_MIN_NS: Nanos = 20_000;
+const GRO_MAX_NS: Nanos = 250_000;
 /// At most this many packets are read from one device per wake-up (fairness between hosts).
 const READ_BATCH: usize = 64;
 /// Cap on memory held in packet buffers.
@@ -48,6 +55,8 @@ pub(crate) struct Spec {
     /// CLOCK_MONOTONIC ns of the lab's time zero.
     pub epoch: Nanos,
     pub mtu: u32,
+    /// The devices were opened with virtio-net headers and TSO (see `gso`).
+    pub offload: bool,
     /// CSV file for 1 ms bins of forwarded bytes, with the site names for its header.
     pub record: Option<(PathBuf, Vec<String>)>,
 }
@@ -182,6 +191,7 @@ struct Pending {
     at: Nanos,
     seq: u64,
     dst: u32,
+    /// Bytes of `buf` used, virtio-net header included.
     len: u32,
     dir: u8,
     buf: Box<[u8]>,
@@ -300,9 +310,23 @@ struct State {
     heap: BinaryHeap<Pending>,
     seq: u64,
     pool: Pool,
+    /// One read from a device (a super-packet of up to 64 KiB with offloads).
     scratch: Box<[u8]>,
     epoch: Nanos,
     recorder: Option<Recorder>,
+    /// Bytes of virtio-net header before each packet (0 without offloads).
+    hdr: usize,
+    /// Per destination host: segments due in this wake-up, joined for one write.
+    out: Vec<Outgoing>,
+}
+
+/// Flows joined at once per destination host (Linux's GRO keeps 8 per NAPI context).
+const GRO_FLOWS: usize = 8;
+
+/// What is being joined for one destination host: one coalescer per flow.
+struct Outgoing {
+    flows: Vec<(Coalescer, u64)>,
+    dir: u8,
 }
 
 impl State {
@@ -334,7 +358,14 @@ impl State {
                 l.add_blackout(s, e);
             }
         }
-        let size = (spec.mtu as usize).max(1500) + 64;
+        let hdr = if spec.offload { VNET_HDR_LEN } else { 0 };
+        let size = (spec.mtu as usize).max(1500) + 64 + hdr;
+        let scratch_len = if spec.offload {
+            hdr + crate::gso::MAX_IP_PACKET + 64
+        } else {
+            size
+        };
+        let hosts = spec.tuns.len();
         let recorder = match &spec.record {
             Some((path, sites)) => Some(Recorder::new(path, sites)?),
             None => None,
@@ -355,9 +386,16 @@ impl State {
                 out: 0,
                 max: MAX_BUFFER_BYTES / size,
             },
-            scratch: vec![0u8; size].into_boxed_slice(),
+            scratch: vec![0u8; scratch_len].into_boxed_slice(),
             epoch: spec.epoch,
             recorder,
+            hdr,
+            out: (0..hosts)
+                .map(|_| Outgoing {
+                    flows: (0..GRO_FLOWS).map(|_| (Coalescer::new(), 0)).collect(),
+                    dir: 0,
+                })
+                .collect(),
         })
     }
 
@@ -382,11 +420,28 @@ impl State {
     fn run(&mut self, sh: &Shared) -> io::Result<()> {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
         let mut spinning = false;
+        // Without offloads nothing is joined: deliver what is due within EARLY_NS.
+        let batch = if self.hdr == 0 {
+            EARLY_NS
+        } else {
+            let delay = self
+                .links
+                .iter()
+                .map(|l| l.params().delay.as_nanos() as Nanos)
+                .min();
+            delay.map_or(GRO_MIN_NS, |d| {
+                (d / GRO_SHARE).clamp(GRO_MIN_NS, GRO_MAX_NS)
+            })
+        };
         loop {
             let now = self.now();
-            // While spinning, deliver exactly on time; otherwise batch what is due within 20 us.
-            let early = if spinning { 0 } else { EARLY_NS };
-            if self.deliver_due(now, early, sh) > 0 {
+            // A delivery starts when the first packet is due (exactly, while spinning; within
+            // EARLY_NS otherwise) and takes everything due within `batch` of now. Waking for a
+            // read does not start one, so reads do not cut batches short.
+            let trigger = if spinning { 0 } else { EARLY_NS };
+            if self.heap.peek().is_some_and(|p| p.at <= now + trigger)
+                && self.deliver_due(now, batch.max(trigger), sh) > 0
+            {
                 spinning = false;
             }
             // A long sleep lets the CPU go idle and wakes up to ~100 us late: wake SPIN_NS
@@ -440,73 +495,103 @@ impl State {
         };
         let fd = fd.as_raw_fd();
         for _ in 0..READ_BATCH {
-            let Some(mut buf) = self.pool.get() else {
-                // Out of buffer memory: read into scratch space and drop.
-                match sys::read_nb(fd, &mut self.scratch) {
-                    Ok(Some(_)) => {
-                        c.no_buffer.fetch_add(1, Relaxed);
-                        continue;
-                    }
-                    _ => return,
+            let n = match sys::read_nb(fd, &mut self.scratch) {
+                Ok(Some(n)) if n > self.hdr => {
+                    c.device_reads.fetch_add(1, Relaxed);
+                    n
                 }
+                Ok(Some(_)) => continue,
+                _ => return,
             };
-            let len = match sys::read_nb(fd, &mut buf) {
-                Ok(Some(n)) if n > 0 => n,
-                _ => {
-                    self.pool.put(buf);
-                    return;
-                }
-            };
-            let Some(dst) = self.route(&buf[..len]) else {
+            let Some(dst) = self.route(&self.scratch[self.hdr..n]) else {
                 c.unroutable.fetch_add(1, Relaxed);
-                self.pool.put(buf);
                 continue;
             };
             let dst_site = self.tuns[dst].1;
             if dst_site == src_site || self.links.is_empty() {
-                let _ = sys::write_packet(self.tuns[dst].0.as_raw_fd(), &buf[..len]);
+                // Within a site: straight through, super-packets whole.
+                let _ = sys::write_packet(self.tuns[dst].0.as_raw_fd(), &self.scratch[..n]);
+                c.device_writes.fetch_add(1, Relaxed);
                 c.local_packets.fetch_add(1, Relaxed);
-                c.local_bytes.fetch_add(len as u64, Relaxed);
-                self.pool.put(buf);
+                c.local_bytes.fetch_add((n - self.hdr) as u64, Relaxed);
                 continue;
             }
             let dir = src_site & 1;
-            let d = &c.dirs[dir];
-            d.offered_packets.fetch_add(1, Relaxed);
-            d.offered_bytes.fetch_add(len as u64, Relaxed);
-            let now = self.now();
-            match self.links[dir].offer(now, len) {
-                Verdict::Drop(cause) => {
-                    d.drop(cause);
-                    self.pool.put(buf);
-                }
-                Verdict::Forward {
-                    departure,
-                    deliver_at,
-                } => {
-                    let backlog = self.links[dir].backlog_bytes(now);
-                    if backlog > self.max_backlog[dir] {
-                        self.max_backlog[dir] = backlog;
-                        d.max_backlog.store(backlog, Relaxed);
+            if self.hdr == 0 {
+                self.offer(dst, dir, n, None, sh);
+                continue;
+            }
+            // Cut super-packets into wire packets; each meets the bottleneck alone.
+            let scratch = std::mem::take(&mut self.scratch);
+            match Segments::new(&scratch[..n]) {
+                Ok(segs) => {
+                    for i in 0..segs.len() {
+                        let len = VNET_HDR_LEN + segs.wire_len(i);
+                        self.offer(dst, dir, len, Some((&segs, i)), sh);
                     }
-                    if let Some(r) = &mut self.recorder {
-                        r.add(departure, dir, len as u64);
-                    }
-                    self.seq += 1;
-                    self.heap.push(Pending {
-                        at: deliver_at,
-                        seq: self.seq,
-                        dst: dst as u32,
-                        len: len as u32,
-                        dir: dir as u8,
-                        buf,
-                    });
                 }
+                Err(_) => {
+                    c.unroutable.fetch_add(1, Relaxed);
+                }
+            }
+            self.scratch = scratch;
+        }
+    }
+
+    /// Passes one wire packet of `len` bytes (header included) to the bottleneck of `dir`:
+    /// segment `i` of `seg`, or (without offloads) the packet in `scratch`.
+    fn offer(
+        &mut self,
+        dst: usize,
+        dir: usize,
+        len: usize,
+        seg: Option<(&Segments<'_>, usize)>,
+        sh: &Shared,
+    ) {
+        let d = &sh.counters.dirs[dir];
+        let wire = (len - self.hdr) as u64;
+        d.offered_packets.fetch_add(1, Relaxed);
+        d.offered_bytes.fetch_add(wire, Relaxed);
+        let now = self.now();
+        match self.links[dir].offer(now, len - self.hdr) {
+            Verdict::Drop(cause) => d.drop(cause),
+            Verdict::Forward {
+                departure,
+                deliver_at,
+            } => {
+                let Some(mut buf) = self.pool.get() else {
+                    sh.counters.no_buffer.fetch_add(1, Relaxed);
+                    return;
+                };
+                match seg {
+                    Some((segs, i)) => {
+                        segs.write(i, &mut buf);
+                    }
+                    None => buf[..len].copy_from_slice(&self.scratch[..len]),
+                }
+                let backlog = self.links[dir].backlog_bytes(now);
+                if backlog > self.max_backlog[dir] {
+                    self.max_backlog[dir] = backlog;
+                    d.max_backlog.store(backlog, Relaxed);
+                }
+                if let Some(r) = &mut self.recorder {
+                    r.add(departure, dir, wire);
+                }
+                self.seq += 1;
+                self.heap.push(Pending {
+                    at: deliver_at,
+                    seq: self.seq,
+                    dst: dst as u32,
+                    len: len as u32,
+                    dir: dir as u8,
+                    buf,
+                });
             }
         }
     }
 
-    /// Writes every packet due by `now + early`; returns how many.
+    /// Writes every packet due by `now + early`; returns how many. With offloads, the due
+    /// segments of one flow to one host are joined into one write, as a NIC's GRO would.
     fn deliver_due(&mut self, now: Nanos, early: Nanos, sh: &Shared) -> usize {
         let until = now + early;
         let mut n = 0;
@@ -524,20 +609,71 @@ impl State {
                     d.late_max_ns.store(late, Relaxed);
                 }
             }
-            let fd = self.tuns[p.dst as usize].0.as_raw_fd();
-            match sys::write_packet(fd, &p.buf[..p.len as usize]) {
-                Ok(()) => {
-                    d.packets.fetch_add(1, Relaxed);
-                    d.bytes.fetch_add(p.len as u64, Relaxed);
-                }
-                Err(_) => {
-                    d.drop_other.fetch_add(1, Relaxed);
-                }
-            }
-            self.pool.put(p.buf);
             n += 1;
+            let pkt = &p.buf[..p.len as usize];
+            let wire = (p.len as usize - self.hdr) as u64;
+            if self.hdr == 0 {
+                let fd = self.tuns[p.dst as usize].0.as_raw_fd();
+                sh.counters.device_writes.fetch_add(1, Relaxed);
+                match sys::write_packet(fd, pkt) {
+                    Ok(()) => {
+                        d.packets.fetch_add(1, Relaxed);
+                        d.bytes.fetch_add(wire, Relaxed);
+                    }
+                    Err(_) => {
+                        d.drop_other.fetch_add(1, Relaxed);
+                    }
+                }
+                self.pool.put(p.buf);
+                continue;
+            }
+            let dst = p.dst as usize;
+            self.out[dst].dir = p.dir;
+            // The slot of this packet's flow, else an empty one, else the first is written
+            // out to make room; packets of one flow keep their order.
+            let key = crate::gso::flow_key(pkt);
+            let flows = &self.out[dst].flows;
+            let slot = flows
+                .iter()
+                .position(|(c, _)| key.is_some() && c.key() == key)
+                .or_else(|| flows.iter().position(|(c, _)| c.is_empty()))
+                .unwrap_or(0);
+            if !self.out[dst].flows[slot].0.push(pkt) {
+                self.flush_flow(dst, slot, sh);
+                self.out[dst].flows[slot].0.push(pkt);
+            }
+            self.out[dst].flows[slot].1 += wire;
+            self.pool.put(p.buf);
+        }
+        for dst in 0..self.out.len() {
+            for slot in 0..GRO_FLOWS {
+                self.flush_flow(dst, slot, sh);
+            }
         }
         n
+    }
+
+    /// Writes what is joined in one flow slot of host `dst`, if anything.
+    fn flush_flow(&mut self, dst: usize, slot: usize, sh: &Shared) {
+        let o = &mut self.out[dst];
+        let (co, bytes) = &mut o.flows[slot];
+        if co.is_empty() {
+            return;
+        }
+        let segs = co.segments() as u64;
+        let bytes = std::mem::take(bytes);
+        let d = &sh.counters.dirs[o.dir as usize];
+        let fd = self.tuns[dst].0.as_raw_fd();
+        sh.counters.device_writes.fetch_add(1, Relaxed);
+        match sys::write_packet(fd, co.finish()) {
+            Ok(()) => {
+                d.packets.fetch_add(segs, Relaxed);
+                d.bytes.fetch_add(bytes, Relaxed);
+            }
+            Err(_) => {
+                d.drop_other.fetch_add(segs, Relaxed);
+            }
+        }
     }
 
     fn finish(&mut self) {

@@ -122,6 +122,10 @@ pub struct LabConfig {
     pub blackouts: Vec<Blackout>,
     /// Where to write forwarded bytes per direction in 1 ms bins (CSV), if anywhere.
     pub record_csv: Option<PathBuf>,
+    /// Hosts hand the emulator TCP super-packets (TSO) and receive joined ones (GRO), as
+    /// with a real NIC; every packet is still queued, dropped and delayed alone on the
+    /// bottleneck. Off: one system call per wire packet (several times the CPU at MTU 1500).
+    pub offload: bool,
 }
 
 impl LabConfig {
@@ -211,6 +215,7 @@ pub struct LabBuilder {
     seed: u64,
     blackouts: Vec<Blackout>,
     record_csv: Option<PathBuf>,
+    offload: bool,
 }
 
 impl Default for LabBuilder {
@@ -229,6 +234,7 @@ impl Default for LabBuilder {
             seed: 1,
             blackouts: Vec::new(),
             record_csv: None,
+            offload: true,
         }
     }
 }
@@ -307,6 +313,12 @@ impl LabBuilder {
         self.blackouts.push(Blackout { start, length });
         self
     }
+    /// Segmentation and receive offloads between hosts and emulator (on by default); see
+    /// `LabConfig::offload`.
+    pub fn offload(mut self, on: bool) -> Self {
+        self.offload = on;
+        self
+    }
     /// Record forwarded bytes per direction in 1 ms bins to this CSV file.
     pub fn record_csv(mut self, path: impl Into<PathBuf>) -> Self {
         self.record_csv = Some(path.into());
@@ -351,6 +363,7 @@ impl LabBuilder {
             seed: self.seed,
             blackouts: self.blackouts,
             record_csv: self.record_csv,
+            offload: self.offload,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -499,7 +512,7 @@ pub fn cleanup_leftovers() -> Result<Vec<String>, Error> {
 fn setup_host(config: &LabConfig, addr: Ipv4Addr) -> io::Result<OwnedFd> {
     // IPv6 off on the new interface so hosts send no router solicitations through the lab.
     let _ = sys::write_sysctl("net/ipv6/conf/default/disable_ipv6", "1");
-    let tun = sys::create_tun(HOST_IFACE)?;
+    let tun = sys::create_tun(HOST_IFACE, config.offload)?;
     let ctl = IfCtl::new()?;
     ctl.set_mtu(HOST_IFACE, config.mtu)?;
     ctl.set_txqlen(HOST_IFACE, 1000)?;
@@ -609,6 +622,7 @@ impl Lab {
             seed: lab.config.seed,
             epoch: lab.epoch,
             mtu: lab.config.mtu,
+            offload: lab.config.offload,
             record: lab
                 .config
                 .record_csv
@@ -667,7 +681,7 @@ impl Lab {
     /// Current counters.
     pub fn stats(&self) -> Stats {
         let sites: Vec<String> = self.config.sites.iter().map(|s| s.name.clone()).collect();
-        match &self.emulator {
+        let mut s = match &self.emulator {
             Some(e) => Stats::snapshot(
                 &e.shared.counters,
                 &sites,
@@ -675,7 +689,20 @@ impl Lab {
                 e.cpu_time().as_secs_f64(),
             ),
             None => Stats::snapshot(&Default::default(), &sites, 0.0, 0.0),
+        };
+        for h in &self.hosts {
+            // /proc/thread-self/net is the namespace of the reading thread.
+            let dev = sys::in_netns(h.ns_fd.as_fd(), || {
+                std::fs::read_to_string("/proc/thread-self/net/dev")
+            });
+            if let Ok(Ok(dev)) = dev
+                && let Some((rx, tx)) = crate::stats::device_drops(&dev, HOST_IFACE)
+            {
+                s.host_rx_dropped += rx;
+                s.host_tx_dropped += tx;
+            }
         }
+        s
     }
 
     /// Whether the emulator thread is still forwarding (false after an I/O failure).

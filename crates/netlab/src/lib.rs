@@ -25,6 +25,7 @@
 pub mod cli;
 mod emulator;
 mod globals;
+pub mod gso;
 mod lab;
 pub mod model;
 mod netns;

@@ -7,26 +7,48 @@ use std::time::{Duration, Instant};
 
 use crate::Host;
 
-/// Runs a command to completion, killing it after `limit`.
+/// Runs a command to completion, killing it after `limit`. Its output is drained while it
+/// runs (iperf3 -J with 16 streams writes more than a pipe holds, and would block for ever).
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> std::io::Result<Output> {
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out_t = drain(child.stdout.take().map(|r| Box::new(r) as _));
+    let err_t = drain(child.stderr.take().map(|r| Box::new(r) as _));
     let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait()?.is_some() {
-            return child.wait_with_output();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            let out = child.wait_with_output()?;
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "command timed out after {limit:?}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            ));
+            let _ = child.wait();
+            break None;
         }
         std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = out_t.join().unwrap_or_default();
+    let stderr = err_t.join().unwrap_or_default();
+    match status {
+        Some(status) => Ok(Output {
+            status,
+            stdout,
+            stderr,
+        }),
+        None => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "command timed out after {limit:?}: {}",
+                String::from_utf8_lossy(&stderr)
+            ),
+        )),
     }
 }
 
