@@ -342,6 +342,8 @@ struct Tally {
     attempts: u32,
     streams: u32,
     retransmits: u64,
+    /// Congestion control switches of every session.
+    cc_decisions: Vec<wire::losscause::Decision>,
     plan: String,
 }
 
@@ -356,6 +358,7 @@ impl Tally {
             attempts: 1,
             streams: 0,
             retransmits: 0,
+            cc_decisions: Vec::new(),
             plan: String::new(),
         }
     }
@@ -391,6 +394,8 @@ impl Tally {
     fn session(&mut self, a: &Attempt) {
         self.streams = self.streams.max(a.source.streams.max(a.sink.streams));
         self.retransmits += a.source.tcp_retransmits;
+        self.cc_decisions
+            .extend(a.source.cc_decisions.iter().cloned());
         if self.plan.is_empty() {
             self.plan = a.plan.clone();
         }
@@ -440,6 +445,7 @@ impl Tally {
             streams_lost: 0,
             plan: self.plan,
             congestion: String::new(),
+            cc_decisions: self.cc_decisions,
             protect: format!("{:?}", opts.copy.session.protect).to_lowercase(),
             tcp_retransmits: self.retransmits,
             zero_copy: None,

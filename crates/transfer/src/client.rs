@@ -166,7 +166,12 @@ pub struct CopyReport {
     pub blocks_resent: u64,
     pub streams_lost: u32,
     pub plan: String,
+    /// Congestion control of the data streams; `cubic->bbr` (and `->cubic`) after switches.
     pub congestion: String,
+    /// Each congestion control switch of the last attempt: when, to what, and the evidence
+    /// (loss events with and without a queue, delivery rates, retransmitted share) with the
+    /// reason in words.
+    pub cc_decisions: Vec<wire::losscause::Decision>,
     pub protect: String,
     pub tcp_retransmits: u64,
     /// Local files were sent with `sendfile` (uploads; `null` when the source was remote).
@@ -577,6 +582,7 @@ fn fill_report(
     report.congestion = a.source.congestion.clone();
     report.protect = format!("{:?}", opts.session.protect).to_lowercase();
     report.tcp_retransmits = a.source.tcp_retransmits;
+    report.cc_decisions = a.source.cc_decisions.clone();
     report.zero_copy = a.zero_copy;
     report.checksums = opts
         .session
@@ -997,6 +1003,7 @@ pub async fn upload(
             plan: p.explanation.clone(),
             congestion: outcome.congestion,
             tcp_retransmits: outcome.tcp_retransmits,
+            cc_decisions: outcome.cc_decisions,
         },
         sink: sink_summary.unwrap_or_default(),
         plan: p.explanation,

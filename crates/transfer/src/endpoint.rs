@@ -872,6 +872,7 @@ async fn source(
         plan: plan_text,
         congestion: o.congestion,
         tcp_retransmits: o.tcp_retransmits,
+        cc_decisions: o.cc_decisions,
     });
     finish(writer, summary).await
 }

@@ -28,6 +28,7 @@ use wire::checksum::{Algorithm, Digest, MultiHasher, block_crc};
 use wire::control::SessionOptions;
 use wire::data::{self, DataFrame, EntryKind};
 use wire::error::{ErrorInfo, ErrorKind};
+use wire::losscause::{Decision, Family, LossClassifier, StreamInfo};
 use wire::pacing::TokenBucket;
 use wire::source::{FileSpec, ReadJob, Source, SourceConfig, SourceEvent, SourceStats, Transmit};
 
@@ -48,6 +49,8 @@ pub struct SourceOutcome {
     pub stats: SourceStats,
     pub streams: u32,
     pub congestion: String,
+    /// Switches of congestion control during the session, with their evidence.
+    pub cc_decisions: Vec<Decision>,
     pub tcp_retransmits: u64,
     /// Blocks went out with `sendfile` from the page cache.
     pub zero_copy: bool,
@@ -102,6 +105,8 @@ struct Shared {
     bucket: Option<Mutex<TokenBucket>>,
     retransmits: AtomicU64,
     congestion: Mutex<String>,
+    /// Congestion control switches, with what was observed.
+    decisions: Mutex<Vec<Decision>>,
     /// Live data sockets (stream, descriptor), for TCP_INFO and congestion control changes.
     sockets: Mutex<Vec<(u32, RawFd)>>,
     /// Cancels one stream's tasks (used when the state machine declares it lost).
@@ -742,6 +747,7 @@ pub async fn run_source(
             .map(|r| Mutex::new(TokenBucket::new(r, block.max(256 << 10)))),
         retransmits: AtomicU64::new(0),
         congestion: Mutex::new(String::new()),
+        decisions: Mutex::new(Vec::new()),
         sockets: Mutex::new(Vec::new()),
         stops: Mutex::new(std::collections::HashMap::new()),
     });
@@ -800,15 +806,22 @@ pub async fn run_source(
                         Ok(cc) => cc,
                         Err(e) => break Err(e),
                     };
-                    *sh.congestion.lock().expect("cc lock") = cc;
+                    {
+                        // The first stream names the algorithm; switches append to it.
+                        let mut c = sh.congestion.lock().expect("cc lock");
+                        if c.is_empty() {
+                            *c = cc;
+                        }
+                    }
                     streams += 1;
                     let fd = io.tcp().as_raw_fd();
                     let (r, w) = io.split();
                                         let stop = sh.cancel.child_token();
                     sh.sockets.lock().expect("sockets lock").push((idx, fd));
                     sh.stops.lock().expect("stops lock").insert(idx, stop.clone());
-                    if detector.switched {
-                        let _ = sys::set_congestion(&unsafe { BorrowedFd::borrow_raw(fd) }, "bbr");
+                    if let Some(cc) = detector.current() {
+                        // SAFETY: fd belongs to `io`, alive here.
+                        let _ = sys::set_congestion(&unsafe { BorrowedFd::borrow_raw(fd) }, cc);
                     }
                     {
                         let mut st = sh.lock();
@@ -852,6 +865,7 @@ pub async fn run_source(
         stats: st.stats().clone(),
         streams,
         congestion: sh.congestion.lock().expect("cc lock").clone(),
+        cc_decisions: sh.decisions.lock().expect("decisions lock").clone(),
         tcp_retransmits: sh.retransmits.load(Ordering::Relaxed),
         zero_copy: sh.zero_copy,
     })
@@ -863,11 +877,6 @@ async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
     }
 }
 
-/// Tells random loss from congestion: cubic (or reno) streams that lose packets while their
-/// round trip time sits at its minimum (no queue at the bottleneck) are losing to the path, not
-/// to other traffic; such paths are where BBR keeps its rate and loss-based algorithms collapse
-/// (reference: 1 Gbit/s, 100 ms, 0.1% loss: 8 cubic streams 34%, one BBR stream 93%). When
-/// congestion control was not chosen by the user, the streams switch to BBR once.
 /// The lowest round-trip time (µs) any connection of this process has seen to a peer host.
 /// A connection opened while a shared bottleneck's queue was already full (a node starting
 /// its third replication session on a busy link) has an inflated `min_rtt` of its own: against
@@ -894,76 +903,88 @@ fn path_base_rtt(fd: RawFd, own_min: u32) -> u32 {
     *e
 }
 
+/// Drives `wire::losscause::LossClassifier` with the data sockets' TCP_INFO and applies its
+/// decisions: all streams (and streams opened later) switch between the host's loss-based
+/// default and BBR. Only when the user did not choose congestion control.
 struct LossDetector {
-    enabled: bool,
+    classifier: LossClassifier,
     started: Instant,
-    last_retrans: std::collections::HashMap<u32, u32>,
-    switched: bool,
-    /// Consecutive samples that looked like random loss.
-    evidence: u32,
+    /// The loss-based algorithm the streams started with (the host's default).
+    initial: Option<String>,
 }
 
 impl LossDetector {
     fn new(enabled: bool) -> Self {
         let enabled = enabled && sys::available_congestion().iter().any(|c| c == "bbr");
         Self {
-            enabled,
+            classifier: LossClassifier::new(enabled),
             started: Instant::now(),
-            last_retrans: Default::default(),
-            switched: false,
-            evidence: 0,
+            initial: None,
         }
     }
 
-    /// Samples every data socket; returns a note when it switched.
-    fn sample(&mut self, sh: &Shared) -> Option<String> {
-        if !self.enabled || self.switched {
-            return None;
+    /// The algorithm a stream should use now, when it differs from its default.
+    fn current(&self) -> Option<&str> {
+        match self.classifier.family() {
+            Family::Bbr => Some("bbr"),
+            Family::LossBased => None,
         }
+    }
+
+    /// Samples every data socket; returns the decision's sentence when the streams switched.
+    fn sample(&mut self, sh: &Shared) -> Option<String> {
         let sockets = sh.sockets.lock().expect("sockets lock").clone();
-        let (mut lossy, mut unqueued, mut lost) = (0u32, 0u32, 0u32);
+        let mut infos = Vec::with_capacity(sockets.len());
+        let mut path_base = 0u32;
         for (idx, fd) in &sockets {
             // SAFETY: descriptors leave the list before their sockets close.
             let Ok(info) = sys::tcp_info(&unsafe { BorrowedFd::borrow_raw(*fd) }) else {
                 continue;
             };
-            let before = self
-                .last_retrans
-                .insert(*idx, info.total_retrans)
-                .unwrap_or(info.total_retrans);
-            let delta = info.total_retrans.saturating_sub(before);
-            if delta == 0 {
-                continue;
-            }
-            lost += delta;
-            lossy += 1;
             let base = path_base_rtt(*fd, info.min_rtt);
-            if base > 0 && (info.rtt as f64) < 1.25 * base as f64 {
-                unqueued += 1;
+            if base > 0 && (path_base == 0 || base < path_base) {
+                path_base = base;
             }
+            infos.push(StreamInfo {
+                stream: *idx,
+                rtt_us: info.rtt,
+                min_rtt_us: info.min_rtt,
+                ssthresh: info.snd_ssthresh,
+                ca_state: info.ca_state,
+                total_retrans: info.total_retrans,
+                segs_out: info.segs_out,
+                bytes_acked: info.bytes_acked,
+            });
         }
-        // Slow start overshoots the bottleneck queue: judge only after it.
-        if self.started.elapsed() < Duration::from_millis(1500) {
-            return None;
+        if self.initial.is_none()
+            && let Some((_, fd)) = sockets.first()
+        {
+            // SAFETY: as above.
+            self.initial = sys::congestion(&unsafe { BorrowedFd::borrow_raw(*fd) }).ok();
         }
-        if lost >= 2 && unqueued * 2 > lossy {
-            self.evidence += 1;
-        } else if lost > 0 {
-            self.evidence = 0;
-        }
-        if self.evidence < 2 {
-            return None;
-        }
-        self.switched = true;
+        let decision = self
+            .classifier
+            .sample(self.started.elapsed(), path_base, &infos)?;
+        let initial = self.initial.clone().unwrap_or_else(sys::default_congestion);
+        let to = match decision.to {
+            Family::Bbr => "bbr".to_string(),
+            Family::LossBased => initial,
+        };
         for (_, fd) in &sockets {
             // SAFETY: as above.
-            let _ = sys::set_congestion(&unsafe { BorrowedFd::borrow_raw(*fd) }, "bbr");
+            let _ = sys::set_congestion(&unsafe { BorrowedFd::borrow_raw(*fd) }, &to);
         }
-        let was = sh.congestion.lock().expect("cc lock").clone();
-        *sh.congestion.lock().expect("cc lock") = format!("{was}->bbr");
-        Some(format!(
-            "packets lost without a queue at the bottleneck (random loss): {} streams switched from {was} to bbr",
-            sockets.len()
-        ))
+        {
+            let mut cc = sh.congestion.lock().expect("cc lock");
+            *cc = format!("{cc}->{to}");
+        }
+        let note = format!(
+            "congestion control at {:.1} s, {} streams: {}",
+            decision.at_ms as f64 / 1e3,
+            sockets.len(),
+            decision.why
+        );
+        sh.decisions.lock().expect("decisions lock").push(decision);
+        Some(note)
     }
 }

@@ -21,7 +21,7 @@ use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 
 /// Version of the control and data protocol; peers refuse other versions.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// First bytes of a clear-text data connection (control and private data connections start with
 /// a TLS ClientHello instead).
@@ -317,9 +317,11 @@ pub struct SessionSummary {
     pub streams_lost: u32,
     /// How streams and buffers were chosen.
     pub plan: String,
-    /// Congestion control actually in use on the data sockets.
+    /// Congestion control actually in use on the data sockets (`cubic->bbr` after a switch).
     pub congestion: String,
     pub tcp_retransmits: u64,
+    /// Switches of congestion control, each with what was observed (`losscause`).
+    pub cc_decisions: Vec<crate::losscause::Decision>,
 }
 
 /// Endpoint to client.

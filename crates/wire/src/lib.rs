@@ -12,6 +12,7 @@ pub mod control;
 pub mod data;
 pub mod error;
 pub mod grant;
+pub mod losscause;
 pub mod pacing;
 pub mod plan;
 pub mod ranges;
