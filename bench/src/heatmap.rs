@@ -50,9 +50,10 @@ pub fn heat_map(
     use plotters::style::text_anchor::{HPos, Pos, VPos};
     init_font().map_err(|e| anyhow!(e))?;
     let (label_w, cell_w, cell_h, top, bottom) = (300i32, 170i32, 40i32, 100i32, 90i32);
-    let w = (label_w + cell_w * cols.len().max(1) as i32 + 20) as u32;
+    let lw = 400i32;
+    let w = (label_w + (cell_w * cols.len().max(1) as i32).max(lw + 40) + 20) as u32;
     let h = (top + cell_h * rows.len().max(1) as i32 + bottom) as u32;
-    let root = BitMapBackend::new(path, (w.max(700), h)).into_drawing_area();
+    let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
     root.fill(&WHITE)?;
     let centre = Pos::new(HPos::Center, VPos::Center);
     let left = Pos::new(HPos::Left, VPos::Center);
@@ -112,7 +113,7 @@ pub fn heat_map(
     }
     // Legend: the colour scale from 0 to goal + 0.3, and the goal marked.
     let ly = top + cell_h * rows.len() as i32 + 25;
-    let (lx0, lw) = (label_w, 400i32);
+    let lx0 = label_w;
     let max = goal + 0.3;
     for k in 0..lw {
         let r = max * k as f64 / lw as f64;

@@ -637,7 +637,7 @@ fn rebin(ms: &[u64], width: usize) -> Vec<u64> {
     ms.chunks(width).map(|c| c.iter().sum()).collect()
 }
 
-fn render_command(cmd: &std::process::Command) -> String {
+pub fn render_command(cmd: &std::process::Command) -> String {
     let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
     for a in cmd.get_args() {
         let a = a.to_string_lossy();

@@ -550,7 +550,12 @@ fn heat_cell(c: &CellResult) -> HeatCell {
         format!("lh {} / ip {}", pct(d.haul_mbps), pct(d.best_iperf3_mbps))
     };
     HeatCell {
-        value: d.ratio,
+        // A failed copy is a miss: the darkest red.
+        value: if c.haul.status == "ok" {
+            d.ratio
+        } else {
+            Some(0.0)
+        },
         text: format!(
             "{}\n{second}",
             d.ratio.map_or("–".to_string(), |r| format!("{r:.2}"))
@@ -573,7 +578,9 @@ fn run(args: Args) -> Result<bool> {
     if args.quick {
         base.push_str("-quick");
     }
-    if set.filtered {
+    if args.fairness {
+        base.push_str("-fairness");
+    } else if set.filtered {
         base.push_str("-partial");
     }
     if let Err(why) = netlab::Lab::available() {
@@ -688,16 +695,12 @@ fn run(args: Args) -> Result<bool> {
     out.header.finished_utc = utc(SystemTime::now()).1;
     out.save()?;
     if set.complete {
-        let have_map = out.png.exists();
-        let md = markdown(
-            &out,
-            have_map
-                .then(|| format!("results/{}", out.png_name))
-                .as_deref(),
-            "",
-        );
+        // bench/results/ is not in git: the heat map goes beside MATRIX-RESULTS.md.
+        let have_map =
+            out.png.exists() && fs::copy(&out.png, repo.join("bench/MATRIX-RESULTS.png")).is_ok();
+        let md = markdown(&out, have_map.then_some("MATRIX-RESULTS.png"), "");
         fs::write(repo.join("bench/MATRIX-RESULTS.md"), md)?;
-        println!("haul-matrixbench: wrote bench/MATRIX-RESULTS.md");
+        println!("haul-matrixbench: wrote bench/MATRIX-RESULTS.md and MATRIX-RESULTS.png");
     }
     if !args.keep_work {
         let _ = fs::remove_dir_all(&work);
@@ -778,11 +781,11 @@ fn haul_limit(bytes: u64) -> Duration {
     Duration::from_secs_f64((60.0 + 10.0 * link_seconds(bytes)).clamp(90.0, 900.0))
 }
 
-/// iperf3's -t: longhaul's wall time rounded up (at least 5 s), but at most three times the
+/// iperf3's -t: longhaul's wall time rounded up (at least 1 s), but at most three times the
 /// file's time at the link rate plus 10 s: a longhaul run slower than a third of the link
 /// misses the goal whatever iperf3 does, and the cap keeps such a cell bounded.
 fn iperf3_seconds(haul_wall_s: f64, bytes: u64) -> (u64, bool) {
-    let want = (haul_wall_s.ceil() as u64).max(5);
+    let want = (haul_wall_s.ceil() as u64).max(1);
     let cap = (3.0 * link_seconds(bytes)).ceil() as u64 + 10;
     (want.min(cap), want > cap)
 }
@@ -1003,19 +1006,26 @@ fn judge_path(
             }
         }
     }
-    if let Some(r) = &check.router
-        && r.delivered_packets > 0
-        && r.late_over_1ms > 0
-    {
-        good.push(format!(
-            "{:.2}% of the check's packets written > 1 ms late",
-            100.0 * r.late_over_1ms as f64 / r.delivered_packets as f64
-        ));
+    if bad.is_empty() {
+        good.push("no drop outside the path model".into());
+    }
+    // Timing, shown but not judged: packets the emulator wrote more than 1 ms after their due
+    // time (it adds delay, not loss).
+    for (name, m) in [("check", check), ("longhaul", haul)] {
+        if let Some(r) = &m.router
+            && r.delivered_packets > 0
+            && r.late_over_1ms > 0
+        {
+            good.push(format!(
+                "{name}: {:.1}% of packets > 1 ms late",
+                100.0 * r.late_over_1ms as f64 / r.delivered_packets as f64
+            ));
+        }
     }
     if bad.is_empty() {
-        good.insert(0, "no drop outside the path model".into());
         (true, good.join("; "))
     } else {
+        bad.extend(good.into_iter().filter(|g| g.contains("late")));
         (false, bad.join("; "))
     }
 }
@@ -1163,14 +1173,26 @@ fn fairness_inner(env: &Env, f: &mut Fairness) -> Result<()> {
     let cg_client = Cgroup::create(env.cg_root, "fairness-client")?;
     let dst = env.work.join("dst").join("fairness");
     tools::make_dst(&dst)?;
-    for tool in [Tool::Iperf3, Tool::Haul] {
-        let spot = tools::ServerSpot {
-            host: b,
-            addr: addr.clone(),
-            dst: dst.clone(),
-            scratch: logs.join(format!("server-{}", tool.id())),
-        };
-        tools::start_server(env.ctx, tool, &spot, &cg_server)?;
+    let spot = tools::ServerSpot {
+        host: b,
+        addr: addr.clone(),
+        dst: dst.clone(),
+        scratch: logs.join("server-haul"),
+    };
+    tools::start_server(env.ctx, Tool::Haul, &spot, &cg_server)?;
+    // iperf3's server in JSON mode (one test), so that the client's --get-server-output
+    // brings back the receiver's own intervals as JSON.
+    let mut srv = b.command("iperf3");
+    srv.args(["-s", "-1", "-J", "-B", &addr, "-p"])
+        .arg(tools::IPERF_PORT.to_string());
+    let _srv = proc::spawn(
+        srv,
+        Some(&cg_server),
+        &logs.join("iperf3-server.out"),
+        &logs.join("iperf3-server.err"),
+    )?;
+    if !proc::wait_listening(b, tools::IPERF_PORT, Duration::from_secs(15)) {
+        bail!("iperf3 server did not listen within 15 s");
     }
     let ts = t.to_string();
     let iv = variant(
@@ -1179,7 +1201,7 @@ fn fairness_inner(env: &Env, f: &mut Fairness) -> Result<()> {
         &["-P", "1", "-C", "cubic", "-t", &ts, "--get-server-output"],
     );
     let icmd = tools::client_command(env.ctx, &iv, a, &addr, None, &dst)?;
-    f.iperf3_command = format!("{icmd:?}");
+    f.iperf3_command = runner::render_command(&icmd);
     let stats0 = lab.stats();
     let dev0 = runner::host_dev_drops(&lab);
     let t_i = lab.elapsed();
@@ -1192,7 +1214,7 @@ fn fairness_inner(env: &Env, f: &mut Fairness) -> Result<()> {
     std::thread::sleep(Duration::from_secs(FAIR_DELAY_S));
     let hv = variant(Tool::Haul, "defaults".into(), &[]);
     let hcmd = tools::client_command(env.ctx, &hv, a, &addr, Some(ds), &dst)?;
-    f.haul_command = format!("{hcmd:?}");
+    f.haul_command = runner::render_command(&hcmd);
     let t_h = lab.elapsed();
     let hp = proc::spawn(
         hcmd,
@@ -1401,6 +1423,12 @@ fn header(args: &Args, repo: &Path, haul: &Path, date: &str, set: &Set) -> Heade
             only.push(format!("--{k} {v}"));
         }
     }
+    if args.no_globus {
+        only.push("--no-globus".into());
+    }
+    if args.fairness {
+        only.push("--fairness".into());
+    }
     Header {
         title: format!(
             "longhaul path matrix, {date}{}",
@@ -1452,8 +1480,20 @@ fn markdown(out: &Output, png: Option<&str>, up: &str) -> String {
         .collect();
     let _ = writeln!(
         o,
-        "Set **{}**: RTT {} ms x MTU {} x {} hosts x random loss {}; one {} file per cell (pseudo-random, /dev/shm); iperf3 {}; globus-url-copy -p 16: {}.\n",
+        "Set **{}**{}: RTT {} ms x MTU {} x {} hosts x random loss {}; one {} file per cell (pseudo-random, /dev/shm); iperf3 {}; globus-url-copy -p 16: {}; fairness cell: {}.\n",
         set.name,
+        if set.filtered {
+            format!(
+                ", filtered ({})",
+                if out.header.only.is_empty() {
+                    "--fairness / --no-globus"
+                } else {
+                    out.header.only.as_str()
+                }
+            )
+        } else {
+            String::new()
+        },
         join(&set.rtts),
         join(&set.mtus),
         set.profiles.join(", "),
@@ -1465,6 +1505,7 @@ fn markdown(out: &Output, png: Option<&str>, up: &str) -> String {
         data::human(set.file_bytes),
         iperf.join(", "),
         if set.globus { "yes" } else { "no" },
+        if set.fairness { "yes" } else { "no" },
     );
     let _ = writeln!(
         o,
@@ -1491,7 +1532,7 @@ fn markdown(out: &Output, png: Option<&str>, up: &str) -> String {
     for c in &out.cells {
         let d = &c.derived;
         let path = if c.path_ok {
-            format!("ok ({})", short(&c.path_evidence, 80))
+            format!("ok: {}", short(&c.path_evidence, 140))
         } else {
             format!("**INVALID**: {}", short(&c.path_evidence, 200))
         };
@@ -1797,7 +1838,8 @@ mod tests {
         // 4 GiB: 34.4 s at the link; iperf3 as long as longhaul, capped at 3x that + 10 s.
         assert_eq!(iperf3_seconds(40.2, 4 * GIB), (41, false));
         assert_eq!(iperf3_seconds(300.0, 4 * GIB), (114, true));
-        assert_eq!(iperf3_seconds(0.3, 256 * MIB), (5, false));
+        assert_eq!(iperf3_seconds(2.5, 256 * MIB), (3, false));
+        assert_eq!(iperf3_seconds(0.0, 256 * MIB), (1, false));
         assert_eq!(haul_limit(4 * GIB).as_secs(), 403);
         assert_eq!(haul_limit(256 * MIB).as_secs(), 90);
     }
@@ -1880,6 +1922,54 @@ mod tests {
         let mut r = cell_result(0.0, 900.0, None);
         r.path_ok = false;
         assert_eq!(goal(&r, &r.derived.clone()).0, None);
+    }
+
+    /// Draws the full set's heat map with made-up figures (to look at:
+    /// HEATMAP_SAMPLE=/tmp/x.png cargo test ... heat_map_of_the_full_set).
+    #[test]
+    fn heat_map_of_the_full_set() {
+        if plot::init_font().is_err() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let png = std::env::var_os("HEATMAP_SAMPLE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| dir.path().join("h.png"));
+        let set = Set::full();
+        let mut cells = Vec::new();
+        for (i, c) in set
+            .cells()
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % 7 != 3)
+        {
+            let mut r = cell_result(c.loss_pct, 700.0 + 4.0 * (i % 70) as f64, Some(500.0));
+            r.cell = c;
+            r.path_ok = i % 11 != 5;
+            if i % 13 == 4 {
+                r.haul.status = "FAILED".into();
+            }
+            r.derived = derive(&r, 1_000_000_000);
+            cells.push(r);
+        }
+        let out = Output {
+            header: Header {
+                date: "2026-01-01".into(),
+                ..Default::default()
+            },
+            set,
+            cells,
+            fairness: None,
+            json: dir.path().join("m.json"),
+            md: dir.path().join("m.md"),
+            png: png.clone(),
+            png_name: "h.png".into(),
+        };
+        out.heat_map().unwrap();
+        assert!(fs::metadata(&png).unwrap().len() > 1000);
+        out.save().unwrap();
+        let md = fs::read_to_string(dir.path().join("m.md")).unwrap();
+        assert!(md.contains("| 300 | 9000 | tuned | 1% |"), "{md}");
     }
 
     #[test]
