@@ -1104,7 +1104,7 @@ fn goal(r: &CellResult, d: &Derived) -> (Option<bool>, String) {
     let mut failed = Vec::new();
     let mut notes = Vec::new();
     if ratio < GOAL_RATIO {
-        failed.push(format!("{ratio:.2} of best iperf3 (< {GOAL_RATIO:.2})"));
+        failed.push(format!("{ratio:.3} of best iperf3 (< {GOAL_RATIO:.2})"));
     }
     if r.cell.loss_pct == 0.0 {
         match d.retransmitted_pct {
