@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
@@ -25,7 +24,7 @@ use clap::Parser;
 
 use data::{Dataset, GIB, MIB};
 use plan::{Case, Only, Tool};
-use report::Header;
+use report::{Header, utc};
 use runner::{Measurement, RunSpec};
 
 /// Benchmarks longhaul against iperf3, globus-url-copy, xrdcp, scp and rsync over netlab.
@@ -459,31 +458,9 @@ fn remove_workload(work: &Path, _w: &str) {
 }
 
 fn header(args: &Args, repo: &Path, haul: &Path, date: &str, quick: bool) -> Header {
-    let out = |cmd: &mut Command| {
-        cmd.output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_else(|| "unknown".into())
-    };
-    let git = out(Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args(["describe", "--always", "--dirty", "--tags"]));
+    let git = report::git_describe(repo);
     let haul_version = tools::version(&haul.to_string_lossy(), &["--version"]);
-    let cpu = fs::read_to_string("/proc/cpuinfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")
-                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    let mem = fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:").map(|r| r.trim().to_string()))
-        .unwrap_or_default();
+    let machine = report::Machine::now();
     let tools_v = vec![
         (
             "iperf3".to_string(),
@@ -515,24 +492,13 @@ fn header(args: &Args, repo: &Path, haul: &Path, date: &str, quick: bool) -> Hea
         command,
         quick,
         only: args.only.clone().unwrap_or_default(),
-        haul_version: format!(
-            "{haul_version}, binary {} (file dated {} UTC)",
-            haul.display(),
-            fs::metadata(haul)
-                .and_then(|m| m.modified())
-                .map(|t| utc(t).1)
-                .unwrap_or_else(|_| "?".into())
-        ),
+        haul_version: report::binary_version(haul, &haul_version),
         git_describe: git,
         tools: tools_v,
-        kernel: fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
-        cpu,
-        cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        memory: format!(
-            "{:.1} GiB total; {:.1} GiB available at start",
-            mem.trim_end_matches(" kB").trim().parse::<f64>().unwrap_or(0.0) / 1048576.0,
-            proc::mem_available() as f64 / GIB as f64
-        ),
+        kernel: machine.kernel,
+        cpu: machine.cpu,
+        cores: machine.cores,
+        memory: machine.memory,
         install: args.install_status.clone(),
         scenarios: plan::scenarios(),
         workloads: ["W1", "W2", "W3", "W1x4"]
@@ -549,44 +515,9 @@ fn header(args: &Args, repo: &Path, haul: &Path, date: &str, quick: bool) -> Hea
     }
 }
 
-/// ("YYYY-MM-DD", "YYYY-MM-DD HH:MM:SS") in UTC.
-fn utc(t: SystemTime) -> (String, String) {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0) as i64;
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    let date = format!("{y:04}-{m:02}-{d:02}");
-    let full = format!(
-        "{date} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    );
-    (date, full)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn utc_dates() {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_763_812_800); // 2025-11-22 12:00
-        assert_eq!(utc(t).1, "2025-11-22 12:00:00");
-    }
 
     #[test]
     fn quick_plan_is_small_and_full_plan_covers_every_scenario() {

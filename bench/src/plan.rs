@@ -17,6 +17,8 @@ pub struct Scenario {
     pub rate_bps: Option<u64>,
     pub rtt_ms: u64,
     pub loss: f64,
+    /// MTU of every host interface (9000 in haul-bench's scenarios).
+    pub mtu: u32,
     #[serde(skip)]
     pub profile: Profile,
     pub profile_name: &'static str,
@@ -47,6 +49,7 @@ pub fn scenarios() -> Vec<Scenario> {
         rate_bps: rate,
         rtt_ms,
         loss,
+        mtu: 9000,
         profile: if stock {
             Profile::Stock
         } else {
