@@ -14,7 +14,12 @@
 //! not a later step of a recovery already under way). An event is *queued* when the stream's
 //! smoothed RTT, at the sample before the event or at the event, was at least
 //! `QUEUE_RATIO` x the path's base RTT: a full drop-tail queue adds up to its size in delay, so
-//! overflow losses come with an inflated RTT, while random losses strike at any RTT. Judging
+//! overflow losses come with an inflated RTT, while random losses strike at any RTT. The base
+//! RTT a transfer sees may itself include another flow's standing queue (it started while a
+//! cubic flow filled the link): so an event is also queued when it strikes in the top 30% of
+//! an RTT that swings (by 10% and 2 ms) over the evidence window — overflow losses come at the
+//! top of the queue's sawtooth, random ones anywhere. Without this, longhaul took the other
+//! flow's losses for random loss and switched to BBR, leaving it 24% of the link. Judging
 //! the RTT at the *event* matters: retransmissions of a slow-start overshoot go on for several
 //! RTTs after the queue has drained, and "loss while the RTT is near its minimum" took them for
 //! random loss. The switch needs `MIN_EVENTS` of the `RECENT_EVENTS` latest events (within
@@ -39,6 +44,12 @@ use serde::{Deserialize, Serialize};
 
 /// RTT at or above this multiple of the base RTT means a queue had built at the bottleneck.
 pub const QUEUE_RATIO: f64 = 1.25;
+/// The path's RTT "swings" when its highest sample in the evidence window is at least this
+/// multiple of its lowest, and at least `RANGE_MIN_US` above it...
+pub const RANGE_RATIO: f64 = 1.1;
+pub const RANGE_MIN_US: f64 = 2_000.0;
+/// ...and then a loss striking in the top 30% of that range is queued too.
+pub const TOP_OF_RANGE: f64 = 0.7;
 /// Loss events needed before switching to BBR.
 pub const MIN_EVENTS: usize = 6;
 /// Only the most recent events are judged (a slow start's overshoot, whose losses are queued,
@@ -111,7 +122,7 @@ pub struct Decision {
 #[derive(Clone, Copy, Debug)]
 struct Prev {
     ssthresh: u32,
-    ratio: f64,
+    rtt_us: u32,
     ca_state: u8,
     total_retrans: u32,
 }
@@ -133,6 +144,8 @@ pub struct LossClassifier {
     /// Events needed now (doubles after a switch back).
     needed: usize,
     prev: HashMap<u32, Prev>,
+    /// Median stream RTT (µs) of each recent sample.
+    rtt_history: VecDeque<(Duration, u32)>,
     /// Recent loss events: (when, stream, queued).
     events: VecDeque<(Duration, u32, bool)>,
     /// Aggregate counters at the start of the current rate window, and the mean delivery rate
@@ -159,6 +172,7 @@ impl LossClassifier {
             switches: 0,
             needed: MIN_EVENTS,
             prev: HashMap::new(),
+            rtt_history: VecDeque::new(),
             events: VecDeque::new(),
             window_start: None,
             last_rate: None,
@@ -326,11 +340,32 @@ impl LossClassifier {
     }
 
     fn record_events(&mut self, now: Duration, base: f64, streams: &[StreamInfo]) {
+        // The path's RTT range over the evidence window, from the median stream of each sample
+        // (the bottleneck queue is shared; the median ignores one stream's outlier).
+        let mut rtts: Vec<u32> = streams
+            .iter()
+            .map(|s| s.rtt_us)
+            .filter(|&r| r > 0)
+            .collect();
+        if !rtts.is_empty() {
+            rtts.sort_unstable();
+            self.rtt_history.push_back((now, rtts[rtts.len() / 2]));
+        }
+        let horizon = EVIDENCE_WINDOW.max(Duration::from_micros(base as u64) * 20);
+        while self
+            .rtt_history
+            .front()
+            .is_some_and(|h| now.saturating_sub(h.0) > horizon)
+        {
+            self.rtt_history.pop_front();
+        }
+        let lo = self.rtt_history.iter().map(|h| h.1).min().unwrap_or(0) as f64;
+        let hi = self.rtt_history.iter().map(|h| h.1).max().unwrap_or(0) as f64;
+        let swings = hi >= RANGE_RATIO * lo && hi - lo >= RANGE_MIN_US;
         for s in streams {
-            let ratio = s.rtt_us as f64 / base;
             let cur = Prev {
                 ssthresh: s.ssthresh,
-                ratio,
+                rtt_us: s.rtt_us,
                 ca_state: s.ca_state,
                 total_retrans: s.total_retrans,
             };
@@ -340,7 +375,12 @@ impl LossClassifier {
                 // A recovery already under way at the last sample is the same episode.
                 let fresh = p.ca_state <= 1;
                 if responded && lost && fresh && self.family == Family::LossBased {
-                    let queued = p.ratio.max(ratio) >= QUEUE_RATIO;
+                    let at = f64::from(p.rtt_us.max(s.rtt_us));
+                    // Queued: well above the base, or (the base may itself include another
+                    // flow's standing queue) in the top of an RTT that swings.
+                    let queued =
+                        at >= QUEUE_RATIO * base || (swings && at - lo >= TOP_OF_RANGE * (hi - lo));
+                    self.events.push_back((now, s.stream, queued));
                     self.events.push_back((now, s.stream, queued));
                     if self.events.len() > RECENT_EVENTS {
                         self.events.pop_front();
@@ -476,6 +516,38 @@ mod tests {
             );
         }
         assert_eq!(c.family(), Family::LossBased);
+    }
+
+    #[test]
+    fn another_flows_standing_queue_does_not_pass_for_random_loss() {
+        // The transfer started while a cubic flow kept the queue between 70% and full: the
+        // lowest RTT it ever sees is 1.7x the true base, its losses strike at the top (2x the
+        // true base, 1.18x the seen one, under QUEUE_RATIO).
+        let mut c = LossClassifier::new(true);
+        let mut sim = Sim::new(16);
+        for i in 0..300u32 {
+            let phase = i % 12;
+            let ratio = 1.0 + 0.18 * phase as f64 / 11.0;
+            let losers: Vec<u32> = if phase == 11 {
+                vec![i % 16, (i + 1) % 16]
+            } else {
+                vec![]
+            };
+            assert!(
+                sim.step(&mut c, ratio, &losers, 50_000, 0).is_none(),
+                "switched to bbr beside another flow at sample {i}"
+            );
+        }
+        // Losses with a flat RTT at the base still switch.
+        let mut c = LossClassifier::new(true);
+        let mut sim = Sim::new(16);
+        let mut switched = false;
+        for i in 0..100u32 {
+            switched |= sim
+                .step(&mut c, 1.0, &[i % 16, (i + 9) % 16], 50_000, 0)
+                .is_some();
+        }
+        assert!(switched);
     }
 
     #[test]
