@@ -52,6 +52,15 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&cli);
+    // netlab waits for its stop signals with sigtimedwait after blocking them, which works only
+    // while it is the process's only thread: run it before the async runtime's workers exist
+    // (under them, SIGTERM killed `haul netlab up` without removing its lab's global settings).
+    if let args::Command::Netlab { args } = &cli.command {
+        let argv = std::iter::once("haul netlab".to_string())
+            .chain(args.iter().cloned())
+            .collect();
+        return ExitCode::from(netlab::cli::main(argv).clamp(0, 255) as u8);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -119,15 +128,7 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Run(a) => run_cmd::run(a).await,
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),
-        args::Command::Netlab { args } => {
-            let argv = std::iter::once("haul netlab".to_string())
-                .chain(args)
-                .collect();
-            // The emulator runs its own threads and blocks; keep it off the async workers.
-            let code = tokio::task::spawn_blocking(move || netlab::cli::main(argv))
-                .await
-                .unwrap_or(1);
-            Ok(code.clamp(0, 255) as u8)
-        }
+        // Dispatched in `main` before the runtime starts.
+        args::Command::Netlab { .. } => Ok(1),
     }
 }

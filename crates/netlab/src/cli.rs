@@ -290,7 +290,8 @@ fn cmd_up(up: &UpArgs) -> i32 {
         // SAFETY: set is a valid signal set; no siginfo wanted.
         let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
         if sig == libc::SIGUSR1 {
-            println!("{}", lab.stats().to_json());
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout(), "{}", lab.stats().to_json());
         } else if sig > 0 {
             break;
         }
@@ -302,8 +303,10 @@ fn cmd_up(up: &UpArgs) -> i32 {
     let _ = fs::remove_file(up_file(pid));
     match lab.shutdown() {
         Ok(stats) => {
-            println!("{}", stats.to_json());
-            eprintln!("{stats}");
+            // Whoever started us may have stopped reading: a closed pipe is no failure.
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout(), "{}", stats.to_json());
+            let _ = writeln!(std::io::stderr(), "{stats}");
             0
         }
         Err(e) => {
