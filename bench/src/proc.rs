@@ -355,33 +355,6 @@ pub fn retrans_segs(host: &netlab::Host) -> Option<u64> {
     values.get(i)?.parse().ok()
 }
 
-/// Packets dropped on `host`'s `wan0` device (its TUN to the emulator) so far, from
-/// `/proc/net/dev` of its namespace: (rx dropped, tx dropped).
-pub fn dev_drops(host: &netlab::Host) -> Option<(u64, u64)> {
-    let text = host
-        .enter(|| fs::read_to_string("/proc/thread-self/net/dev"))
-        .ok()?
-        .ok()?;
-    parse_dev_drops(&text, netlab::HOST_IFACE)
-}
-
-/// (rx drop, tx drop) of interface `iface` in a `/proc/net/dev` text.
-fn parse_dev_drops(text: &str, iface: &str) -> Option<(u64, u64)> {
-    text.lines().find_map(|l| {
-        let (name, rest) = l.split_once(':')?;
-        if name.trim() != iface {
-            return None;
-        }
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        // rx: bytes packets errs drop fifo frame compressed multicast; tx: bytes packets errs
-        // drop ...
-        Some((*f.get(3)?, *f.get(11)?))
-    })
-}
-
 /// Whether something in `host`'s namespace listens on TCP `port` (from /proc/net/tcp and
 /// tcp6: XRootD listens on an IPv6 socket that also takes IPv4).
 pub fn listening(host: &netlab::Host, port: u16) -> bool {
@@ -438,19 +411,4 @@ pub fn fs_available(path: &Path) -> u64 {
         return 0;
     }
     st.f_bavail as u64 * st.f_frsize as u64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dev_drops_of_one_interface() {
-        let text = "Inter-|   Receive                                                |  Transmit\n \
- face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n \
-    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n \
-  wan0: 1000 10 0 7 0 0 0 0 2000 20 0 3 0 0 0 0\n";
-        assert_eq!(parse_dev_drops(text, "wan0"), Some((7, 3)));
-        assert_eq!(parse_dev_drops(text, "eth0"), None);
-    }
 }

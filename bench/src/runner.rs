@@ -140,13 +140,15 @@ impl RouterView {
 
 /// netlab's `Stats` fields this bench reads by name; any other numeric field is reported in
 /// `RouterView::other_counters`.
-const KNOWN_TOP: [&str; 7] = [
+const KNOWN_TOP: [&str; 9] = [
     "elapsed_s",
     "directions",
     "local_packets",
     "local_bytes",
     "unroutable",
     "no_buffer",
+    "host_tx_dropped",
+    "host_rx_dropped",
     "emulator_cpu_s",
 ];
 const KNOWN_DIR: [&str; 11] = [
@@ -233,13 +235,8 @@ pub fn build_lab(s: &Scenario, csv: Option<&Path>) -> Result<netlab::Lab> {
 }
 
 /// The emulator's counters client (site a) to server (site b) between two snapshots, with the
-/// hosts' device drops `dev0`/`dev1` (from `host_dev_drops`) at the same moments.
-pub fn router_view(
-    stats0: &netlab::Stats,
-    stats1: &netlab::Stats,
-    dev0: (u64, u64),
-    dev1: (u64, u64),
-) -> Option<RouterView> {
+/// hosts' device drops netlab reads at the same moments.
+pub fn router_view(stats0: &netlab::Stats, stats1: &netlab::Stats) -> Option<RouterView> {
     let (d0, d1) = (stats0.direction("a")?, stats1.direction("a")?);
     let rev = |st: &netlab::Stats| {
         st.direction("b")
@@ -260,18 +257,14 @@ pub fn router_view(
         emulator_cpu_s: stats1.emulator_cpu_s - stats0.emulator_cpu_s,
         drops_other: other(stats1) - other(stats0),
         no_buffer: stats1.no_buffer - stats0.no_buffer,
-        host_dev_rx_drops: dev1.0.saturating_sub(dev0.0),
-        host_dev_tx_drops: dev1.1.saturating_sub(dev0.1),
+        host_dev_rx_drops: stats1
+            .host_rx_dropped
+            .saturating_sub(stats0.host_rx_dropped),
+        host_dev_tx_drops: stats1
+            .host_tx_dropped
+            .saturating_sub(stats0.host_tx_dropped),
         other_counters: other_counters(stats0, stats1),
     })
-}
-
-/// Packets dropped on the `wan0` devices of all the lab's hosts so far: (rx, tx).
-pub fn host_dev_drops(lab: &netlab::Lab) -> (u64, u64) {
-    lab.hosts()
-        .iter()
-        .filter_map(proc::dev_drops)
-        .fold((0, 0), |(r, t), (a, b)| (r + a, t + b))
 }
 
 impl Measurement {
@@ -400,7 +393,6 @@ fn run_inner(spec: &RunSpec, m: &mut Measurement) -> Result<()> {
     let senders: Vec<&netlab::Host> = pairs.iter().map(|p| p.0).collect();
     let retrans0: Option<u64> = senders.iter().map(|h| proc::retrans_segs(h)).sum();
     let stats0 = lab.stats();
-    let dev0 = host_dev_drops(&lab);
     let cpu_s0 = cg_server.cpu();
     let cpu_c0 = cg_client.cpu();
     let sampler = proc::Sampler::start(
@@ -447,7 +439,6 @@ fn run_inner(spec: &RunSpec, m: &mut Measurement) -> Result<()> {
     let cpu_s = cg_server.cpu() - cpu_s0;
     let retrans1: Option<u64> = senders.iter().map(|h| proc::retrans_segs(h)).sum();
     let stats1 = lab.stats();
-    let dev1 = host_dev_drops(&lab);
     cg_server.kill_all(Duration::from_secs(2));
     cg_client.kill_all(Duration::from_secs(1));
     drop(lab); // flushes the router CSV
@@ -475,7 +466,7 @@ fn run_inner(spec: &RunSpec, m: &mut Measurement) -> Result<()> {
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
     };
-    m.router = router_view(&stats0, &stats1, dev0, dev1);
+    m.router = router_view(&stats0, &stats1);
     let err0 = fs::read_to_string(logs.join("client0.err")).unwrap_or_default();
     let lines: Vec<&str> = err0
         .lines()

@@ -1203,7 +1203,6 @@ fn fairness_inner(env: &Env, f: &mut Fairness) -> Result<()> {
     let icmd = tools::client_command(env.ctx, &iv, a, &addr, None, &dst)?;
     f.iperf3_command = runner::render_command(&icmd);
     let stats0 = lab.stats();
-    let dev0 = runner::host_dev_drops(&lab);
     let t_i = lab.elapsed();
     let ip = proc::spawn(
         icmd,
@@ -1228,7 +1227,6 @@ fn fairness_inner(env: &Env, f: &mut Fairness) -> Result<()> {
     let left = Duration::from_secs(t + 40).saturating_sub(ip.start.elapsed());
     let ie = ip.wait(left.max(Duration::from_secs(1)));
     let stats1 = lab.stats();
-    let dev1 = runner::host_dev_drops(&lab);
     cg_server.kill_all(Duration::from_secs(2));
     cg_client.kill_all(Duration::from_secs(1));
     drop(lab); // flushes the CSV
@@ -1241,7 +1239,7 @@ fn fairness_inner(env: &Env, f: &mut Fairness) -> Result<()> {
     let verified = data::verify(ds, &dst);
     let _ = fs::remove_dir_all(&dst);
     f.copy_ok = verified.is_ok();
-    if let Some(r) = runner::router_view(&stats0, &stats1, dev0, dev1) {
+    if let Some(r) = runner::router_view(&stats0, &stats1) {
         f.emulator_trouble = r.emulator_trouble();
     }
 
