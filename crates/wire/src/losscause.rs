@@ -148,10 +148,9 @@ pub struct LossClassifier {
     rtt_history: VecDeque<(Duration, u32)>,
     /// Recent loss events: (when, stream, queued).
     events: VecDeque<(Duration, u32, bool)>,
-    /// Aggregate counters at the start of the current rate window, and the mean delivery rate
+    /// Aggregate counters at the start of the current rate window, and the delivery rates
     /// (bytes/s) of the last two whole windows under the loss-based algorithm.
     window_start: Option<Totals>,
-    last_rate: Option<f64>,
     recent_rates: VecDeque<f64>,
     /// Whole loss-based windows needed before a switch to BBR (2 after a switch back, so that
     /// the rate BBR is compared with is measured afresh).
@@ -175,7 +174,6 @@ impl LossClassifier {
             rtt_history: VecDeque::new(),
             events: VecDeque::new(),
             window_start: None,
-            last_rate: None,
             recent_rates: VecDeque::new(),
             windows_needed: 1,
             bbr_review: None,
@@ -241,8 +239,6 @@ impl LossClassifier {
                     if self.recent_rates.len() > 2 {
                         self.recent_rates.pop_front();
                     }
-                    let n = self.recent_rates.len() as f64;
-                    self.last_rate = Some(self.recent_rates.iter().sum::<f64>() / n);
                 }
                 // Judge only with a whole rate window on the loss-based algorithm to compare
                 // BBR with later.
@@ -269,7 +265,9 @@ impl LossClassifier {
                 {
                     return None;
                 }
-                let before = self.last_rate.unwrap_or(0.0);
+                // The mean of the last two whole loss-based windows (there is at least one).
+                let before =
+                    self.recent_rates.iter().sum::<f64>() / self.recent_rates.len().max(1) as f64;
                 self.family = Family::Bbr;
                 self.switches += 1;
                 self.bbr_review = Some((before, 0));
@@ -317,7 +315,6 @@ impl LossClassifier {
                 self.bbr_review = None;
                 self.events.clear();
                 self.recent_rates.clear();
-                self.last_rate = None;
                 self.windows_needed = 2;
                 Some(Decision {
                     at_ms: now.as_millis() as u64,
