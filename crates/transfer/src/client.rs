@@ -904,6 +904,7 @@ pub async fn upload(
         buffer: session.tcp_buffer,
         limits: limits.clone(),
         confirm_bind: false,
+        hold_hello: true,
     };
     let mut openers = vec![tokio::spawn(open_streams(
         target.clone(),
@@ -1072,6 +1073,7 @@ pub async fn download(
         buffer,
         limits: limits.clone(),
         confirm_bind: false,
+        hold_hello: false,
     };
     let early = tokio::spawn(open_streams(
         target.clone(),

@@ -112,7 +112,7 @@ fn decode_err(peer: &str, e: DecodeError) -> TransferError {
     TransferError::Protocol(format!("{peer}: {e}"))
 }
 
-fn io_err(peer: &str, e: io::Error) -> TransferError {
+pub(crate) fn io_err(peer: &str, e: io::Error) -> TransferError {
     // In TLS 1.3 a refused client certificate shows up as an alert on the first read.
     if e.get_ref().is_some_and(|i| i.is::<rustls::Error>()) {
         return tls::explain_tls_error(peer, &e);
@@ -261,6 +261,11 @@ pub struct StreamTarget {
     /// named). A client sending to the endpoint it chose starts at once instead, saving a
     /// round trip.
     pub confirm_bind: bool,
+    /// The opener sends data on this stream: its hello is corked (see [`sys::set_cork`]) so
+    /// that it leaves with the first block, and the source session's stream writer uncorks.
+    /// Only with `confirm_bind` off (the hello must not wait for the first block when an
+    /// answer to it is awaited first).
+    pub hold_hello: bool,
 }
 
 /// A data connection ready for a session.
@@ -301,6 +306,9 @@ pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<DataConn,
     };
     let mut hello = prefix.to_vec();
     hello.extend_from_slice(&control::encode_bind(&bind));
+    if t.hold_hello && !t.confirm_bind {
+        let _ = sys::set_cork(io.tcp(), true);
+    }
     write_all(&mut io, &hello, &peer).await?;
     io.flush().await.map_err(|e| io_err(&peer, e))?;
     if t.confirm_bind {
@@ -757,5 +765,59 @@ pub fn format_addr(host: &str, port: u16) -> String {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(addr: std::net::SocketAddr, hold_hello: bool, confirm_bind: bool) -> StreamTarget {
+        StreamTarget {
+            addr: addr.to_string(),
+            host: "127.0.0.1".into(),
+            tls: None,
+            session: [7; 16],
+            key: [9; 32],
+            buffer: None,
+            limits: HostLimits::default(),
+            confirm_bind,
+            hold_hello,
+        }
+    }
+
+    /// A stream its opener sends on keeps its hello corked, for the first block to join it;
+    /// any other stream sends the hello at once.
+    #[tokio::test]
+    async fn a_sending_stream_holds_its_hello_for_the_first_block() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let corked = |c: &DataConn| socket2::SockRef::from(c.io.tcp()).tcp_cork().unwrap();
+
+        let held = open_data_stream(&target(addr, true, false), 0)
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        assert!(corked(&held), "hello held back");
+        let mut byte = [0u8; 1];
+        let early = tokio::time::timeout(Duration::from_millis(50), server.read(&mut byte)).await;
+        assert!(early.is_err(), "nothing arrives while corked");
+        sys::set_cork(held.io.tcp(), false).unwrap();
+        let magic = control::DATA_MAGIC;
+        let mut got = vec![0u8; magic.len()];
+        server.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, magic, "the hello leaves once uncorked");
+
+        let at_once = open_data_stream(&target(addr, false, false), 1)
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        assert!(!corked(&at_once));
+        let mut got = vec![0u8; magic.len()];
+        tokio::time::timeout(Duration::from_secs(5), server.read_exact(&mut got))
+            .await
+            .expect("hello sent at once")
+            .unwrap();
+        assert_eq!(got, magic);
     }
 }

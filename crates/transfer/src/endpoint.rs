@@ -800,6 +800,7 @@ async fn source(
                 buffer: options.tcp_buffer,
                 limits: ep.limits.clone(),
                 confirm_bind: true,
+                hold_hello: false,
             };
             // The first stream measures the path; the plan decides how many follow.
             let first = match conn::open_data_stream(&st, 0).await {

@@ -513,6 +513,9 @@ async fn stream_writer(
     stop: CancellationToken,
 ) {
     let peer = format!("data stream {idx}");
+    // SAFETY: the descriptor belongs to this stream's socket, which `w` keeps open for as long
+    // as `sock` is used (both live until the end of this function).
+    let sock = unsafe { BorrowedFd::borrow_raw(fd) };
     let result: Result<(), TransferError> = async {
         loop {
             let notified = sh.work.notified();
@@ -550,9 +553,14 @@ async fn stream_writer(
                     {
                         buf.as_mut_slice()[0] ^= 0x5a;
                     }
+                    // The header leaves with the block's first bytes, not in a packet of
+                    // its own (sys::set_cork says why that matters on long paths).
+                    let _ = sys::set_cork(&sock, true);
                     let prefix = header.frame_prefix(len);
                     conn::write_all(&mut w, &prefix, &peer).await?;
                     write_body(&mut w, &payload.body, len, &peer).await?;
+                    w.flush().await.map_err(|e| conn::io_err(&peer, e))?;
+                    let _ = sys::set_cork(&sock, false);
                     drop(payload);
                     Counters::add(&sh.counters.bytes_sent, len as u64);
                     if faults::moved(len as u64) {
@@ -562,10 +570,13 @@ async fn stream_writer(
                 None if finished => {
                     conn::write_all(&mut w, &DataFrame::StreamEnd.encode(), &peer).await?;
                     let _ = w.flush().await;
+                    let _ = sys::set_cork(&sock, false);
                     return Ok(());
                 }
                 None => {
                     let _ = w.flush().await;
+                    // Nothing to send for now: what is queued (a corked hello, a frame) goes.
+                    let _ = sys::set_cork(&sock, false);
                     tokio::select! {
                         _ = &mut notified => {}
                         _ = stop.cancelled() => return Ok(()),

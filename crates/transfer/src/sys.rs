@@ -137,6 +137,18 @@ pub fn set_rcvlowat(fd: RawFd, bytes: usize) -> io::Result<()> {
     )
 }
 
+/// Holds partial segments back (TCP_CORK) until uncorked, or sends them (`false`). A stream's
+/// small frames (the bind hello, a block's header) then leave with the bytes that follow them
+/// in full segments instead of ahead of them in a packet of their own: on a long path such a
+/// lone packet's acknowledgement returns early, clocks out a clump of its own, and slow start
+/// doubles that clump and the gap behind it every round trip; the round's first packets then
+/// see an empty queue, and the kernel's HyStart (which watches the round's smallest RTT) does
+/// not end slow start until the queue overflows. The kernel sends corked data after 200 ms
+/// at the latest.
+pub fn set_cork(sock: &impl AsFd, on: bool) -> io::Result<()> {
+    socket2::SockRef::from(sock).set_tcp_cork(on)
+}
+
 pub fn set_nodelay(sock: &impl AsFd) -> io::Result<()> {
     socket2::SockRef::from(sock).set_tcp_nodelay(true)
 }
@@ -443,6 +455,49 @@ mod tests {
         assert!(set_congestion(&client, "no-such-cc").is_err());
         set_max_pacing_rate(&client, 100_000_000).unwrap();
         assert_eq!(tcp_info(&client).unwrap().max_pacing_rate, 100_000_000);
+    }
+
+    /// A corked stream's small frames (a hello, a block header) leave with the bytes written
+    /// after them, in full segments; uncorked with TCP_NODELAY each leaves in a packet of its
+    /// own. Segments are counted by the kernel (tcpi_data_segs_out) with the MSS held at 1000.
+    #[test]
+    fn cork_sends_small_frames_with_the_bytes_that_follow() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let segments = |cork: bool| {
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            sock.set_tcp_mss(1000).unwrap();
+            sock.connect(&addr.into()).unwrap();
+            let mut client: std::net::TcpStream = sock.into();
+            let (mut server, _) = listener.accept().unwrap();
+            set_nodelay(&client).unwrap();
+            let before = tcp_info(&client).unwrap().data_segs_out;
+            set_cork(&client, cork).unwrap();
+            client.write_all(&[1u8; 50]).unwrap(); // the hello
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            client.write_all(&[2u8; 10]).unwrap(); // a block's header
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            client.write_all(&[3u8; 3000]).unwrap(); // its payload
+            set_cork(&client, false).unwrap();
+            let mut got = vec![0u8; 3060];
+            server.read_exact(&mut got).unwrap();
+            assert_eq!(&got[..50], &[1u8; 50][..]);
+            assert_eq!(&got[50..60], &[2u8; 10][..]);
+            let info = tcp_info(&client).unwrap();
+            (info.data_segs_out - before, info.snd_mss)
+        };
+        // The MSS in use is 1000 less the TCP options (timestamps).
+        let (corked, mss) = segments(true);
+        assert!((500..=1000).contains(&mss), "mss {mss}");
+        assert_eq!(corked, 3060_u32.div_ceil(mss), "corked: full segments only");
+        let (uncorked, mss) = segments(false);
+        assert_eq!(
+            uncorked,
+            2 + 3000_u32.div_ceil(mss),
+            "uncorked: the hello and the header in packets of their own"
+        );
     }
 
     /// On tmpfs the space is checked, not allocated: nothing is taken before the data comes,
