@@ -46,6 +46,13 @@ if [ "$(id -u)" = 0 ] && [ -z "${HAUL_TEST_POSTGRES_URL:-}" ]; then
   fi
 fi
 
+# The build (lints, tests, fuzz targets) takes about 4 GiB under target/ and fuzz/target/; a
+# disk that fills up fails it in the linker with "No space left on device". Say so first.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ -n "$free_kib" ] && [ "$free_kib" -lt $((6 * 1024 * 1024)) ]; then
+  echo "test: warning: only $((free_kib / 1024)) MiB free on this disk; the build needs about 4 GiB (cargo clean elsewhere?)"
+fi
+
 step() {
   local name=$1
   shift
