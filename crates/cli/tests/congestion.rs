@@ -1,0 +1,104 @@
+//! The loss classifier on an emulated path, end to end through `haul serve` and `haul cp` in
+//! two netlab hosts: random loss switches the copy's streams to BBR, and `--json` says when
+//! and on what evidence; a clean path whose bottleneck queue overflows (losses that come with
+//! a full queue) keeps the host's loss-based algorithm. Behaviour only: no rate is asserted.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+/// Copies a 64 MiB file from a0 to b0 over 200 Mbit/s, 40 ms RTT and `loss`; returns the
+/// client's JSON report after checking the copy byte for byte.
+fn copy_over(loss: f64, seed: u64) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big.dat");
+    write_file(&src, seed, 64 << 20);
+    let dst = dir.path().join("dst");
+    std::fs::create_dir_all(&dst).unwrap();
+    let lab = netlab::Lab::builder()
+        .site("a", 1)
+        .site("b", 1)
+        .rate_bps(200_000_000)
+        .rtt(Duration::from_millis(40))
+        .loss(loss)
+        .mtu(1500)
+        .congestion("cubic")
+        .seed(seed)
+        .build()
+        .expect("build lab");
+    let (a, b) = (lab.host("a", 0), lab.host("b", 0));
+    let listen = format!("{}:5811", b.addr());
+    let mut server = b
+        .command(env!("CARGO_BIN_EXE_haul"))
+        .env("HAUL_LOG", "warn")
+        .args([
+            "serve",
+            "--insecure",
+            "--print-addr",
+            "--listen",
+            &listen,
+            "--root",
+        ])
+        .arg(&dst)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start haul serve in b0");
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read address");
+    assert!(line.contains(":5811"), "endpoint did not start: {line:?}");
+    let out = a
+        .command(env!("CARGO_BIN_EXE_haul"))
+        .env("HAUL_LOG", "warn")
+        .args(["cp", "--insecure", "--json", "--progress", "never"])
+        .arg(&src)
+        .arg(format!("haul://{listen}/"))
+        .output()
+        .expect("run haul cp in a0");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_ok(&out);
+    assert_same_file(&src, &dst.join("big.dat"));
+    json(&out)
+}
+
+#[test]
+fn random_loss_switches_to_bbr_and_a_full_queue_does_not() {
+    if let Err(why) = netlab::Lab::available() {
+        testkit::skip!("netlab cannot run here: {why}");
+    }
+
+    // 1% random loss: cubic's streams are held far below the link by losses that strike
+    // with the queue empty.
+    let lossy = copy_over(0.01, 5);
+    let congestion = lossy["congestion"].as_str().expect("congestion");
+    assert!(congestion.starts_with("cubic->bbr"), "{lossy}");
+    let decisions = lossy["cc_decisions"].as_array().expect("cc_decisions");
+    let first = &decisions[0];
+    assert_eq!(first["to"], "Bbr", "{first}");
+    let events = first["events"].as_u64().unwrap();
+    let unqueued = first["unqueued_events"].as_u64().unwrap();
+    assert!(events >= 6, "switched on {events} loss events: {first}");
+    assert!(
+        unqueued * 10 >= events * 8,
+        "switched though only {unqueued} of {events} losses struck without a queue: {first}"
+    );
+    let base = first["base_rtt_us"].as_u64().unwrap();
+    assert!(
+        (30_000..60_000).contains(&base),
+        "base RTT {base} us on a 40 ms path: {first}"
+    );
+    assert!(
+        first["why"].as_str().is_some_and(|w| !w.is_empty()),
+        "{first}"
+    );
+
+    // No random loss: the losses are the queue overflowing, which BBR would not cure.
+    let clean = copy_over(0.0, 6);
+    assert_eq!(clean["congestion"], "cubic", "{clean}");
+    assert_eq!(clean["cc_decisions"], serde_json::json!([]), "{clean}");
+}
