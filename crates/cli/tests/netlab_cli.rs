@@ -73,3 +73,27 @@ fn netlab_up_stops_cleanly_on_sigterm() {
     );
     assert_eq!(rmem_max(), before, "global settings restored");
 }
+
+/// `haul netlab cleanup` also forgets the state file of an `up` process that died without
+/// removing it (kill -9), which `haul netlab down` would otherwise keep trying to stop.
+#[test]
+fn netlab_cleanup_removes_the_state_file_of_a_dead_lab() {
+    if let Err(why) = netlab::Lab::available() {
+        testkit::skip!("netlab cannot run here: {why}");
+    }
+    let mut gone = Command::new("true").spawn().expect("spawn true");
+    let pid = gone.id();
+    gone.wait().expect("wait");
+    std::fs::create_dir_all("/run/netlab").expect("state dir");
+    let stale = format!("/run/netlab/up-{pid}.json");
+    std::fs::write(&stale, "{}").expect("plant a stale state file");
+    let out = Command::new(env!("CARGO_BIN_EXE_haul"))
+        .args(["netlab", "cleanup"])
+        .output()
+        .expect("run haul netlab cleanup");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !std::path::Path::new(&stale).exists(),
+        "stale state file of dead pid {pid} left"
+    );
+}

@@ -427,9 +427,6 @@ fn cmd_down() -> i32 {
         .copied()
         .filter(|&p| sys::pid_alive(p))
         .collect();
-    for p in up_pids().into_iter().filter(|&p| !sys::pid_alive(p)) {
-        let _ = fs::remove_file(up_file(p));
-    }
     let code = cmd_cleanup();
     if !stuck.is_empty() {
         eprintln!(
@@ -441,7 +438,12 @@ fn cmd_down() -> i32 {
     code
 }
 
+/// Removes what labs that died left behind: namespaces, raised global limits, and the state
+/// files of `up` processes that are gone (which `down` would otherwise try to stop).
 fn cmd_cleanup() -> i32 {
+    for p in up_pids().into_iter().filter(|&p| !sys::pid_alive(p)) {
+        let _ = fs::remove_file(up_file(p));
+    }
     match crate::cleanup_leftovers() {
         Ok(removed) => {
             eprintln!("netlab: removed {} leftover namespace(s)", removed.len());
