@@ -6,8 +6,6 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::time::Duration;
 
 /// Copies a 64 MiB file from a0 to b0 over 200 Mbit/s, 40 ms RTT and `loss`; returns the
@@ -31,36 +29,13 @@ fn copy_over(loss: f64, seed: u64) -> serde_json::Value {
         .expect("build lab");
     let (a, b) = (lab.host("a", 0), lab.host("b", 0));
     let listen = format!("{}:5811", b.addr());
-    let mut server = b
-        .command(env!("CARGO_BIN_EXE_haul"))
-        .env("HAUL_LOG", "warn")
-        .args([
-            "serve",
-            "--insecure",
-            "--print-addr",
-            "--listen",
-            &listen,
-            "--root",
-        ])
-        .arg(&dst)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start haul serve in b0");
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("read address");
-    assert!(line.contains(":5811"), "endpoint did not start: {line:?}");
-    let out = a
-        .command(env!("CARGO_BIN_EXE_haul"))
-        .env("HAUL_LOG", "warn")
-        .args(["cp", "--insecure", "--json", "--progress", "never"])
-        .arg(&src)
-        .arg(format!("haul://{listen}/"))
-        .output()
-        .expect("run haul cp in a0");
-    let _ = server.kill();
-    let _ = server.wait();
+    let haul_in = |h: &netlab::Host| haul_env(h.command(env!("CARGO_BIN_EXE_haul")));
+    // Declared after the lab, so dropped (killed) before it.
+    let server = serve_with(haul_in(b), &listen, &dst, &["--insecure"], &[]);
+    assert_eq!(server.addr, listen, "endpoint did not start where asked");
+    let url = format!("haul://{listen}/");
+    let out = cp_with(haul_in(a), &[src.to_str().unwrap(), &url], &[]);
+    drop(server);
     assert_ok(&out);
     assert_same_file(&src, &dst.join("big.dat"));
     json(&out)

@@ -595,8 +595,7 @@ async fn stream_writer(
         .lock()
         .expect("sockets lock")
         .retain(|(s, _)| *s != idx);
-    // SAFETY: the descriptor belongs to this stream's socket, which `w` keeps open here.
-    if let Ok(info) = sys::tcp_info(&unsafe { BorrowedFd::borrow_raw(fd) }) {
+    if let Ok(info) = sys::tcp_info(&sock) {
         sh.retransmits
             .fetch_add(info.total_retrans as u64, Ordering::Relaxed);
     }

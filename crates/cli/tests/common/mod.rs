@@ -10,7 +10,12 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn haul() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_haul"));
+    haul_env(Command::new(env!("CARGO_BIN_EXE_haul")))
+}
+
+/// `c` (the `haul` binary, e.g. as a netlab host's command) with the tests' environment: no
+/// credentials or map file inherited from the caller, warnings only.
+pub fn haul_env(mut c: Command) -> Command {
     c.env_remove("HAUL_CERT")
         .env_remove("HAUL_KEY")
         .env_remove("HAUL_CA")
@@ -61,8 +66,18 @@ pub fn serve(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Endpoint {
 /// Starts `haul serve` listening on `listen` (e.g. the address of an endpoint that was
 /// killed, to restart it where its clients look for it).
 pub fn serve_on(listen: &str, root: &Path, args: &[&str], env: &[(&str, &str)]) -> Endpoint {
+    serve_with(haul(), listen, root, args, env)
+}
+
+/// Starts `haul serve` from `cmd` (see [`haul_env`]; e.g. inside a netlab host).
+pub fn serve_with(
+    mut cmd: Command,
+    listen: &str,
+    root: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Endpoint {
     std::fs::create_dir_all(root).unwrap();
-    let mut cmd = haul();
     cmd.args(["serve", "--listen", listen, "--print-addr", "--root"])
         .arg(root)
         .args(args);
@@ -102,7 +117,11 @@ pub fn cp(args: &[&str]) -> Output {
 }
 
 pub fn cp_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = haul();
+    cp_with(haul(), args, env)
+}
+
+/// `haul cp --insecure --json ...` from `cmd` (see [`haul_env`]; e.g. inside a netlab host).
+pub fn cp_with(mut cmd: Command, args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.args(["cp", "--insecure", "--json", "--progress", "never"])
         .args(args);
     for (k, v) in env {
