@@ -799,19 +799,24 @@ fn run_cell(env: &Env, cell: &Cell) -> CellResult {
     let started_utc = utc(SystemTime::now()).1;
     let ds = env.ds;
 
-    // 1. The path.
+    // 1. The path: its capacity, so without the cell's random loss (which only lightens the
+    // emulator's load, and makes 16 BBR flows at 200 ms vary by ten points in 5 s).
+    let lossless = Cell {
+        loss_pct: 0.0,
+        ..cell.clone()
+    };
     let check = env.run(
-        cell,
+        &lossless,
         variant(
             Tool::Iperf3,
-            "check: -P 16 bbr, -O 3 -t 5".into(),
+            "check: -P 16 bbr, -O 3 -t 5, no random loss".into(),
             &CHECK_FLAGS,
         ),
         None,
         Duration::from_secs(8 + 40),
     );
     println!(
-        "        path check (iperf3 -P 16 bbr, 5 s after 3 s): {} {}",
+        "        path check (iperf3 -P 16 bbr, 5 s after 3 s, no random loss): {} {}",
         check.status,
         if check.status == "ok" {
             pct(&check)
@@ -972,8 +977,10 @@ fn run_globus(env: &Env, cell: &Cell, haul: &Measurement, iperf3: &[Measurement]
     m
 }
 
-/// Whether the cell's path can be trusted: the check reached CHECK_MIN_PCT of the link and no
-/// run of the cell saw a drop outside the path model.
+/// Whether the cell's path can be trusted: some run of the cell carried CHECK_MIN_PCT of the
+/// link (the check, on the path without random loss, should; a run of the cell that did proves
+/// the same, since the check's 5 s of 16 BBR flows vary by several points at 200 ms) and no run
+/// of the cell saw a drop outside the path model.
 fn judge_path(
     check: &Measurement,
     haul: &Measurement,
@@ -982,12 +989,41 @@ fn judge_path(
 ) -> (bool, String) {
     let mut bad = Vec::new();
     let mut good = Vec::new();
-    match (check.status.as_str(), check.pct_link) {
-        ("ok", Some(p)) if p >= CHECK_MIN_PCT => good.push(format!("check {p:.1}% of link")),
-        ("ok", Some(p)) => bad.push(format!(
-            "check reached {p:.1}% of link (< {CHECK_MIN_PCT:.0}%)"
-        )),
-        (s, _) => bad.push(format!("check {s}: {}", check.reason)),
+    let label = |name: &str, m: &Measurement| {
+        if name == "iperf3" {
+            format!("iperf3 {}", m.variant)
+        } else {
+            name.to_string()
+        }
+    };
+    let others = std::iter::once(("longhaul", haul))
+        .chain(iperf3.iter().map(|m| ("iperf3", m)))
+        .chain(globus.map(|m| ("globus", m)));
+    let best_other = others
+        .filter(|(_, m)| m.status == "ok")
+        .filter_map(|(n, m)| m.pct_link.map(|p| (p, label(n, m))))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match (check.status.as_str(), check.pct_link, best_other) {
+        ("ok", Some(p), _) if p >= CHECK_MIN_PCT => good.push(format!("check {p:.1}% of link")),
+        (_, _, Some((p, who))) if p >= CHECK_MIN_PCT => {
+            let check = match (check.status.as_str(), check.pct_link) {
+                ("ok", Some(c)) => format!("{c:.1}%"),
+                (s, _) => format!("{s}: {}", check.reason),
+            };
+            good.push(format!("{who} carried {p:.1}% of link (check {check})"))
+        }
+        (s, c, best) => {
+            let check = match (s, c) {
+                ("ok", Some(c)) => format!("check reached {c:.1}% of link"),
+                _ => format!("check {s}: {}", check.reason),
+            };
+            let best = best.map_or(String::new(), |(p, who)| {
+                format!(", best run {who} {p:.1}%")
+            });
+            bad.push(format!(
+                "no run carried {CHECK_MIN_PCT:.0}% of link ({check}{best})"
+            ))
+        }
     }
     let runs = std::iter::once(("check", check))
         .chain(std::iter::once(("longhaul", haul)))
@@ -997,12 +1033,7 @@ fn judge_path(
         if let Some(r) = &m.router {
             let t = r.emulator_trouble();
             if !t.is_empty() {
-                let what = if name == "iperf3" {
-                    format!("iperf3 {}", m.variant)
-                } else {
-                    name.to_string()
-                };
-                bad.push(format!("{what}: {}", t.join(", ")));
+                bad.push(format!("{}: {}", label(name, m), t.join(", ")));
             }
         }
     }
@@ -1976,8 +2007,26 @@ mod tests {
         let h = m("haul", "defaults", 900.0);
         assert!(judge_path(&ok, &h, &[], None).0);
         let slow = m("iperf3", "check", 600.0);
-        let (good, why) = judge_path(&slow, &h, &[], None);
+        let h_slow = m("haul", "defaults", 800.0);
+        let (good, why) = judge_path(&slow, &h_slow, &[], None);
         assert!(!good && why.contains("60.0%"), "{why}");
+        // longhaul itself carrying the link proves the path as well.
+        let (good, why) = judge_path(&slow, &h, &[], None);
+        assert!(good && why.contains("longhaul carried 90.0%"), "{why}");
+        // A slow check is outweighed by a run of the cell that carried the link.
+        let fast = m("iperf3", "-P 16 cubic", 930.0);
+        let (good, why) = judge_path(&slow, &h, std::slice::from_ref(&fast), None);
+        assert!(
+            good && why.contains("iperf3 -P 16 cubic carried 93.0% of link (check 60.0%)"),
+            "{why}"
+        );
+        let mut failed = fast.clone();
+        failed.status = "failed".into();
+        let (good, why) = judge_path(&slow, &h_slow, &[failed], None);
+        assert!(
+            !good && why.contains("no run carried 85% of link (check reached 60.0% of link, best run longhaul 80.0%)"),
+            "{why}"
+        );
         let mut h2 = h.clone();
         h2.router = Some(runner::RouterView {
             no_buffer: 3,
