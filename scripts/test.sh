@@ -64,7 +64,7 @@ step() {
 }
 
 tests() {
-  cargo test --locked --workspace --no-fail-fast 2>&1 | tee "$logs/tests.log"
+  cargo test --locked --workspace --features haul/fault-injection --no-fail-fast 2>&1 | tee "$logs/tests.log"
   return "${PIPESTATUS[0]}"
 }
 
@@ -114,7 +114,7 @@ fuzz() {
 }
 
 step format cargo fmt --all -- --check
-step lints cargo clippy --locked --workspace --all-targets -- -D warnings
+step lints cargo clippy --locked --workspace --all-targets --features haul/fault-injection -- -D warnings
 step tests tests
 step fuzz fuzz
 

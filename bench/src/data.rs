@@ -305,9 +305,9 @@ fn read_full(f: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
 
 /// "4 GiB", "512 MiB", "68.1 MB" style sizes.
 pub fn human(b: u64) -> String {
-    if b >= GIB && b % GIB == 0 {
+    if b >= GIB && b.is_multiple_of(GIB) {
         format!("{} GiB", b / GIB)
-    } else if b >= MIB && b % MIB == 0 {
+    } else if b >= MIB && b.is_multiple_of(MIB) {
         format!("{} MiB", b / MIB)
     } else if b >= GIB {
         format!("{:.2} GiB", b as f64 / GIB as f64)

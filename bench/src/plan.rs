@@ -206,7 +206,7 @@ pub fn workload_description(w: &str, quick: bool) -> String {
 }
 
 fn mib(b: u64) -> String {
-    if b % MIB == 0 {
+    if b.is_multiple_of(MIB) {
         format!("{}M", b / MIB)
     } else {
         b.to_string()

@@ -38,10 +38,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let parsed = conf
+    let matches = conf
         .apply(<args::Cli as clap::CommandFactory>::command())
-        .try_get_matches_from(raw)
-        .and_then(|m| <args::Cli as clap::FromArgMatches>::from_arg_matches(&m));
+        .try_get_matches_from(raw);
+    // The subcommand's full name ("meta serve", "cert issue"): every log line of this process
+    // is inside the span it names.
+    let command_name = matches.as_ref().map(command_path).unwrap_or_default();
+    let parsed = matches.and_then(|m| <args::Cli as clap::FromArgMatches>::from_arg_matches(&m));
     let cli = match parsed {
         Ok(c) => c,
         Err(e) => {
@@ -71,7 +74,8 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime.block_on(run(cli));
+    let span = tracing::info_span!("command", name = %command_name);
+    let result = runtime.block_on(tracing::Instrument::instrument(run(cli), span));
     // Blocking threads (file readers) must not keep the process alive.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
@@ -82,6 +86,17 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit_code() as u8)
         }
     }
+}
+
+/// "cp", "meta serve": the subcommands named on the command line.
+fn command_path(m: &clap::ArgMatches) -> String {
+    let mut names = Vec::new();
+    let mut cur = m;
+    while let Some((name, sub)) = cur.subcommand() {
+        names.push(name);
+        cur = sub;
+    }
+    names.join(" ")
 }
 
 fn init_logging(cli: &args::Cli) {
@@ -98,6 +113,8 @@ fn init_logging(cli: &args::Cli) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a daemon's log file or journal gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }

@@ -151,6 +151,7 @@ fn partial_transfer_by_byte_range() {
 
 #[test]
 fn corrupted_blocks_are_detected_and_sent_again() {
+    common::needs_fault_injection!();
     let t = tempfile::tempdir().unwrap();
     let a = serve_insecure(&t.path().join("a"));
     let src = t.path().join("f.dat");
@@ -176,6 +177,7 @@ fn corrupted_blocks_are_detected_and_sent_again() {
 
 #[test]
 fn resume_after_the_client_dies_sends_only_what_is_missing() {
+    common::needs_fault_injection!();
     let t = tempfile::tempdir().unwrap();
     let a = serve_insecure(&t.path().join("a"));
     let src = t.path().join("f.dat");
@@ -264,6 +266,7 @@ fn resume_after_sigkill_of_the_receiving_endpoint() {
 
 #[test]
 fn resume_of_a_download_after_the_client_dies() {
+    common::needs_fault_injection!();
     let t = tempfile::tempdir().unwrap();
     let a = serve_insecure(&t.path().join("a"));
     write_file(&a.root.join("f.dat"), 11, 30 << 20);
@@ -306,6 +309,7 @@ fn a_resumed_tree_skips_files_already_complete() {
 
 #[test]
 fn a_stalled_transfer_is_cancelled_and_resumed() {
+    common::needs_fault_injection!();
     let t = tempfile::tempdir().unwrap();
     // The source endpoint hangs after 8 MiB, once.
     let a = serve_insecure_env(&t.path().join("a"), &[("HAUL_FAULT_STALL_AFTER", "8M")]);
@@ -332,6 +336,7 @@ fn a_stalled_transfer_is_cancelled_and_resumed() {
 
 #[test]
 fn a_stall_that_never_ends_fails_with_the_history() {
+    common::needs_fault_injection!();
     let t = tempfile::tempdir().unwrap();
     let a = serve_insecure_env(&t.path().join("a"), &[("HAUL_FAULT_STALL_AFTER", "1M")]);
     write_file(&a.root.join("f.dat"), 13, 4 << 20);
@@ -896,4 +901,65 @@ fn certificate_and_destination_errors_have_their_own_exit_codes() {
     }
     let out = pki.cp("alice", &[&a.tls_url("f.dat"), "/proc/"]);
     assert_exit(&out, 6, "/proc/f.dat");
+}
+
+/// Log lines of `haul serve` carry their context as spans: the connection (peer and mapped
+/// user), the session (its id), the sink, and the data stream; written to a file, without
+/// terminal colours.
+#[test]
+fn serve_logs_carry_connection_session_and_stream_spans() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("a");
+    std::fs::create_dir_all(&root).unwrap();
+    let log = t.path().join("serve.log");
+    let mut child = haul()
+        .args([
+            "serve",
+            "--insecure",
+            "--listen",
+            "127.0.0.1:0",
+            "--print-addr",
+            "--root",
+        ])
+        .arg(&root)
+        .env("HAUL_LOG", "debug")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut addr = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut addr,
+    )
+    .unwrap();
+    let src = t.path().join("f.dat");
+    write_file(&src, 3, 3 << 20);
+    let out = cp(&[
+        "-p",
+        "2",
+        src.to_str().unwrap(),
+        &format!("haul://{}/f.dat", addr.trim()),
+    ]);
+    assert_ok(&out);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains('\x1b'),
+        "colour codes in a log file:\n{text}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.contains("data stream ended"))
+        .unwrap_or_else(|| panic!("no stream end logged:\n{text}"));
+    for part in [
+        "command{name=serve}:connection{peer=127.0.0.1:",
+        "user=anonymous}",
+        ":session{id=",
+        ":sink{owner=",
+        ":stream{idx=",
+    ] {
+        assert!(line.contains(part), "{part:?} missing from {line:?}");
+    }
 }

@@ -44,6 +44,7 @@ fn assert_two_attempts(j: &serde_json::Value) {
 /// again, the first attempt's temporary files left behind, exit 0).
 #[test]
 fn a_retried_upload_into_a_new_directory_keeps_its_name() {
+    common::needs_fault_injection!();
     let t = tempfile::tempdir().unwrap();
     let ds = dataset(t.path());
     let a = serve(
@@ -74,6 +75,7 @@ fn a_retried_upload_into_a_new_directory_keeps_its_name() {
 /// The same for a download into a new local directory (the source endpoint stalls once).
 #[test]
 fn a_retried_download_into_a_new_directory_keeps_its_name() {
+    common::needs_fault_injection!();
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("a");
     let ds = dataset(&root);
@@ -100,6 +102,7 @@ fn a_retried_download_into_a_new_directory_keeps_its_name() {
 /// And for a third-party copy into a new directory of the destination endpoint.
 #[test]
 fn a_retried_third_party_copy_into_a_new_directory_keeps_its_name() {
+    common::needs_fault_injection!();
     let t = tempfile::tempdir().unwrap();
     let ds = dataset(&t.path().join("a"));
     let a = serve(
@@ -134,6 +137,7 @@ fn a_retried_third_party_copy_into_a_new_directory_keeps_its_name() {
 /// (where partial files used to be too short to be resumed).
 #[test]
 fn an_automatic_retry_resumes_after_the_receiving_endpoint_restarts() {
+    common::needs_fault_injection!();
     let t = tempfile::tempdir().unwrap();
     resume_after_restart(t.path());
     let shm = Path::new("/dev/shm");

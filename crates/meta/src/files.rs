@@ -90,20 +90,20 @@ impl Meta {
                     continue;
                 }
             };
-            if req.overwrite {
-                if let Ok(Some(old)) = self.catalog.lookup(&norm).await {
-                    if old.kind == Kind::File && !perm::allows(user, &old, Access::Write) {
-                        reply.errors.push(pb::FileError {
-                            path: norm.clone(),
-                            code: "permission_denied".into(),
-                            message: format!(
-                                "{norm}: permission denied ({} may not write this file)",
-                                user.name
-                            ),
-                        });
-                        continue;
-                    }
-                }
+            if req.overwrite
+                && let Ok(Some(old)) = self.catalog.lookup(&norm).await
+                && old.kind == Kind::File
+                && !perm::allows(user, &old, Access::Write)
+            {
+                reply.errors.push(pb::FileError {
+                    path: norm.clone(),
+                    code: "permission_denied".into(),
+                    message: format!(
+                        "{norm}: permission denied ({} may not write this file)",
+                        user.name
+                    ),
+                });
+                continue;
             }
             items.push(CreateItem {
                 path: norm,

@@ -144,10 +144,10 @@ impl Emulator {
 
     /// CPU time the emulator thread has used (user + system).
     pub fn cpu_time(&self) -> Duration {
-        if self.shared.running.load(Relaxed) {
-            if let Ok(t) = Self::thread_cpu(&self.shared) {
-                return t;
-            }
+        if self.shared.running.load(Relaxed)
+            && let Ok(t) = Self::thread_cpu(&self.shared)
+        {
+            return t;
         }
         Duration::from_nanos(self.shared.final_cpu_ns.load(Relaxed))
     }

@@ -164,7 +164,7 @@ pub fn format_rate(bps: u64) -> String {
         (1_000_000, "M"),
         (1_000, "k"),
     ] {
-        if bps >= mult && bps % mult == 0 {
+        if bps >= mult && bps.is_multiple_of(mult) {
             return format!("{}{p}bit", bps / mult);
         }
     }

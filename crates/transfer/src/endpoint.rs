@@ -28,6 +28,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use wire::control::{
     self, Bind, BindResult, DataKey, HostLimits, ListedFile, Protect, PushTarget, Request,
     Response, SessionId, SessionOptions, SessionSummary,
@@ -150,10 +151,20 @@ pub async fn run(
                 };
                 let ep = ep.clone();
                 let stop = stop.child_token();
-                tokio::spawn(async move {
-                    handle(ep, tcp, addr.to_string(), stop).await;
-                    drop(admission);
-                });
+                // Every log line of this connection names its peer and, once known, its
+                // mapped user; sessions and their streams are spans inside it.
+                let span = tracing::info_span!(
+                    "connection",
+                    peer = %addr,
+                    user = tracing::field::Empty
+                );
+                tokio::spawn(
+                    async move {
+                        handle(ep, tcp, addr.to_string(), stop).await;
+                        drop(admission);
+                    }
+                    .instrument(span),
+                );
             }
             _ = &mut shutdown => break,
         }
@@ -376,6 +387,7 @@ async fn control(
             return Err(TransferError::Auth(message));
         }
     };
+    tracing::Span::current().record("user", tracing::field::display(&identity));
     tracing::info!(peer = %reader.peer, %identity, "control connection");
     let idle = ep.cfg.limits.idle_timeout;
     loop {
@@ -476,6 +488,7 @@ async fn control(
                     options,
                     &identity,
                 )
+                .instrument(session_span(&session))
                 .await?;
             }
             Request::OpenSource {
@@ -523,10 +536,17 @@ async fn control(
                     options,
                     push.map(|p| *p),
                 )
+                .instrument(session_span(&session))
                 .await?;
             }
         }
     }
+}
+
+/// The span of one transfer session on this endpoint: its id as the client chose it (the same
+/// id is in the client's and, for third-party copies, the other endpoint's logs).
+fn session_span(id: &control::SessionId) -> tracing::Span {
+    tracing::info_span!("session", id = %hex::encode(id))
 }
 
 /// The tree as this connection's account sees it. An endpoint started as root with a mapfile

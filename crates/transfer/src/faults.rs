@@ -8,67 +8,97 @@
 //!   exits at once with status 137, as if killed.
 //!
 //! They exist so that the integration tests can exercise detection and recovery through the
-//! real binaries; they cost one relaxed atomic operation per block when unset.
+//! real binaries, and only in builds with the `fault-injection` cargo feature (the test command
+//! enables it; release builds do not, so an installed `haul` ignores these variables): without
+//! it every function here is a constant `false` the compiler removes. With it they cost one
+//! relaxed atomic operation per block when unset.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(feature = "fault-injection")]
+pub use injected::{corrupt_enabled, corrupt_this_block, moved};
 
-struct Faults {
-    corrupt_every: Option<u64>,
-    stall_after: Option<u64>,
-    exit_after: Option<u64>,
-}
+#[cfg(feature = "fault-injection")]
+mod injected {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-fn faults() -> &'static Faults {
-    static F: OnceLock<Faults> = OnceLock::new();
-    F.get_or_init(|| {
-        let num = |k: &str| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| wire::units::parse_size(&v).ok())
-        };
-        Faults {
-            corrupt_every: num("HAUL_FAULT_CORRUPT_EVERY").filter(|n| *n > 0),
-            stall_after: num("HAUL_FAULT_STALL_AFTER"),
-            exit_after: num("HAUL_FAULT_EXIT_AFTER"),
+    struct Faults {
+        corrupt_every: Option<u64>,
+        stall_after: Option<u64>,
+        exit_after: Option<u64>,
+    }
+
+    fn faults() -> &'static Faults {
+        static F: OnceLock<Faults> = OnceLock::new();
+        F.get_or_init(|| {
+            let num = |k: &str| {
+                std::env::var(k)
+                    .ok()
+                    .and_then(|v| wire::units::parse_size(&v).ok())
+            };
+            Faults {
+                corrupt_every: num("HAUL_FAULT_CORRUPT_EVERY").filter(|n| *n > 0),
+                stall_after: num("HAUL_FAULT_STALL_AFTER"),
+                exit_after: num("HAUL_FAULT_EXIT_AFTER"),
+            }
+        })
+    }
+
+    static BLOCKS: AtomicU64 = AtomicU64::new(0);
+    static BYTES: AtomicU64 = AtomicU64::new(0);
+    static STALL_FIRED: AtomicBool = AtomicBool::new(false);
+
+    /// Whether block corruption is being injected (senders then keep blocks in memory).
+    pub fn corrupt_enabled() -> bool {
+        faults().corrupt_every.is_some()
+    }
+
+    /// Called for each block about to be sent for the first time: true if it must be corrupted.
+    pub fn corrupt_this_block() -> bool {
+        match faults().corrupt_every {
+            Some(n) => BLOCKS.fetch_add(1, Ordering::Relaxed) % n == n - 1,
+            None => false,
         }
-    })
+    }
+
+    /// Records `n` payload bytes moved by this process; exits if the exit fault is due. Returns
+    /// true (once per process) when the calling session must stall from now on.
+    pub fn moved(n: u64) -> bool {
+        let f = faults();
+        if f.stall_after.is_none() && f.exit_after.is_none() {
+            return false;
+        }
+        let total = BYTES.fetch_add(n, Ordering::Relaxed) + n;
+        if f.exit_after.is_some_and(|limit| total >= limit) {
+            eprintln!("haul: fault injection: exiting after {total} bytes");
+            std::process::exit(137);
+        }
+        if f.stall_after.is_some_and(|limit| total >= limit)
+            && !STALL_FIRED.swap(true, Ordering::Relaxed)
+        {
+            eprintln!("haul: fault injection: stalling after {total} bytes");
+            return true;
+        }
+        false
+    }
 }
 
-static BLOCKS: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-static STALL_FIRED: AtomicBool = AtomicBool::new(false);
-
-/// Whether block corruption is being injected (senders then keep blocks in memory).
+/// Whether block corruption is being injected: never in this build.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
 pub fn corrupt_enabled() -> bool {
-    faults().corrupt_every.is_some()
+    false
 }
 
-/// Called for each block about to be sent for the first time: true if it must be corrupted.
+/// Whether this block must be corrupted: never in this build.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
 pub fn corrupt_this_block() -> bool {
-    match faults().corrupt_every {
-        Some(n) => BLOCKS.fetch_add(1, Ordering::Relaxed) % n == n - 1,
-        None => false,
-    }
+    false
 }
 
-/// Records `n` payload bytes moved by this process; exits if the exit fault is due. Returns
-/// true (once per process) when the calling session must stall from now on.
-pub fn moved(n: u64) -> bool {
-    let f = faults();
-    if f.stall_after.is_none() && f.exit_after.is_none() {
-        return false;
-    }
-    let total = BYTES.fetch_add(n, Ordering::Relaxed) + n;
-    if f.exit_after.is_some_and(|limit| total >= limit) {
-        eprintln!("haul: fault injection: exiting after {total} bytes");
-        std::process::exit(137);
-    }
-    if f.stall_after.is_some_and(|limit| total >= limit)
-        && !STALL_FIRED.swap(true, Ordering::Relaxed)
-    {
-        eprintln!("haul: fault injection: stalling after {total} bytes");
-        return true;
-    }
+/// Records moved bytes for the exit and stall faults: nothing to do in this build.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn moved(_n: u64) -> bool {
     false
 }

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use wire::checksum::{Algorithm, InOrderDigest, block_crc};
 use wire::control::SessionOptions;
 use wire::data::{self, BLOCK_HEADER_LEN, BlockHeader, DataFrame, FileBegin, FileId};
@@ -768,9 +769,10 @@ async fn stream_reader(
     .await;
     match result {
         Ok(true) => {
+            tracing::debug!("data stream ended: the sender sent its end of session");
             sh.ended.store(true, Ordering::SeqCst);
         }
-        Ok(false) => {}
+        Ok(false) => tracing::debug!("data stream ended"),
         Err(e @ (TransferError::Protocol(_) | TransferError::Auth(_))) => sh.fail(e),
         Err(e) => tracing::debug!(stream = idx, error = %e, "data stream closed"),
     }
@@ -890,6 +892,7 @@ fn next_job<T>(rx: &flume::Receiver<T>, cancel: &CancellationToken) -> Option<T>
 /// Runs a sink session: receives as `spec.naming` says from the data streams that arrive on
 /// `conns`. Returns when the source has finished (or on failure, after saving restart
 /// ledgers of unfinished files).
+#[tracing::instrument(name = "sink", skip_all, fields(owner = %spec.owner))]
 pub async fn run_sink(
     spec: SinkSpec,
     mut conns: mpsc::Receiver<conn::DataConn>,
@@ -1010,8 +1013,9 @@ pub async fn run_sink(
                     sh.lock().add_stream(idx);
                     sh.live_streams.fetch_add(1, Ordering::SeqCst);
                     let stop = sh.cancel.child_token();
-                    tokio::spawn(stream_reader(sh.clone(), idx, r, tx, stop.clone(), await_bind, lowat));
-                    tokio::spawn(stream_writer(w, rx, stop.clone()));
+                    let span = tracing::info_span!("stream", idx);
+                    tokio::spawn(stream_reader(sh.clone(), idx, r, tx, stop.clone(), await_bind, lowat).instrument(span.clone()));
+                    tokio::spawn(stream_writer(w, rx, stop.clone()).instrument(span));
                     stops.push(stop);
                 }
                 None => conns_open = false,

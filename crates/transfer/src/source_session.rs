@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use wire::checksum::{Algorithm, Digest, MultiHasher, block_crc};
 use wire::control::SessionOptions;
 use wire::data::{self, DataFrame, EntryKind};
@@ -673,6 +674,7 @@ fn bind_failed(sh: &Shared, idx: u32, e: TransferError, stop: &CancellationToken
 
 /// Runs a source session: sends `spec` over the data streams that arrive on `conns` (stream
 /// index and connection). Returns when every file is done or failed, or on a session failure.
+#[tracing::instrument(name = "source", skip_all, fields(files = spec.entries.len()))]
 pub async fn run_source(
     spec: SourceSpec,
     mut conns: mpsc::Receiver<conn::DataConn>,
@@ -737,10 +739,7 @@ pub async fn run_source(
         root: spec.root.clone(),
         zero_copy: spec.zero_copy
             && opts.protect == wire::control::Protect::Clear
-            && !faults::corrupt_enabled()
-            && std::env::var("HAUL_ZERO_COPY")
-                .map(|v| v != "0")
-                .unwrap_or(true),
+            && !faults::corrupt_enabled(),
         range_base,
         is_range: spec.range.is_some(),
         algos: opts.checksums.clone(),
@@ -838,8 +837,9 @@ pub async fn run_source(
                         st.add_stream(idx, Instant::now());
                     }
                     sh.work.notify_waiters();
-                    writers.push(tokio::spawn(stream_writer(sh.clone(), idx, w, fd, stop.clone())));
-                    tokio::spawn(stream_reader(sh.clone(), idx, r, stop.clone(), await_bind));
+                    let span = tracing::info_span!("stream", idx);
+                    writers.push(tokio::spawn(stream_writer(sh.clone(), idx, w, fd, stop.clone()).instrument(span.clone())));
+                    tokio::spawn(stream_reader(sh.clone(), idx, r, stop.clone(), await_bind).instrument(span));
                     stream_stops.push(stop);
                 }
                 None => conns_open = false,
@@ -870,12 +870,14 @@ pub async fn run_source(
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
     outcome?;
-    let st = sh.lock();
+    let stats = sh.lock().stats().clone();
+    let congestion = sh.congestion.lock().expect("cc lock").clone();
+    let cc_decisions = sh.decisions.lock().expect("decisions lock").clone();
     Ok(SourceOutcome {
-        stats: st.stats().clone(),
+        stats,
         streams,
-        congestion: sh.congestion.lock().expect("cc lock").clone(),
-        cc_decisions: sh.decisions.lock().expect("decisions lock").clone(),
+        congestion,
+        cc_decisions,
         tcp_retransmits: sh.retransmits.load(Ordering::Relaxed),
         zero_copy: sh.zero_copy,
     })

@@ -4,6 +4,23 @@
 
 pub mod grid;
 
+/// First line of a test that injects faults through `HAUL_FAULT_*`: those hooks exist only in a
+/// `haul` built with the `fault-injection` feature (scripts/test.sh builds the tests with it);
+/// without it the test is reported as skipped, never run against hooks that are not there.
+#[allow(unused_macros)]
+macro_rules! needs_fault_injection {
+    () => {
+        if !cfg!(feature = "fault-injection") {
+            testkit::skip!(
+                "haul was built without the fault-injection feature (run the tests with \
+                 `cargo test --features haul/fault-injection`, as scripts/test.sh does)"
+            );
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use needs_fault_injection;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
