@@ -963,3 +963,22 @@ fn serve_logs_carry_connection_session_and_stream_spans() {
         assert!(line.contains(part), "{part:?} missing from {line:?}");
     }
 }
+
+/// A grid command pointed at a data endpoint is told what it reached: the endpoint refuses the
+/// metadata server's ALPN protocol, recognised by its TLS error type, not by message text.
+#[test]
+fn a_grid_command_at_a_data_endpoint_says_what_it_reached() {
+    let t = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&t.path().join("pki"));
+    let sargs = pki.serve_args();
+    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
+    let a = serve(&t.path().join("a"), &sargs, &[]);
+    let out = haul()
+        .args(["ls", &a.tls_url("/")])
+        .env("HAUL_CERT", pki.p("alice.pem"))
+        .env("HAUL_KEY", pki.p("alice.key"))
+        .env("HAUL_CA", pki.p("ca/ca.pem"))
+        .output()
+        .unwrap();
+    assert_exit(&out, 2, "is a data endpoint, not a metadata server");
+}

@@ -56,6 +56,16 @@ pub fn from_status(s: tonic::Status) -> TransferError {
     }
 }
 
+/// Whether a TLS handshake failed because the server speaks none of our ALPN protocols (a data
+/// endpoint answers a grid command's "h2" so), whichever side noticed first.
+fn is_no_application_protocol(e: &std::io::Error) -> bool {
+    use rustls::{AlertDescription, Error as E};
+    matches!(
+        e.get_ref().and_then(|i| i.downcast_ref::<E>()),
+        Some(E::NoApplicationProtocol | E::AlertReceived(AlertDescription::NoApplicationProtocol))
+    )
+}
+
 /// What failed below gRPC, if that is what `s` reports: a TLS alert or error in its causes
 /// (explained as the data plane does), or a broken connection.
 fn transport_cause(s: &tonic::Status) -> Option<TransferError> {
@@ -551,9 +561,7 @@ async fn handshake(
         .await
         .map_err(|_| TransferError::Connect(format!("{shown}: TLS handshake timed out")))?
         .map_err(|e| {
-            if e.to_string().contains("NoApplicationProtocol")
-                || e.to_string().contains("no_application_protocol")
-            {
+            if is_no_application_protocol(&e) {
                 TransferError::Usage(format!(
                     "{shown} is a data endpoint, not a metadata server (grid commands need haul://META/path)"
                 ))

@@ -126,7 +126,7 @@ pub fn io_info(what: &str, e: &std::io::Error) -> ErrorInfo {
         )
         .retryable(false);
     }
-    if e.to_string().contains("outside of the filesystem") {
+    if crate::store::escapes_root(e) {
         return ErrorInfo::new(
             ErrorKind::PathEscapesRoot,
             format!("{what}: path escapes the exported root"),

@@ -103,6 +103,32 @@ pub enum OpenMode {
     Existing,
 }
 
+/// The payload of the error a path gets when it would lead outside the exported root (`..`, an
+/// absolute path, a symlink pointing out): recognised by type, see [`escapes_root`].
+#[derive(Debug)]
+pub struct EscapesRoot;
+
+impl std::fmt::Display for EscapesRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a path led outside of the exported root")
+    }
+}
+
+impl std::error::Error for EscapesRoot {}
+
+/// What cap-std says when a path escapes its directory (cap-primitives' `escape_attempt`). It
+/// has no error type of its own, so [`escapes_root`] is the one place that compares this text.
+const CAP_STD_ESCAPE: &str = "a path led outside of the filesystem";
+
+/// Whether `e` reports a path that would lead outside the exported root: this module's own
+/// check, or cap-std's when it resolved a `..` or a symlink pointing out.
+pub fn escapes_root(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<EscapesRoot>())
+        || (e.kind() == io::ErrorKind::PermissionDenied
+            && e.get_ref()
+                .is_some_and(|inner| inner.to_string() == CAP_STD_ESCAPE))
+}
+
 /// `O_NOFOLLOW` for the std and cap-std `OpenOptions`.
 const NOFOLLOW: i32 = libc::O_NOFOLLOW;
 
@@ -154,10 +180,7 @@ impl Root {
                 match c {
                     Component::Normal(_) | Component::CurDir => {}
                     _ => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::PermissionDenied,
-                            "a path led outside of the filesystem",
-                        ));
+                        return Err(io::Error::new(io::ErrorKind::PermissionDenied, EscapesRoot));
                     }
                 }
             }
@@ -596,7 +619,7 @@ fn walk(
                 format!("{shown}: the name is not valid UTF-8 and cannot be sent"),
             )),
             Some(utf8) => match root.metadata(&child) {
-                Err(e) if e.to_string().contains("outside of the filesystem") => {
+                Err(e) if escapes_root(&e) => {
                     return Err(io_info(&shown, &e));
                 }
                 Err(e) => Err(io_info(&shown, &e)),
