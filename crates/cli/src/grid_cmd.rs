@@ -256,11 +256,9 @@ pub async fn rm(a: RmArgs) -> Result<u8, TransferError> {
         if e.is_dir && !a.recursive {
             // An empty directory goes without -r, like rmdir.
             let n = m.remove(p, false).await.map_err(|err| match err {
-                TransferError::Destination(msg) if msg.contains("not empty") => {
-                    TransferError::Destination(format!(
-                        "{msg} (use -r to remove it with everything below it)"
-                    ))
-                }
+                TransferError::NotEmpty(msg) => TransferError::NotEmpty(format!(
+                    "{msg} (use -r to remove it with everything below it)"
+                )),
                 other => other,
             })?;
             total += n;

@@ -202,7 +202,12 @@ fn permissions_and_bad_inputs() {
         "no such file",
     );
     assert_exit(&g.run("alice", &["mkdir", "/pub"]), 6, "already exists");
-    assert_exit(&g.run("alice", &["rm", "/pub"]), 6, "not empty");
+    // The kind travels beside the status ("not_empty"), so the hint does not hang on its text.
+    assert_exit(
+        &g.run("alice", &["rm", "/pub"]),
+        6,
+        "not empty (use -r to remove it with everything below it)",
+    );
     g.ok("alice", &["ls", "/pub/a.txt"]);
     g.ok("alice", &["rm", "-r", "/pub"]);
     assert_exit(&g.run("alice", &["ls", "/pub"]), 3, "no such file");
@@ -366,6 +371,61 @@ fn replicas_at_another_site_and_a_policy_heals_the_loss_of_a_node() {
         &["verify", "-r", "--no-repair", "--json", "/alice/tree"],
     );
     assert_eq!(v["damaged"].as_array().unwrap().len(), 0, "{v}");
+}
+
+/// Replication from a replica whose data no longer matches its checksum: the source node
+/// reports the kind "source damaged" (not a message to match), the planner marks that replica
+/// damaged in the catalog, and no copy is made from it.
+#[test]
+fn replication_marks_a_damaged_source_replica() {
+    let g = Grid::start();
+    let (_src, _files, _paths) = upload_sample(&g);
+    let target = "/alice/tree/big.bin";
+    let w = g.where_(&[target.to_string()]);
+    let live = live_complete(&w[0], &[]);
+    assert_eq!(live.len(), 1, "{w:?}");
+    let bad_node = live[0].0.clone();
+    let file = g.replica_file(&bad_node, target);
+    let mut bytes = std::fs::read(&file).unwrap();
+    for b in &mut bytes[1_000_000..1_000_016] {
+        *b = !*b;
+    }
+    std::fs::write(&file, &bytes).unwrap();
+
+    let out = g.run(
+        "alice",
+        &[
+            "replicate",
+            target,
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "--json",
+        ],
+    );
+    assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
+    let w = g.where_(&[target.to_string()]);
+    let states: Vec<(&str, &str)> = w[0]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["node"].as_str().unwrap(), r["state"].as_str().unwrap()))
+        .collect();
+    assert!(
+        states.contains(&(bad_node.as_str(), "damaged")),
+        "{states:?}"
+    );
+    assert!(
+        !states
+            .iter()
+            .any(|(n, st)| *n != bad_node && *st == "complete"),
+        "a copy was made from the damaged replica: {states:?}"
+    );
+    let j = json(&out);
+    assert!(!j["failures"].as_array().unwrap().is_empty(), "{j}");
 }
 
 #[test]

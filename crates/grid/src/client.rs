@@ -37,6 +37,14 @@ pub fn from_status(s: tonic::Status) -> TransferError {
         return e;
     }
     let m = s.message().to_string();
+    // The metadata server names the kind beside the code.
+    if s.metadata()
+        .get(api::ERROR_KIND_KEY)
+        .and_then(|v| v.to_str().ok())
+        == Some("not_empty")
+    {
+        return TransferError::NotEmpty(m);
+    }
     use tonic::Code as C;
     match s.code() {
         C::NotFound => TransferError::NotFound(m),

@@ -1103,6 +1103,7 @@ async fn download(
                     || matches!(
                         err,
                         TransferError::Integrity(_)
+                            | TransferError::SourceDamaged(_)
                             | TransferError::NotFound(_)
                             | TransferError::Connect(_)
                             | TransferError::Stalled(_)

@@ -482,9 +482,7 @@ pub async fn execute(
                 .or(done.session_error.clone())
                 .unwrap_or_else(|| TransferError::Connect("not copied".into()));
             t.tries += 1;
-            if matches!(err, TransferError::Integrity(_))
-                && err.to_string().contains("replica damaged")
-            {
+            if matches!(err, TransferError::SourceDamaged(_)) {
                 // The source replica is bad: mark it and use another.
                 let _ = meta
                     .catalog

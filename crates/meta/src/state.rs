@@ -476,9 +476,18 @@ pub fn node_info(e: &NodeEntry, replicas: u64) -> pb::NodeInfo {
     }
 }
 
-/// A catalog error as a gRPC status.
+/// A catalog error as a gRPC status, its kind (`code_of`) in `api::ERROR_KIND_KEY`.
 pub fn status(e: CatalogError) -> Status {
-    match &e {
+    let mut s = status_of(&e);
+    s.metadata_mut().insert(
+        api::ERROR_KIND_KEY,
+        tonic::metadata::MetadataValue::from_static(code_of(&e)),
+    );
+    s
+}
+
+fn status_of(e: &CatalogError) -> Status {
+    match e {
         CatalogError::NotFound(_) => Status::not_found(e.to_string()),
         CatalogError::Exists(_) => Status::already_exists(e.to_string()),
         CatalogError::NotADirectory(_)

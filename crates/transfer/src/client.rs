@@ -476,6 +476,7 @@ where
                     TransferError::Stalled(_) => TransferError::Stalled(msg),
                     TransferError::Connect(_) => TransferError::Connect(msg),
                     TransferError::Integrity(_) => TransferError::Integrity(msg),
+                    TransferError::SourceDamaged(_) => TransferError::SourceDamaged(msg),
                     other => other,
                 });
             }

@@ -1082,7 +1082,7 @@ async fn source_entries(
         })?;
         if meta.len != f.size {
             return Err(ErrorInfo::new(
-                ErrorKind::Integrity,
+                ErrorKind::SourceDamaged,
                 format!(
                     "{}: replica {id} on node {} is damaged (size {} instead of {})",
                     f.name,

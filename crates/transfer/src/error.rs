@@ -22,9 +22,17 @@ pub enum TransferError {
     /// The destination cannot take the data: not writable, full, or outside the root (exit 6).
     #[error("{0}")]
     Destination(String),
+    /// A directory to remove is not empty (exit 6, as any destination that cannot be changed
+    /// so).
+    #[error("{0}")]
+    NotEmpty(String),
     /// Data did not verify (exit 7).
     #[error("{0}")]
     Integrity(String),
+    /// The source's stored copy does not match its recorded checksum or size: another replica
+    /// can help, this one cannot (exit 7, as any data that does not verify).
+    #[error("{0}")]
+    SourceDamaged(String),
     /// No data moved for the stall timeout, after every retry (exit 8).
     #[error("{0}")]
     Stalled(String),
@@ -58,8 +66,8 @@ impl TransferError {
             TransferError::NotFound(_) => 3,
             TransferError::Connect(_) => 4,
             TransferError::Auth(_) => 5,
-            TransferError::Destination(_) => 6,
-            TransferError::Integrity(_) => 7,
+            TransferError::Destination(_) | TransferError::NotEmpty(_) => 6,
+            TransferError::Integrity(_) | TransferError::SourceDamaged(_) => 7,
             TransferError::Stalled(_) => 8,
             TransferError::Protocol(_) => 9,
             TransferError::Partial { .. } | TransferError::Local(_) => 1,
@@ -71,7 +79,10 @@ impl TransferError {
     pub fn retryable(&self) -> bool {
         matches!(
             self,
-            TransferError::Connect(_) | TransferError::Stalled(_) | TransferError::Integrity(_)
+            TransferError::Connect(_)
+                | TransferError::Stalled(_)
+                | TransferError::Integrity(_)
+                | TransferError::SourceDamaged(_)
         )
     }
 
@@ -82,8 +93,9 @@ impl TransferError {
             TransferError::NotFound(_) => ErrorKind::NotFound,
             TransferError::Connect(_) => ErrorKind::Connect,
             TransferError::Auth(_) => ErrorKind::PermissionDenied,
-            TransferError::Destination(_) => ErrorKind::NotWritable,
+            TransferError::Destination(_) | TransferError::NotEmpty(_) => ErrorKind::NotWritable,
             TransferError::Integrity(_) => ErrorKind::Integrity,
+            TransferError::SourceDamaged(_) => ErrorKind::SourceDamaged,
             TransferError::Stalled(_) => ErrorKind::Stalled,
             TransferError::Protocol(_) => ErrorKind::Protocol,
             TransferError::Partial { .. } | TransferError::Local(_) => ErrorKind::Io,
@@ -105,6 +117,7 @@ impl From<ErrorInfo> for TransferError {
                 TransferError::Destination(m)
             }
             ErrorKind::Integrity => TransferError::Integrity(m),
+            ErrorKind::SourceDamaged => TransferError::SourceDamaged(m),
             ErrorKind::Protocol => TransferError::Protocol(m),
             ErrorKind::Stalled => TransferError::Stalled(m),
             ErrorKind::Connect => TransferError::Connect(m),
@@ -186,6 +199,16 @@ mod tests {
         ];
         let codes: std::collections::HashSet<_> = all.iter().map(|e| e.exit_code()).collect();
         assert_eq!(codes.len(), all.len());
+    }
+
+    #[test]
+    fn a_damaged_source_keeps_its_kind_across_the_wire() {
+        let e = TransferError::SourceDamaged("f: replica damaged".into());
+        let info = e.to_info();
+        assert_eq!(info.kind, ErrorKind::SourceDamaged);
+        assert!(info.retryable);
+        assert_eq!(TransferError::from(info), e);
+        assert_eq!(e.exit_code(), 7);
     }
 
     #[test]

@@ -340,7 +340,7 @@ impl Shared {
                 && let Err(why) = wire::checksum::digests_match(&digests, expect)
             {
                 return Err(ErrorInfo::new(
-                    ErrorKind::Integrity,
+                    ErrorKind::SourceDamaged,
                     format!("{path}: replica damaged ({why})"),
                 ));
             }

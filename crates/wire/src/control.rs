@@ -20,8 +20,9 @@ use crate::grant::SignedGrant;
 use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 
-/// Version of the control and data protocol; peers refuse other versions.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// Version of the control and data protocol; peers refuse other versions. 5: error kind
+/// `SourceDamaged`.
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// First bytes of a clear-text data connection (control and private data connections start with
 /// a TLS ClientHello instead).

@@ -37,6 +37,10 @@ pub enum ErrorKind {
     Unsupported,
     /// A network connection could not be made or was lost.
     Connect,
+    /// The source's stored copy is damaged: its data does not match the checksum (or size)
+    /// recorded for it. Another replica, not another attempt at this one, can help. (Last, so
+    /// that the encoding of the kinds before it is unchanged.)
+    SourceDamaged,
 }
 
 /// An error as sent between peers.
@@ -51,7 +55,11 @@ impl ErrorInfo {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         let retryable = matches!(
             kind,
-            ErrorKind::Integrity | ErrorKind::Io | ErrorKind::Stalled | ErrorKind::Connect
+            ErrorKind::Integrity
+                | ErrorKind::SourceDamaged
+                | ErrorKind::Io
+                | ErrorKind::Stalled
+                | ErrorKind::Connect
         );
         Self {
             kind,
