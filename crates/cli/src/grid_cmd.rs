@@ -252,19 +252,13 @@ pub async fn rm(a: RmArgs) -> Result<u8, TransferError> {
     let (m, paths) = connect_for(&a.p.paths, &a.p.creds).await?;
     let mut total = 0;
     for p in &paths {
-        let e = m.stat(p).await?;
-        if e.is_dir && !a.recursive {
-            // An empty directory goes without -r, like rmdir.
-            let n = m.remove(p, false).await.map_err(|err| match err {
-                TransferError::NotEmpty(msg) => TransferError::NotEmpty(format!(
-                    "{msg} (use -r to remove it with everything below it)"
-                )),
-                other => other,
-            })?;
-            total += n;
-            continue;
-        }
-        total += m.remove(p, a.recursive).await?;
+        // An empty directory goes without -r, like rmdir; one with entries needs it.
+        total += m.remove(p, a.recursive).await.map_err(|err| match err {
+            TransferError::NotEmpty(msg) => TransferError::NotEmpty(format!(
+                "{msg} (use -r to remove it with everything below it)"
+            )),
+            other => other,
+        })?;
     }
     if a.p.json {
         out!("{}", json!({ "removed": total }));
@@ -274,13 +268,7 @@ pub async fn rm(a: RmArgs) -> Result<u8, TransferError> {
 
 pub async fn mv(a: MvArgs) -> Result<u8, TransferError> {
     let (m, paths) = connect_for(&[a.from.clone(), a.to.clone()], &a.creds).await?;
-    let (from, mut to) = (paths[0].clone(), paths[1].clone());
-    if let Some(d) = m.lookup(&to).await?
-        && d.is_dir
-    {
-        to = format!("{}/{}", to.trim_end_matches('/'), name_of(&from));
-    }
-    m.rename(&from, &to).await?;
+    m.move_to(&paths[0], &paths[1]).await?;
     Ok(0)
 }
 

@@ -373,6 +373,26 @@ fn replicas_at_another_site_and_a_policy_heals_the_loss_of_a_node() {
     assert_eq!(v["damaged"].as_array().unwrap().len(), 0, "{v}");
 }
 
+/// `haul mv` renames, and moves into an existing directory under the entry's own name.
+#[test]
+fn mv_renames_and_moves_into_a_directory() {
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    g.ok("alice", &["mkdir", "/alice/d1", "/alice/box"]);
+    g.ok("alice", &["mv", "/alice/d1", "/alice/d2"]);
+    g.ok("alice", &["stat", "/alice/d2"]);
+    assert_exit(&g.run("alice", &["stat", "/alice/d1"]), 3, "no such file");
+    g.ok("alice", &["mv", "/alice/d2", "/alice/box/"]);
+    g.ok("alice", &["stat", "/alice/box/d2"]);
+    assert_exit(&g.run("alice", &["stat", "/alice/d2"]), 3, "no such file");
+    // Another user may not move alice's entries.
+    assert_exit(
+        &g.run("bob", &["mv", "/alice/box/d2", "/alice/d3"]),
+        5,
+        "permission denied",
+    );
+}
+
 /// Replication from a replica whose data no longer matches its checksum: the source node
 /// reports the kind "source damaged" (not a message to match), the planner marks that replica
 /// damaged in the catalog, and no copy is made from it.

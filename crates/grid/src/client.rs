@@ -64,6 +64,16 @@ pub fn from_status(s: tonic::Status) -> TransferError {
     }
 }
 
+/// The last component of a grid path ("/a/b/" -> "b").
+fn base_name(path: &str) -> &str {
+    let trimmed = path.trim_end_matches('/');
+    trimmed
+        .rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(path)
+}
+
 /// Whether a TLS handshake failed because the server speaks none of our ALPN protocols (a data
 /// endpoint answers a grid command's "h2" so), whichever side noticed first.
 fn is_no_application_protocol(e: &std::io::Error) -> bool {
@@ -386,6 +396,16 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner())
     }
 
+    /// `mv`: renames `from` to `to`, or, when `to` is an existing directory, moves `from` into
+    /// it under its own name. Returns the entry at its new path.
+    pub async fn move_to(&self, from: &str, to: &str) -> Result<pb::Entry, TransferError> {
+        let to = match self.lookup(to).await? {
+            Some(d) if d.is_dir => format!("{}/{}", to.trim_end_matches('/'), base_name(from)),
+            _ => to.to_string(),
+        };
+        self.rename(from, &to).await
+    }
+
     pub async fn chmod(&self, path: &str, mode: u32) -> Result<pb::Entry, TransferError> {
         let r = self
             .ns
@@ -588,6 +608,30 @@ async fn handshake(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base_names() {
+        assert_eq!(base_name("/a/b"), "b");
+        assert_eq!(base_name("/a/b/"), "b");
+        assert_eq!(base_name("b"), "b");
+    }
+
+    /// The kind the metadata server names beside the code decides, not the message.
+    #[test]
+    fn a_status_kind_outweighs_its_code_and_text() {
+        let mut s = tonic::Status::failed_precondition("/d: something");
+        assert!(matches!(
+            from_status(s.clone()),
+            TransferError::Destination(_)
+        ));
+        s.metadata_mut().insert(
+            api::ERROR_KIND_KEY,
+            tonic::metadata::MetadataValue::from_static("not_empty"),
+        );
+        let e = from_status(s);
+        assert!(matches!(e, TransferError::NotEmpty(_)), "{e:?}");
+        assert_eq!(e.exit_code(), 6);
+    }
 
     /// Issue 11 C15: a metadata server that went away mid-call is "connection lost" (exit 4),
     /// not a protocol error (exit 9).
