@@ -92,15 +92,12 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
         }
     });
     let bar = Progress::start(progress::wanted(a.progress), counters.clone(), erx);
-    let mut result = client::copy(
-        &src,
-        &dst,
-        &opts,
-        counters.clone(),
-        etx.clone(),
-        cancel.clone(),
-    )
-    .await;
+    let ctx = client::AttemptContext {
+        counters: counters.clone(),
+        events: etx.clone(),
+        cancel: cancel.clone(),
+    };
+    let mut result = client::copy(&src, &dst, &opts, ctx).await;
     if let Err(TransferError::IsMetadataServer(_)) = &result {
         // haul://META/path: the grid.
         result = grid_copy(&a, &src, &dst, opts, counters, etx, cancel).await;

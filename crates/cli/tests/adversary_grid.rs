@@ -362,9 +362,11 @@ impl Direct {
                 Naming::Tree(dest),
                 &opts,
                 Default::default(),
-                Arc::new(Default::default()),
-                tx,
-                CancellationToken::new(),
+                transfer::client::AttemptContext {
+                    counters: Arc::new(Default::default()),
+                    events: tx,
+                    cancel: CancellationToken::new(),
+                },
             ))
             .map(|_| ())
     }
@@ -419,9 +421,11 @@ impl Direct {
             },
             &self.opts(),
             Default::default(),
-            Arc::new(Default::default()),
-            tx,
-            CancellationToken::new(),
+            transfer::client::AttemptContext {
+                counters: Arc::new(Default::default()),
+                events: tx,
+                cancel: CancellationToken::new(),
+            },
         ));
         r.map_err(|e| e.to_string())?;
         while let Ok(ev) = rx.try_recv() {

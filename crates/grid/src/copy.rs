@@ -19,7 +19,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use transfer::TransferError;
 use transfer::client::{
-    Attempt, CopyOptions, CopyReport, FileReport, Location, Peer, SinkRequest, SourceRequest,
+    Attempt, AttemptContext, CopyOptions, CopyReport, FileReport, Location, Peer, SinkRequest,
+    SourceRequest,
 };
 use transfer::progress::{Counters, Event, EventSender};
 use transfer::spool::Naming;
@@ -173,14 +174,18 @@ impl Runner {
     /// Runs one session: `run` gets fresh counters, an event channel and a cancel token.
     async fn session<F, Fut>(&self, node: String, names: Vec<String>, run: F) -> SessionResult
     where
-        F: FnOnce(Arc<Counters>, EventSender, CancellationToken) -> Fut,
+        F: FnOnce(AttemptContext) -> Fut,
         Fut: std::future::Future<Output = Result<Attempt, TransferError>>,
     {
         let counters = Arc::new(Counters::default());
         self.parts.lock().expect("parts").push(counters.clone());
         let (tx, mut rx) = mpsc::unbounded_channel();
         let cancel = self.cancel.child_token();
-        let fut = run(counters.clone(), tx, cancel.clone());
+        let fut = run(AttemptContext {
+            counters: counters.clone(),
+            events: tx,
+            cancel: cancel.clone(),
+        });
         tokio::pin!(fut);
         let mut done = HashMap::new();
         let mut failed = HashMap::new();
@@ -680,7 +685,7 @@ async fn upload(
                     async move {
                         let n = node.clone();
                         let r = runner
-                            .session(node.clone(), announced, |c, ev, cancel| async move {
+                            .session(node.clone(), announced, |ctx| async move {
                                 let grant = grant.fresh(meta, &n, "write", ids).await?;
                                 transfer::client::upload(
                                     list,
@@ -691,9 +696,7 @@ async fn upload(
                                     },
                                     copy,
                                     copy.session.clone(),
-                                    c,
-                                    ev,
-                                    cancel,
+                                    ctx,
                                 )
                                 .await
                             })
@@ -1014,7 +1017,7 @@ async fn download(
                     async move {
                         let n = node.clone();
                         let r = runner
-                            .session(node.clone(), names, |c, ev, cancel| async move {
+                            .session(node.clone(), names, |ctx| async move {
                                 let grant = match grant {
                                     Some(g) => g.fresh(meta, &n, "read", ids).await?,
                                     None => None,
@@ -1036,9 +1039,7 @@ async fn download(
                                     Naming::Tree(dest),
                                     copy,
                                     session,
-                                    c,
-                                    ev,
-                                    cancel,
+                                    ctx,
                                 )
                                 .await
                             })
@@ -1298,41 +1299,34 @@ async fn within(
                     let (s_node, d_node) = (src_node.clone(), dst_node.clone());
                     async move {
                         let r = runner
-                            .session(
-                                format!("{src_node}->{dst_node}"),
-                                names,
-                                |c, ev, cancel| async move {
-                                    let read = match read {
-                                        Some(g) => g.fresh(meta, &s_node, "read", old_ids).await?,
-                                        None => None,
-                                    };
-                                    let write =
-                                        write.fresh(meta, &d_node, "write", new_ids).await?;
-                                    let mut session = copy.session.clone();
-                                    if private {
-                                        session.protect = Protect::Private;
-                                    }
-                                    transfer::client::third_party(
-                                        &from,
-                                        SourceRequest {
-                                            files: listed,
-                                            grant: read,
-                                            ..Default::default()
-                                        },
-                                        &to,
-                                        SinkRequest {
-                                            grant: write,
-                                            ..Default::default()
-                                        },
-                                        copy,
-                                        session,
-                                        c,
-                                        ev,
-                                        cancel,
-                                    )
-                                    .await
-                                },
-                            )
+                            .session(format!("{src_node}->{dst_node}"), names, |ctx| async move {
+                                let read = match read {
+                                    Some(g) => g.fresh(meta, &s_node, "read", old_ids).await?,
+                                    None => None,
+                                };
+                                let write = write.fresh(meta, &d_node, "write", new_ids).await?;
+                                let mut session = copy.session.clone();
+                                if private {
+                                    session.protect = Protect::Private;
+                                }
+                                transfer::client::third_party(
+                                    &from,
+                                    SourceRequest {
+                                        files: listed,
+                                        grant: read,
+                                        ..Default::default()
+                                    },
+                                    &to,
+                                    SinkRequest {
+                                        grant: write,
+                                        ..Default::default()
+                                    },
+                                    copy,
+                                    session,
+                                    ctx,
+                                )
+                                .await
+                            })
                             .await;
                         (r, src_node, dst_node, list)
                     }

@@ -826,9 +826,11 @@ async fn run_session(
             },
             &opts,
             opts.session.clone(),
-            counters.clone(),
-            etx,
-            cancel.clone(),
+            transfer::client::AttemptContext {
+                counters: counters.clone(),
+                events: etx,
+                cancel: cancel.clone(),
+            },
         )
         .await;
         ticker_stop.cancel();

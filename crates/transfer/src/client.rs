@@ -276,13 +276,20 @@ pub struct SourceRequest {
 
 /// Copies `src` to `dst`. Events (per file, retries) go to `events`; live counters to
 /// `counters`. Returns the report, also when some files failed (see `files_failed`).
+/// What one attempt of a copy reports to and is stopped by: the byte counters the progress
+/// display and the report read, the channel of its events, and its cancellation.
+#[derive(Clone)]
+pub struct AttemptContext {
+    pub counters: Arc<Counters>,
+    pub events: EventSender,
+    pub cancel: CancellationToken,
+}
+
 pub async fn copy(
     src: &Location,
     dst: &Location,
     opts: &CopyOptions,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
 ) -> Result<CopyReport, TransferError> {
     if let (Location::Local(_), Location::Local(_)) = (src, dst) {
         return Err(TransferError::Usage(
@@ -312,12 +319,8 @@ pub async fn copy(
         src.to_string(),
         dst.to_string(),
         opts,
-        counters,
-        events,
-        cancel,
-        |resume, counters, events, cancel| {
-            run_attempt(src, dst, &naming, opts, resume, counters, events, cancel)
-        },
+        ctx,
+        |resume, ctx| run_attempt(src, dst, &naming, opts, resume, ctx),
     )
     .await
 }
@@ -338,15 +341,18 @@ pub async fn with_retries<F, Fut>(
     source: String,
     destination: String,
     opts: &CopyOptions,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
     mut run_attempt: F,
 ) -> Result<CopyReport, TransferError>
 where
-    F: FnMut(bool, Arc<Counters>, EventSender, CancellationToken) -> Fut,
+    F: FnMut(bool, AttemptContext) -> Fut,
     Fut: std::future::Future<Output = Result<Attempt, TransferError>>,
 {
+    let AttemptContext {
+        counters,
+        events,
+        cancel,
+    } = ctx;
     let started = Instant::now();
     let (rec_tx, mut rec_rx) = mpsc::unbounded_channel::<Event>();
     let mut history: Vec<String> = Vec::new();
@@ -368,9 +374,11 @@ where
         let attempt_cancel = cancel.child_token();
         let run = run_attempt(
             resume,
-            counters.clone(),
-            rec_tx.clone(),
-            attempt_cancel.clone(),
+            AttemptContext {
+                counters: counters.clone(),
+                events: rec_tx.clone(),
+                cancel: attempt_cancel.clone(),
+            },
         );
         tokio::pin!(run);
         let mut stall = StallDetector::new(stall_timeout, Instant::now());
@@ -610,16 +618,13 @@ fn choices(opts: &CopyOptions) -> Choices {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run_attempt(
     src: &Location,
     dst: &Location,
     naming: &DestNaming,
     opts: &CopyOptions,
     resume: bool,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
 ) -> Result<Attempt, TransferError> {
     let mut session = opts.session.clone();
     session.resume = resume;
@@ -638,7 +643,7 @@ async fn run_attempt(
     match (src, dst) {
         (Location::Local(p), Location::Remote { host, port, path }) => {
             let listing = enumerate_local(p, opts.recursive).await?;
-            listing.report_unsendable(&events, |rel| rel.to_string());
+            listing.report_unsendable(&ctx.events, |rel| rel.to_string());
             let peer = Peer::new(host.clone(), *port);
             upload(
                 listing.entries,
@@ -646,9 +651,7 @@ async fn run_attempt(
                 sink_request(path),
                 opts,
                 session,
-                counters,
-                events,
-                cancel,
+                ctx,
             )
             .await
         }
@@ -665,9 +668,7 @@ async fn run_attempt(
                 Naming::Tree(dest),
                 opts,
                 session,
-                counters,
-                events,
-                cancel,
+                ctx,
             )
             .await
         }
@@ -690,9 +691,7 @@ async fn run_attempt(
                 sink_request(b),
                 opts,
                 session,
-                counters,
-                events,
-                cancel,
+                ctx,
             )
             .await
         }
@@ -853,17 +852,19 @@ async fn control_error(s: &mut Session) -> Option<TransferError> {
 }
 
 /// Sends local `entries` (named by their `rel`) to `peer` in one session.
-#[allow(clippy::too_many_arguments)]
 pub async fn upload(
     entries: Vec<SourceEntry>,
     peer: &Peer,
     request: SinkRequest,
     opts: &CopyOptions,
     mut session: SessionOptions,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
 ) -> Result<Attempt, TransferError> {
+    let AttemptContext {
+        counters,
+        events,
+        cancel,
+    } = ctx;
     let (host, port) = (peer.host.as_str(), peer.port);
     if opts.range.is_some()
         && (entries.len() != 1 || entries[0].kind != wire::data::EntryKind::File)
@@ -1028,7 +1029,6 @@ fn stream_tls(
 
 /// Receives what `request` names from `peer` into `root`, named as `naming` says, in one
 /// session.
-#[allow(clippy::too_many_arguments)]
 pub async fn download(
     peer: &Peer,
     request: SourceRequest,
@@ -1036,10 +1036,13 @@ pub async fn download(
     naming: Naming,
     opts: &CopyOptions,
     mut session: SessionOptions,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
 ) -> Result<Attempt, TransferError> {
+    let AttemptContext {
+        counters,
+        events,
+        cancel,
+    } = ctx;
     let (host, port) = (peer.host.as_str(), peer.port);
     let limits = sys::host_limits();
     // With a file list the size is known up front.
@@ -1198,7 +1201,6 @@ pub async fn download(
 
 /// Has `a` send what `source` names straight to `b`, which receives it as `sink` says; this
 /// process only holds the two control connections.
-#[allow(clippy::too_many_arguments)]
 pub async fn third_party(
     a: &Peer,
     source: SourceRequest,
@@ -1206,10 +1208,13 @@ pub async fn third_party(
     sink: SinkRequest,
     opts: &CopyOptions,
     session: SessionOptions,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
 ) -> Result<Attempt, TransferError> {
+    let AttemptContext {
+        counters,
+        events,
+        cancel,
+    } = ctx;
     let limits = sys::host_limits();
     let connect = |p: &Peer| {
         let (pool, tls, limits) = (opts.control_pool.clone(), opts.tls.clone(), limits.clone());
