@@ -119,7 +119,7 @@ async fn start_meta(
 ) -> Result<(std::net::SocketAddr, std::net::SocketAddr), TransferError> {
     let dir = base.join("meta");
     let lock = meta::lock_data_dir(&dir).map_err(|e| TransferError::Local(e.to_string()))?;
-    let catalog = catalog::Catalog::open(&format!("sqlite:{}", dir.join("catalog.db").display()))
+    let catalog = meta::open_catalog(&format!("sqlite:{}", dir.join("catalog.db").display()))
         .await
         .map_err(|e| TransferError::Local(format!("catalog: {e}")))?;
     let settings = meta::Settings {

@@ -53,7 +53,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
             )
         }
     };
-    let catalog = catalog::Catalog::open(&url)
+    let catalog = meta::open_catalog(&url)
         .await
         .map_err(|e| TransferError::Connect(format!("catalog database unavailable: {e}")))?;
     let settings = Settings {
@@ -93,7 +93,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         .local_addr()
         .map_err(|e| TransferError::Local(e.to_string()))?;
     let http_addr = http.as_ref().and_then(|h| h.local_addr().ok());
-    tracing::info!(%addr, db = %catalog::redact(&url), dashboard = ?http_addr, "metadata server up");
+    tracing::info!(%addr, db = %meta::redact_db_url(&url), dashboard = ?http_addr, "metadata server up");
     if a.print_addr {
         match http_addr {
             Some(h) => println!("{addr} http://{h}/"),

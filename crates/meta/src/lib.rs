@@ -50,6 +50,19 @@ pub enum MetaError {
     Serve(String),
 }
 
+/// Opens (and migrates) the catalog at `url` (`sqlite:PATH` or `postgres://...`), for
+/// [`Meta::new`]. The command line opens it through here, knowing nothing of SQL.
+pub async fn open_catalog(url: &str) -> Result<catalog::Catalog, MetaError> {
+    catalog::Catalog::open(url)
+        .await
+        .map_err(|e| MetaError::Database(e.to_string()))
+}
+
+/// `url` with any password replaced, for logs.
+pub fn redact_db_url(url: &str) -> String {
+    catalog::redact(url)
+}
+
 /// Takes the data directory's lock, so that two servers never use one SQLite catalog.
 /// The lock is held as long as the returned file is open.
 ///
