@@ -405,12 +405,7 @@ fn replication_marks_a_damaged_source_replica() {
     let live = live_complete(&w[0], &[]);
     assert_eq!(live.len(), 1, "{w:?}");
     let bad_node = live[0].0.clone();
-    let file = g.replica_file(&bad_node, target);
-    let mut bytes = std::fs::read(&file).unwrap();
-    for b in &mut bytes[1_000_000..1_000_016] {
-        *b = !*b;
-    }
-    std::fs::write(&file, &bytes).unwrap();
+    g.damage_replica(&bad_node, target);
 
     let out = g.run(
         "alice",
@@ -427,15 +422,9 @@ fn replication_marks_a_damaged_source_replica() {
         ],
     );
     assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
-    let w = g.where_(&[target.to_string()]);
-    let states: Vec<(&str, &str)> = w[0]["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| (r["node"].as_str().unwrap(), r["state"].as_str().unwrap()))
-        .collect();
+    let states = g.replica_states(target);
     assert!(
-        states.contains(&(bad_node.as_str(), "damaged")),
+        states.contains(&(bad_node.clone(), "damaged".to_string())),
         "{states:?}"
     );
     assert!(
@@ -483,12 +472,12 @@ fn verify_finds_and_repairs_a_damaged_replica() {
         .unwrap()
         .0;
     let file = g.replica_file(&bad_node, target);
-    let mut bytes = std::fs::read(&file).unwrap();
-    assert_eq!(bytes, data(100, 3 * (1 << 20) + 17), "replica is the data");
-    for b in &mut bytes[1_000_000..1_000_016] {
-        *b = !*b;
-    }
-    std::fs::write(&file, &bytes).unwrap();
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        data(100, 3 * (1 << 20) + 17),
+        "replica is the data"
+    );
+    g.damage_replica(&bad_node, target);
 
     // Report only: the damaged replica is named and marked.
     let out = g.run(
@@ -503,15 +492,9 @@ fn verify_finds_and_repairs_a_damaged_replica() {
     let reason = damaged[0]["reason"].as_str().unwrap();
     assert!(reason.contains(&bad_node), "{reason}");
     assert_eq!(v["repaired"], 0, "{v}");
-    let w = g.where_(&[target.to_string()]);
-    let states: Vec<(&str, &str)> = w[0]["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| (r["node"].as_str().unwrap(), r["state"].as_str().unwrap()))
-        .collect();
+    let states = g.replica_states(target);
     assert!(
-        states.contains(&(bad_node.as_str(), "damaged")),
+        states.contains(&(bad_node.clone(), "damaged".to_string())),
         "{states:?}"
     );
     // Reads avoid the damaged replica, even preferring its site.

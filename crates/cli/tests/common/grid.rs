@@ -498,6 +498,32 @@ impl Grid {
         v[0]["id"].as_u64().expect("id")
     }
 
+    /// Each replica of `path` as (node, state), from `haul where --json`.
+    pub fn replica_states(&self, path: &str) -> Vec<(String, String)> {
+        let w = self.where_(&[path.to_string()]);
+        w[0]["replicas"]
+            .as_array()
+            .expect("replicas")
+            .iter()
+            .map(|r| {
+                (
+                    r["node"].as_str().unwrap().to_string(),
+                    r["state"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// Damages `path`'s replica on `node` on disk, keeping its size (16 bytes flipped at 1 MB).
+    pub fn damage_replica(&self, node: &str, path: &str) {
+        let file = self.replica_file(node, path);
+        let mut bytes = std::fs::read(&file).unwrap();
+        for b in &mut bytes[1_000_000..1_000_016] {
+            *b = !*b;
+        }
+        std::fs::write(&file, &bytes).unwrap();
+    }
+
     /// The file holding `path`'s replica on node `node` (named by its id in hex).
     pub fn replica_file(&self, node: &str, path: &str) -> PathBuf {
         let name = format!("{:016x}", self.file_id(path));
