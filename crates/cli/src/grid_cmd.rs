@@ -153,13 +153,6 @@ pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
     )
 }
 
-fn name_of(path: &str) -> &str {
-    path.rsplit('/')
-        .next()
-        .filter(|n| !n.is_empty())
-        .unwrap_or(path)
-}
-
 pub async fn ls(a: LsArgs) -> Result<u8, TransferError> {
     let (m, paths) = connect_for(&a.p.paths, &a.p.creds).await?;
     let mut all = Vec::new();
@@ -190,10 +183,10 @@ pub async fn ls(a: LsArgs) -> Result<u8, TransferError> {
                     shown(&e.group),
                     size,
                     when(e.mtime_ns),
-                    shown(name_of(&e.path))
+                    shown(grid::client::base_name(&e.path))
                 );
             } else {
-                out!("{}", shown(name_of(&e.path)));
+                out!("{}", shown(grid::client::base_name(&e.path)));
             }
         }
     }

@@ -64,8 +64,8 @@ pub fn from_status(s: tonic::Status) -> TransferError {
     }
 }
 
-/// The last component of a grid path ("/a/b/" -> "b").
-fn base_name(path: &str) -> &str {
+/// The last component of a grid path ("/a/b/" -> "b"; "/" stays "/").
+pub fn base_name(path: &str) -> &str {
     let trimmed = path.trim_end_matches('/');
     trimmed
         .rsplit('/')
@@ -614,6 +614,7 @@ mod tests {
         assert_eq!(base_name("/a/b"), "b");
         assert_eq!(base_name("/a/b/"), "b");
         assert_eq!(base_name("b"), "b");
+        assert_eq!(base_name("/"), "/");
     }
 
     /// The kind the metadata server names beside the code decides, not the message.

@@ -274,8 +274,6 @@ pub struct SourceRequest {
     pub grant: Option<SignedGrant>,
 }
 
-/// Copies `src` to `dst`. Events (per file, retries) go to `events`; live counters to
-/// `counters`. Returns the report, also when some files failed (see `files_failed`).
 /// What one attempt of a copy reports to and is stopped by: the byte counters the progress
 /// display and the report read, the channel of its events, and its cancellation.
 #[derive(Clone)]
@@ -285,6 +283,8 @@ pub struct AttemptContext {
     pub cancel: CancellationToken,
 }
 
+/// Copies `src` to `dst`. Events (per file, retries) go to `ctx.events`; live counters to
+/// `ctx.counters`. Returns the report, also when some files failed (see `files_failed`).
 pub async fn copy(
     src: &Location,
     dst: &Location,
