@@ -651,10 +651,8 @@ fn zero_copy_can_be_turned_off() {
 fn tls_mutual_authentication_and_private_streams() {
     let t = tempfile::tempdir().unwrap();
     let pki = Pki::new(&t.path().join("pki"));
-    let sargs = pki.serve_args();
-    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
-    let a = serve(&t.path().join("a"), &sargs, &[]);
-    let b = serve(&t.path().join("b"), &sargs, &[]);
+    let a = pki.serve(&t.path().join("a"));
+    let b = pki.serve(&t.path().join("b"));
     let src = t.path().join("f.dat");
     write_file(&src, 4, 6 << 20);
 
@@ -731,9 +729,7 @@ fn private_is_refused_rather_than_downgraded() {
     // An insecure source endpoint cannot push private streams: the copy fails, nothing is sent in clear.
     let t = tempfile::tempdir().unwrap();
     let pki = Pki::new(&t.path().join("pki"));
-    let sargs = pki.serve_args();
-    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
-    let b = serve(&t.path().join("b"), &sargs, &[]);
+    let b = pki.serve(&t.path().join("b"));
     let src = t.path().join("f.dat");
     write_file(&src, 4, 1 << 20);
     assert_ok(&pki.cp("alice", &[src.to_str().unwrap(), &b.tls_url("f.dat")]));
@@ -855,9 +851,7 @@ fn certificate_and_destination_errors_have_their_own_exit_codes() {
         .output()
         .unwrap();
     assert_ok(&out);
-    let args = pki.serve_args();
-    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-    let a = serve(&t.path().join("a"), &args, &[]);
+    let a = pki.serve(&t.path().join("a"));
     let src = t.path().join("f.dat");
     write_file(&src, 4, 3 << 20);
     assert_ok(&pki.cp("alice", &[src.to_str().unwrap(), &a.tls_url("f.dat")]));
@@ -909,41 +903,22 @@ fn certificate_and_destination_errors_have_their_own_exit_codes() {
 #[test]
 fn serve_logs_carry_connection_session_and_stream_spans() {
     let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("a");
-    std::fs::create_dir_all(&root).unwrap();
     let log = t.path().join("serve.log");
-    let mut child = haul()
-        .args([
-            "serve",
-            "--insecure",
-            "--listen",
-            "127.0.0.1:0",
-            "--print-addr",
-            "--root",
-        ])
-        .arg(&root)
-        .env("HAUL_LOG", "debug")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut addr = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut addr,
-    )
-    .unwrap();
+    let mut cmd = haul();
+    cmd.env("HAUL_LOG", "debug");
+    let a = serve_logging(
+        cmd,
+        "127.0.0.1:0",
+        &t.path().join("a"),
+        &["--insecure"],
+        &[],
+        std::fs::File::create(&log).unwrap(),
+    );
     let src = t.path().join("f.dat");
     write_file(&src, 3, 3 << 20);
-    let out = cp(&[
-        "-p",
-        "2",
-        src.to_str().unwrap(),
-        &format!("haul://{}/f.dat", addr.trim()),
-    ]);
+    let out = cp(&["-p", "2", src.to_str().unwrap(), &a.url("f.dat")]);
     assert_ok(&out);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(a);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         !text.contains('\x1b'),
@@ -970,9 +945,7 @@ fn serve_logs_carry_connection_session_and_stream_spans() {
 fn a_grid_command_at_a_data_endpoint_says_what_it_reached() {
     let t = tempfile::tempdir().unwrap();
     let pki = Pki::new(&t.path().join("pki"));
-    let sargs = pki.serve_args();
-    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
-    let a = serve(&t.path().join("a"), &sargs, &[]);
+    let a = pki.serve(&t.path().join("a"));
     let out = haul()
         .args(["ls", &a.tls_url("/")])
         .env("HAUL_CERT", pki.p("alice.pem"))

@@ -88,11 +88,23 @@ pub fn serve_on(listen: &str, root: &Path, args: &[&str], env: &[(&str, &str)]) 
 
 /// Starts `haul serve` from `cmd` (see [`haul_env`]; e.g. inside a netlab host).
 pub fn serve_with(
+    cmd: Command,
+    listen: &str,
+    root: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Endpoint {
+    serve_logging(cmd, listen, root, args, env, Stdio::inherit())
+}
+
+/// [`serve_with`], the endpoint's log (stderr) going to `log`.
+pub fn serve_logging(
     mut cmd: Command,
     listen: &str,
     root: &Path,
     args: &[&str],
     env: &[(&str, &str)],
+    log: impl Into<Stdio>,
 ) -> Endpoint {
     std::fs::create_dir_all(root).unwrap();
     cmd.args(["serve", "--listen", listen, "--print-addr", "--root"])
@@ -103,7 +115,7 @@ pub fn serve_with(
     }
     let mut child = cmd
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(log)
         .spawn()
         .expect("spawn haul serve");
     let mut line = String::new();
@@ -353,6 +365,13 @@ impl Pki {
             "--mapfile".into(),
             self.p("mapfile"),
         ]
+    }
+
+    /// `haul serve` with TLS on loopback, exporting `root`.
+    pub fn serve(&self, root: &Path) -> Endpoint {
+        let args = self.serve_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        serve(root, &args, &[])
     }
 
     /// `haul cp --json` with a user's certificate.
