@@ -2,9 +2,11 @@
 
 use crate::args::ServeArgs;
 use crate::creds;
+use std::sync::Arc;
 use transfer::TransferError;
 use transfer::endpoint::{EndpointConfig, EndpointTls};
 use transfer::tls::{self, Mapfile};
+use transfer::tree::TreeService;
 
 pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
     let (tls, mapfile) = match creds::load(&a.creds)? {
@@ -64,15 +66,15 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         use std::io::Write;
         let _ = std::io::stdout().flush();
     }
+    // As root with TLS, every session acts as the local account its certificate maps to.
+    let switch_users = tls.is_some() && transfer::sys::effective_uid() == 0;
     let cfg = EndpointConfig {
         root: a.root,
         tls,
-        mapfile,
+        service: Arc::new(TreeService::new(mapfile, a.read_only, switch_users)),
         limits: a.limits.limits().map_err(TransferError::Usage)?,
-        read_only: a.read_only,
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
-        spool: None,
         stats: Default::default(),
     };
     transfer::endpoint::run(cfg, listener, shutdown_signal()).await

@@ -15,7 +15,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use transfer::TransferError;
 use transfer::client::{CopyOptions, Peer, SourceRequest};
-use transfer::spool::Naming;
 use transfer::store::{Destination, Root};
 use wire::control::ListedFile;
 use wire::grant::SignedGrant;
@@ -359,7 +358,7 @@ impl Direct {
                     ..Default::default()
                 },
                 Arc::new(Root::Ambient),
-                Naming::Tree(dest),
+                Arc::new(dest),
                 &opts,
                 Default::default(),
                 transfer::client::AttemptContext {

@@ -23,7 +23,6 @@ use transfer::client::{
     SourceRequest,
 };
 use transfer::progress::{Counters, Event, EventSender};
-use transfer::spool::Naming;
 use transfer::store::{Destination, Root, SourceEntry};
 use wire::checksum::{Digest, parse_digests};
 use wire::control::{ListedFile, Protect};
@@ -1036,7 +1035,7 @@ async fn download(
                                         ..Default::default()
                                     },
                                     Arc::new(Root::Ambient),
-                                    Naming::Tree(dest),
+                                    Arc::new(dest),
                                     copy,
                                     session,
                                     ctx,

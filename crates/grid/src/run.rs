@@ -12,9 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use transfer::TransferError;
-use transfer::client::{Peer, start_run};
+use transfer::client::{Peer, ServiceChannel};
 use transfer::conn::ClientTls;
-use wire::control::{ListedFile, Response, RunSpec, RunTask, TaskResult};
+use wire::control::ListedFile;
+use wire::node::{NodeRequest, NodeResponse, RunSpec, RunTask, TaskResult};
 
 /// What to run and how.
 #[derive(Clone, Default)]
@@ -416,11 +417,7 @@ impl Worker {
             for f in picked {
                 inflight.insert(f);
                 let t = self.task(f);
-                if let Err(e) = ch
-                    .writer
-                    .send_request(&wire::control::Request::Task(t))
-                    .await
-                {
+                if let Err(e) = ch.channel.send(NodeRequest::Task(t).encode()).await {
                     return Err((e, inflight.into_iter().collect()));
                 }
             }
@@ -433,8 +430,8 @@ impl Worker {
                     tokio::time::timeout(Duration::from_millis(200), self.wake.notified()).await;
                 continue;
             }
-            match ch.reader.response().await {
-                Ok(Response::TaskDone(r)) => {
+            match ch.channel.recv().await.and_then(|b| decode(&b)) {
+                Ok(NodeResponse::TaskDone(r)) => {
                     let f = r.task as usize;
                     if !inflight.remove(&f) {
                         continue;
@@ -457,20 +454,14 @@ impl Worker {
                     drop(s);
                     self.wake.notify_waiters();
                 }
-                Ok(Response::Error(e)) => {
-                    return Err((e.into(), inflight.into_iter().collect()));
-                }
                 Ok(_) => {}
                 Err(e) => return Err((e, inflight.into_iter().collect())),
             }
         }
-        let _ = ch
-            .writer
-            .send_request(&wire::control::Request::RunEnd)
-            .await;
+        let _ = ch.channel.send(NodeRequest::RunEnd.encode()).await;
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            while let Ok(r) = ch.reader.response().await {
-                if matches!(r, Response::RunDone) {
+            while let Ok(r) = ch.channel.recv().await {
+                if matches!(decode(&r), Ok(NodeResponse::RunDone)) {
                     break;
                 }
             }
@@ -494,6 +485,38 @@ impl Worker {
             attempts: 0,
         }
     }
+}
+
+/// An open run on a storage node: `Task`s go out on `channel`, `TaskDone`s come back.
+struct RunChannel {
+    channel: ServiceChannel,
+    slots: u32,
+}
+
+/// Opens a run of `spec` on `peer` (a storage node).
+async fn start_run(
+    peer: &Peer,
+    spec: RunSpec,
+    tls: Option<&transfer::conn::ClientTls>,
+) -> Result<RunChannel, TransferError> {
+    let mut channel = ServiceChannel::open(peer, tls).await?;
+    channel
+        .send(NodeRequest::Run(Box::new(spec)).encode())
+        .await?;
+    match decode(&channel.recv().await?)? {
+        NodeResponse::RunReady { user, slots } => {
+            tracing::debug!(node = %peer, %user, slots, "run open");
+            Ok(RunChannel { channel, slots })
+        }
+        other => Err(TransferError::Protocol(format!(
+            "unexpected answer to a run: {other:?}"
+        ))),
+    }
+}
+
+fn decode(body: &[u8]) -> Result<NodeResponse, TransferError> {
+    NodeResponse::decode(body)
+        .map_err(|e| TransferError::Protocol(format!("malformed storage-node answer: {e}")))
 }
 
 #[cfg(test)]

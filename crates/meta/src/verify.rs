@@ -14,9 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use transfer::client::Peer;
+use transfer::TransferError;
+use transfer::client::{Peer, ServiceChannel};
+use transfer::conn::ClientTls;
 use wire::control::ListedFile;
-use wire::grant::Operation;
+use wire::grant::{Operation, SignedGrant};
+use wire::node::{NodeRequest, NodeResponse, VerifyResult};
 
 /// Replicas per verification request to one node.
 const BATCH: usize = 500;
@@ -120,10 +123,10 @@ pub async fn verify_files(
                     Err(_) => break,
                 };
                 let listed: Vec<ListedFile> = chunk.iter().map(|(_, l)| l.clone()).collect();
-                let r = transfer::client::verify(
+                let r = verify_on_node(
                     &peer,
                     listed,
-                    Some(wire::grant::SignedGrant {
+                    Some(SignedGrant {
                         token: grant.token,
                         mac: grant.mac,
                     }),
@@ -431,5 +434,28 @@ pub async fn scrub(meta: Arc<Meta>, every: Duration, stop: CancellationToken) {
             findings.damaged.lock().expect("damaged").len(),
             findings.repaired.load(Ordering::Relaxed)
         ));
+    }
+}
+/// Has a storage node recompute the checksums of `files` where they are (`Verify`,
+/// [`wire::node`]).
+async fn verify_on_node(
+    peer: &Peer,
+    files: Vec<ListedFile>,
+    grant: Option<SignedGrant>,
+    tls: Option<&ClientTls>,
+) -> Result<Vec<VerifyResult>, TransferError> {
+    let mut ch = ServiceChannel::open(peer, tls).await?;
+    ch.send(NodeRequest::Verify { files, grant }.encode())
+        .await?;
+    let answer = ch.recv().await?;
+    ch.close().await;
+    match NodeResponse::decode(&answer) {
+        Ok(NodeResponse::Verified(r)) => Ok(r),
+        Ok(other) => Err(TransferError::Protocol(format!(
+            "unexpected answer to a verification: {other:?}"
+        ))),
+        Err(e) => Err(TransferError::Protocol(format!(
+            "malformed storage-node answer: {e}"
+        ))),
     }
 }

@@ -1,10 +1,18 @@
 //! A storage node (`haul node serve`): stores replicas under its root, named by file id
-//! (`data/xx/yy/<id>`), and serves them with the data-plane engine in spool mode — every
-//! session needs a capability the metadata server signed for this node. Towards the metadata
+//! (`data/xx/yy/<id>`), and serves them with the data-plane engine and the node's personality
+//! ([`service::NodeService`]) — every session needs a capability the metadata server signed
+//! for this node. Towards the metadata
 //! server it registers (receiving the key capabilities are checked with), reports its inventory
 //! at start, sends heartbeats with free space, load and delivery rate, reports every replica it
 //! has verified (which is what makes a new file visible), and removes the files the catalog no
 //! longer wants.
+
+pub mod run;
+pub mod service;
+pub mod spool;
+#[cfg(test)]
+mod testing;
+pub mod verify;
 
 use api::meta as pb;
 use grid::MetaClient;
@@ -18,10 +26,11 @@ use tokio_util::sync::CancellationToken;
 use transfer::TransferError;
 use transfer::client::Peer;
 use transfer::endpoint::{EndpointConfig, EndpointStats, EndpointTls};
-use transfer::spool::{Spool, spool_id, spool_path};
 use wire::checksum::{Digest, format_digests};
 use wire::data::Timestamp;
 use wire::error::{ErrorInfo, ErrorKind};
+
+use spool::{MetaLink, spool_id, spool_path};
 
 /// How a node runs.
 pub struct NodeConfig {
@@ -39,25 +48,21 @@ pub struct NodeConfig {
     pub capacity: Option<u64>,
 }
 
-/// What the node tells the data service (the `Spool` of its endpoint).
-struct NodeSpool {
+/// The node's link to its metadata server, as its data service uses it.
+pub struct GridLink {
     name: String,
     key: RwLock<Option<Vec<u8>>>,
     meta: RwLock<Option<MetaClient>>,
     runtime: tokio::runtime::Handle,
 }
 
-impl Spool for NodeSpool {
+impl MetaLink for GridLink {
     fn node(&self) -> String {
         self.name.clone()
     }
 
     fn key(&self) -> Option<Vec<u8>> {
         self.key.read().expect("key lock").clone()
-    }
-
-    fn path_of(&self, id: i64) -> PathBuf {
-        spool_path(id)
     }
 
     fn committed(
@@ -118,7 +123,7 @@ impl Spool for NodeSpool {
         &self,
         grant: &wire::grant::SignedGrant,
         dir: &str,
-        files: &[transfer::run::OutputFile],
+        files: &[spool::OutputFile],
     ) -> Result<Vec<Result<i64, ErrorInfo>>, ErrorInfo> {
         let Some(meta) = self.meta.read().expect("meta lock").clone() else {
             return Err(ErrorInfo::new(
@@ -288,7 +293,7 @@ pub async fn run(
         .map_err(|e| {
             NodeError::Config(format!("cannot create the spool {}: {e}", data.display()))
         })?;
-    let spool = Arc::new(NodeSpool {
+    let link = Arc::new(GridLink {
         name: cfg.name.clone(),
         key: RwLock::new(None),
         meta: RwLock::new(None),
@@ -298,12 +303,10 @@ pub async fn run(
     let ep = EndpointConfig {
         root: cfg.root.clone(),
         tls: Some(cfg.tls.clone()),
-        mapfile: transfer::tls::Mapfile::default(),
+        service: Arc::new(service::NodeService::new(link.clone(), cfg.root.clone())),
         limits: cfg.limits.clone(),
-        read_only: false,
         link_bps: cfg.link_bps,
         checkpoint_interval: Duration::from_secs(5),
-        spool: Some(spool.clone()),
         stats: stats.clone(),
     };
     let stop = CancellationToken::new();
@@ -315,8 +318,8 @@ pub async fn run(
     };
     let control = {
         let stop = stop.clone();
-        let spool = spool.clone();
-        tokio::spawn(async move { control_loop(cfg, spool, stats, stop).await })
+        let link = link.clone();
+        tokio::spawn(async move { control_loop(cfg, link, stats, stop).await })
     };
     shutdown.await;
     stop.cancel();
@@ -332,7 +335,7 @@ pub async fn run(
 /// away.
 async fn control_loop(
     cfg: NodeConfig,
-    spool: Arc<NodeSpool>,
+    link: Arc<GridLink>,
     stats: Arc<EndpointStats>,
     stop: CancellationToken,
 ) {
@@ -376,8 +379,8 @@ async fn control_loop(
                 continue;
             }
         };
-        *spool.key.write().expect("key lock") = Some(reg.capability_key);
-        *spool.meta.write().expect("meta lock") = Some(meta.clone());
+        *link.key.write().expect("key lock") = Some(reg.capability_key);
+        *link.meta.write().expect("meta lock") = Some(meta.clone());
         backoff = Duration::from_millis(200);
         let grace = Duration::from_millis(reg.orphan_grace_ms as u64);
         tracing::info!(node = %cfg.name, site = %cfg.site, meta = %cfg.meta, "registered");

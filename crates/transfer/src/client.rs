@@ -4,14 +4,13 @@
 //! for a reason that can pass (lost connection, stall, failed verification) is resumed from
 //! the destination's restart ledgers after a back-off, up to the retry limit.
 
-use crate::conn::{self, ClientTls, Session, StreamTarget};
-use crate::endpoint::open_streams;
+use crate::conn::{self, ClientTls, Session, StreamTarget, open_streams};
 use crate::error::TransferError;
 use crate::pool::MemoryBudget;
 use crate::progress::{Counters, Event, EventSender};
+use crate::service::SinkNaming;
 use crate::sink_session::{DEFAULT_SESSION_BUFFER, SinkSpec, run_sink};
 use crate::source_session::{SourceSpec, run_source};
-use crate::spool::Naming;
 use crate::store::{self, Destination, Root, SourceEntry};
 use crate::sys;
 use serde::Serialize;
@@ -665,7 +664,7 @@ async fn run_attempt(
                 &peer,
                 source_request(path),
                 Arc::new(Root::Ambient),
-                Naming::Tree(dest),
+                Arc::new(dest),
                 opts,
                 session,
                 ctx,
@@ -1033,7 +1032,7 @@ pub async fn download(
     peer: &Peer,
     request: SourceRequest,
     root: Arc<Root>,
-    naming: Naming,
+    naming: Arc<dyn SinkNaming>,
     opts: &CopyOptions,
     mut session: SessionOptions,
     ctx: AttemptContext,
@@ -1340,60 +1339,44 @@ pub async fn third_party(
     })
 }
 
-/// Has a storage node recompute the checksums of `files` where they are.
-pub async fn verify(
-    peer: &Peer,
-    files: Vec<ListedFile>,
-    grant: Option<SignedGrant>,
-    tls: Option<&ClientTls>,
-) -> Result<Vec<wire::control::VerifyResult>, TransferError> {
-    let limits = sys::host_limits();
-    let mut s = conn::connect_control(&peer.host, peer.port, tls, &limits).await?;
-    s.writer
-        .send_request(&Request::Verify { files, grant })
-        .await?;
-    loop {
-        match s.reader.response().await? {
-            Response::Verified(r) => {
-                s.writer.shutdown().await;
-                return Ok(r);
-            }
-            Response::Error(e) => return Err(e.into()),
-            _ => {}
-        }
-    }
-}
-
-/// An open run on a storage node: send `Task`s on `writer`, read `TaskDone`s on `reader`.
-pub struct RunChannel {
-    pub user: String,
-    pub slots: u32,
+/// A control connection for requests of an endpoint's personality
+/// ([`Request::Service`]; a storage node's are in `wire::node`): the engine carries their
+/// bodies, the caller encodes and decodes them.
+pub struct ServiceChannel {
     pub reader: crate::conn::ControlReader,
     pub writer: crate::conn::ControlWriter,
 }
 
-/// Opens a run of `spec` on `peer` (a storage node).
-pub async fn start_run(
-    peer: &Peer,
-    spec: wire::control::RunSpec,
-    tls: Option<&ClientTls>,
-) -> Result<RunChannel, TransferError> {
-    let limits = sys::host_limits();
-    let mut s = conn::connect_control(&peer.host, peer.port, tls, &limits).await?;
-    s.writer.send_request(&Request::Run(Box::new(spec))).await?;
-    loop {
-        match s.reader.response().await? {
-            Response::RunReady { user, slots } => {
-                return Ok(RunChannel {
-                    user,
-                    slots,
-                    reader: s.reader,
-                    writer: s.writer,
-                });
-            }
-            Response::Error(e) => return Err(e.into()),
-            _ => {}
+impl ServiceChannel {
+    /// Connects to `peer`'s control port.
+    pub async fn open(peer: &Peer, tls: Option<&ClientTls>) -> Result<Self, TransferError> {
+        let limits = sys::host_limits();
+        let s = conn::connect_control(&peer.host, peer.port, tls, &limits).await?;
+        Ok(Self {
+            reader: s.reader,
+            writer: s.writer,
+        })
+    }
+
+    /// Sends a request body.
+    pub async fn send(&mut self, body: Vec<u8>) -> Result<(), TransferError> {
+        self.writer.send_request(&Request::Service(body)).await
+    }
+
+    /// The next answer's body; an error the endpoint sent instead is returned as the error,
+    /// a closed connection as `Connect`.
+    pub async fn recv(&mut self) -> Result<Vec<u8>, TransferError> {
+        match self.reader.response().await? {
+            Response::Service(body) => Ok(body),
+            Response::Error(e) => Err(e.into()),
+            other => Err(TransferError::Protocol(format!(
+                "unexpected answer to a service request: {other:?}"
+            ))),
         }
+    }
+
+    pub async fn close(mut self) {
+        self.writer.shutdown().await;
     }
 }
 

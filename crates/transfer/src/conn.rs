@@ -321,6 +321,39 @@ pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<DataConn,
     })
 }
 
+/// Opens streams `from..to` concurrently and hands them over as they bind; gives up on a
+/// stream after one failure (the session works with the streams it has).
+pub async fn open_streams(
+    target: StreamTarget,
+    from: u32,
+    to: u32,
+    tx: tokio::sync::mpsc::Sender<DataConn>,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Vec<TransferError> {
+    let mut tasks = Vec::new();
+    for i in from..to {
+        let (t, tx, cancel) = (target.clone(), tx.clone(), cancel.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                r = open_data_stream(&t, i) => match r {
+                    Ok(dc) => { let _ = tx.send(dc).await; None }
+                    Err(e) => Some(e),
+                },
+                _ = cancel.cancelled() => None,
+            }
+        }));
+    }
+    drop(tx);
+    let mut errors = Vec::new();
+    for t in tasks {
+        if let Ok(Some(e)) = t.await {
+            tracing::warn!(error = %e, "a data stream could not be opened");
+            errors.push(e);
+        }
+    }
+    errors
+}
+
 /// Reads the endpoint's answer to a bind, the first frame on a data connection we opened.
 pub async fn read_bind_result<R: AsyncRead + Unpin>(
     r: &mut R,

@@ -1,5 +1,7 @@
-//! The standalone endpoint (`haul serve`): exports one directory tree for reading and writing
-//! over the data protocol, the way a GridFTP server is used.
+//! The data-plane engine's server side: one TCP port, its connection limits and timeouts, the
+//! control connections, sessions and their data streams. What is served is the business of
+//! the endpoint's personality, a [`Service`]: `haul serve` exports a directory tree
+//! (`tree::TreeService`), a storage node its spool (crate `node`).
 //!
 //! One TCP port carries everything. A control connection (TLS 1.3, client certificate mapped
 //! to a local identity by the mapfile) opens a sink or source session; the session's data
@@ -14,12 +16,11 @@ use crate::error::TransferError;
 use crate::limits::{ConnLimiter, Limits};
 use crate::pool::MemoryBudget;
 use crate::progress::{Counters, Event};
+use crate::service::{Caller, Service, SinkNaming, SourceList, SourceSelection};
 use crate::sink_session::{SinkSpec, run_sink};
 use crate::source_session::{SourceSpec, run_source};
-use crate::spool::{self, Naming, Spool};
-use crate::store::{self, Destination, Root, SourceEntry};
+use crate::store::{Root, SourceEntry};
 use crate::sys;
-use crate::tls::Mapfile;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
@@ -30,11 +31,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use wire::control::{
-    self, Bind, BindResult, DataKey, HostLimits, ListedFile, Protect, PushTarget, Request,
-    Response, SessionId, SessionOptions, SessionSummary,
+    self, Bind, BindResult, DataKey, HostLimits, Protect, PushTarget, Request, Response, SessionId,
+    SessionOptions, SessionSummary,
 };
 use wire::error::{ErrorInfo, ErrorKind};
-use wire::grant::{Operation, SignedGrant};
 use wire::plan::{Choices, PathFacts, plan};
 
 /// TLS material of an endpoint: its server configuration (client certificates required) and a
@@ -50,18 +50,14 @@ pub struct EndpointConfig {
     pub root: PathBuf,
     /// `None` runs without TLS (`--insecure`, local tests only).
     pub tls: Option<EndpointTls>,
-    pub mapfile: Mapfile,
+    /// What is served: who is admitted, where received files go, what may be read.
+    pub service: Arc<dyn Service>,
     /// Connections at once (in all and per source), handshake and idle timeouts.
     pub limits: Limits,
-    pub read_only: bool,
     /// Link rate assumed when planning pushes (bits/s).
     pub link_bps: u64,
     /// How often received files are synced and their restart ledgers written.
     pub checkpoint_interval: Duration,
-    /// Storage-node mode: files are named by catalog ids and every session needs a
-    /// capability (the mapfile is not consulted; any certificate of the trusted CA may
-    /// connect).
-    pub spool: Option<Arc<dyn Spool>>,
     /// Live figures for whoever runs the endpoint (a storage node reports them).
     pub stats: Arc<EndpointStats>,
 }
@@ -84,8 +80,6 @@ struct Registered {
 struct Endpoint {
     cfg: EndpointConfig,
     root: Arc<Root>,
-    /// Started as root with a mapfile: sessions act as their mapped accounts.
-    switch_users: bool,
     sessions: Mutex<HashMap<SessionId, Arc<Registered>>>,
     limits: HostLimits,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
@@ -121,11 +115,9 @@ pub async fn run(
     }
     let limiter = ConnLimiter::new(cfg.limits.clone());
     let cfg_total_buffer = cfg.limits.total_buffer;
-    let switch_users = cfg.tls.is_some() && cfg.spool.is_none() && sys::effective_uid() == 0;
     let ep = Arc::new(Endpoint {
         cfg,
         root: Arc::new(root),
-        switch_users,
         sessions: Mutex::new(HashMap::new()),
         limits: sys::host_limits(),
         acceptor,
@@ -354,39 +346,29 @@ async fn control(
     presenter: Option<crate::certid::Fingerprint>,
     stop: CancellationToken,
 ) -> Result<(), TransferError> {
-    let presenter = presenter.as_ref().map(|f| f.as_bytes());
     let (mut reader, mut writer) = conn.split();
-    let identity = match (&ep.acceptor, &subject) {
-        (None, _) => "anonymous".to_string(),
-        // A storage node: capabilities from the metadata server authorize each session.
-        (Some(_), Some(s)) if ep.cfg.spool.is_some() => s.clone(),
-        (Some(_), Some(s)) => match ep.cfg.mapfile.lookup(s) {
-            Some(id) => id.to_string(),
-            None => {
-                let e = ErrorInfo::new(
-                    ErrorKind::Unmapped,
-                    format!(
-                        "certificate subject {s:?} is not in this endpoint's mapfile; ask its operator to add: \"{s}\" <local-user>"
-                    ),
-                );
-                let _ = writer.send_response(&Response::Error(e)).await;
-                return Err(TransferError::Auth(format!("unmapped subject {s}")));
-            }
-        },
-        (Some(_), None) => {
-            let e = ErrorInfo::new(ErrorKind::Authentication, "no client certificate");
-            let _ = writer.send_response(&Response::Error(e)).await;
-            return Err(TransferError::Auth("no client certificate".into()));
-        }
-    };
-    let root = match session_root(&ep, &identity, subject.as_deref()) {
-        Ok(r) => r,
+    if ep.acceptor.is_some() && subject.is_none() {
+        let e = ErrorInfo::new(ErrorKind::Authentication, "no client certificate");
+        let _ = writer.send_response(&Response::Error(e)).await;
+        return Err(TransferError::Auth("no client certificate".into()));
+    }
+    // Without TLS nobody has a subject (`--insecure`: the service decides what that means).
+    let subject = subject.filter(|_| ep.acceptor.is_some());
+    let admitted = match ep.cfg.service.admit(subject.as_deref(), &ep.root) {
+        Ok(a) => a,
         Err(e) => {
             let message = e.message.clone();
             let _ = writer.send_response(&Response::Error(e)).await;
             return Err(TransferError::Auth(message));
         }
     };
+    let caller = Caller {
+        subject,
+        presenter: presenter.map(|f| f.as_bytes().to_vec()),
+        identity: admitted.identity,
+        root: admitted.root,
+    };
+    let identity = caller.identity.clone();
     tracing::Span::current().record("user", tracing::field::display(&identity));
     tracing::info!(peer = %reader.peer, %identity, "control connection");
     let idle = ep.cfg.limits.idle_timeout;
@@ -410,7 +392,7 @@ async fn control(
                     version: control::PROTOCOL_VERSION,
                     agent: format!("haul/{}", env!("CARGO_PKG_VERSION")),
                     identity: identity.clone(),
-                    subject: subject.clone().unwrap_or_default(),
+                    subject: caller.subject.clone().unwrap_or_default(),
                     limits: ep.limits.clone(),
                 };
                 writer.send_response(&reply).await?;
@@ -418,48 +400,19 @@ async fn control(
                     return Ok(());
                 }
             }
-            Request::Stat { .. } if ep.cfg.spool.is_some() => {
-                let e = ErrorInfo::new(
-                    ErrorKind::Unsupported,
-                    "storage nodes have no namespace; ask the metadata server",
-                );
-                writer.send_response(&Response::Error(e)).await?;
-            }
             Request::Stat { path } => {
-                let reply = match store::remote_rel_path(&path) {
-                    Ok(rel) => Response::Stat(root.metadata(&rel).ok().map(|m| m.info())),
+                let reply = match ep.cfg.service.stat(&caller, &path) {
+                    Ok(info) => Response::Stat(info),
                     Err(e) => Response::Error(e),
                 };
                 writer.send_response(&reply).await?;
             }
             Request::Cancel => {}
-            Request::Run(spec) => match &ep.cfg.spool {
-                Some(sp) => {
-                    crate::run::serve(
-                        sp.clone(),
-                        &ep.cfg.root,
-                        &mut reader,
-                        &mut writer,
-                        *spec,
-                        presenter,
-                    )
+            Request::Service(body) => {
+                ep.cfg
+                    .service
+                    .serve(&caller, body, &mut reader, &mut writer)
                     .await?
-                }
-                None => {
-                    let e = ErrorInfo::new(ErrorKind::Unsupported, "only storage nodes run tasks");
-                    writer.send_response(&Response::Error(e)).await?;
-                }
-            },
-            Request::Task(_) | Request::RunEnd => {
-                let e = ErrorInfo::new(ErrorKind::Protocol, "no run is open on this connection");
-                writer.send_response(&Response::Error(e)).await?;
-            }
-            Request::Verify { files, grant } => {
-                let reply = match verify_files(&ep, &root, files, grant.as_ref(), presenter).await {
-                    Ok(r) => Response::Verified(r),
-                    Err(e) => Response::Error(e),
-                };
-                writer.send_response(&reply).await?;
             }
             Request::OpenSink {
                 session,
@@ -470,7 +423,11 @@ async fn control(
                 grant,
             } => {
                 let naming =
-                    match sink_naming(&ep, &root, &dest, into_dir, grant.as_ref(), presenter) {
+                    match ep
+                        .cfg
+                        .service
+                        .sink_naming(&caller, &dest, into_dir, grant.as_ref())
+                    {
                         Ok(n) => n,
                         Err(e) => {
                             writer.send_response(&Response::Error(e)).await?;
@@ -479,14 +436,13 @@ async fn control(
                     };
                 sink(
                     &ep,
-                    &root,
+                    &caller,
                     &mut reader,
                     &mut writer,
                     session,
                     key,
                     naming,
                     options,
-                    &identity,
                 )
                 .instrument(session_span(&session))
                 .await?;
@@ -502,36 +458,32 @@ async fn control(
                 files,
                 grant,
             } => {
-                let (entries, unsendable) = match source_entries(
-                    &ep,
-                    &root,
-                    &path,
+                let request = SourceSelection {
+                    path,
                     recursive,
                     files,
-                    grant.as_ref(),
-                    presenter,
-                )
-                .await
-                {
-                    Ok(e) => e,
+                    grant,
+                };
+                let list = match source_list(&ep, &caller, request).await {
+                    Ok(l) => l,
                     Err(e) => {
                         writer.send_response(&Response::Error(e)).await?;
                         continue;
                     }
                 };
-                for (path, error) in unsendable {
+                for (path, error) in list.unsendable {
                     writer
                         .send_response(&Response::FileFailed { path, error })
                         .await?;
                 }
                 source(
                     &ep,
-                    &root,
+                    &caller.root,
                     &mut reader,
                     &mut writer,
                     session,
                     key,
-                    entries,
+                    list.entries,
                     range,
                     options,
                     push.map(|p| *p),
@@ -543,38 +495,22 @@ async fn control(
     }
 }
 
+/// What a source session sends, as the service lists it on a blocking thread.
+async fn source_list(
+    ep: &Arc<Endpoint>,
+    caller: &Caller,
+    request: SourceSelection,
+) -> Result<SourceList, ErrorInfo> {
+    let (service, caller) = (ep.cfg.service.clone(), caller.clone());
+    tokio::task::spawn_blocking(move || service.source_list(&caller, request))
+        .await
+        .map_err(|e| ErrorInfo::new(ErrorKind::Io, format!("enumeration failed: {e}")))?
+}
+
 /// The span of one transfer session on this endpoint: its id as the client chose it (the same
 /// id is in the client's and, for third-party copies, the other endpoint's logs).
 fn session_span(id: &control::SessionId) -> tracing::Span {
     tracing::info_span!("session", id = %hex::encode(id))
-}
-
-/// The tree as this connection's account sees it. An endpoint started as root with a mapfile
-/// runs every file operation of a mapped session as the local account the mapfile names (as a
-/// root GridFTP server does), and refuses a subject mapped to an account this host does not
-/// have. Otherwise (not root, `--insecure`, storage nodes) files are the process's own.
-fn session_root(
-    ep: &Endpoint,
-    identity: &str,
-    subject: Option<&str>,
-) -> Result<Arc<Root>, ErrorInfo> {
-    if !ep.switch_users {
-        return Ok(ep.root.clone());
-    }
-    match crate::identity::FsIdentity::lookup(identity) {
-        Ok(Some(id)) => Ok(Arc::new(ep.root.as_identity(Arc::new(id)))),
-        Ok(None) => Err(ErrorInfo::new(
-            ErrorKind::Unmapped,
-            format!(
-                "certificate subject {:?} is mapped to local account {identity:?}, which does not exist on this endpoint's host; ask its operator to fix the mapfile",
-                subject.unwrap_or_default()
-            ),
-        )),
-        Err(e) => Err(ErrorInfo::new(
-            ErrorKind::Io,
-            format!("cannot look up local account {identity:?}: {e}"),
-        )),
-    }
 }
 
 /// Counts a session as running while alive.
@@ -672,14 +608,13 @@ async fn finish(
 #[allow(clippy::too_many_arguments)]
 async fn sink(
     ep: &Arc<Endpoint>,
-    root: &Arc<Root>,
+    caller: &Caller,
     reader: &mut ControlReader,
     writer: &mut ControlWriter,
     session: SessionId,
     key: DataKey,
-    naming: Naming,
+    naming: Arc<dyn SinkNaming>,
     options: SessionOptions,
-    owner: &str,
 ) -> Result<(), TransferError> {
     let conns = match register(ep, session, key, options.protect) {
         Ok(c) => c,
@@ -688,22 +623,19 @@ async fn sink(
     let _guard = SessionGuard { ep, id: session };
     writer
         .send_response(&Response::SinkReady {
-            dest_is_dir: match &naming {
-                Naming::Tree(d) => d.into_dir,
-                Naming::Spool { .. } => true,
-            },
+            dest_is_dir: naming.dest_is_dir(),
         })
         .await?;
     let counters = Arc::new(Counters::default());
     let (etx, mut erx) = mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
     let spec = SinkSpec {
-        root: root.clone(),
+        root: caller.root.clone(),
         naming,
         options,
         checkpoint_interval: ep.cfg.checkpoint_interval,
         budget: MemoryBudget::new(ep.cfg.limits.session_buffer, Some(ep.buffers.clone())),
-        owner: owner.to_string(),
+        owner: caller.identity.clone(),
     };
     let run = run_sink(spec, conns, counters.clone(), etx, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
@@ -855,7 +787,7 @@ async fn source(
             let n = p.streams;
             let c2 = cancel.clone();
             tokio::spawn(async move {
-                open_streams(st, 1, n, tx, c2).await;
+                conn::open_streams(st, 1, n, tx, c2).await;
             });
             (rx, None, p.explanation)
         }
@@ -944,271 +876,4 @@ async fn verify_push_target(
     known.retain(|_, t| t.elapsed() < PUSH_TARGET_TRUST);
     known.insert(key, std::time::Instant::now());
     Ok(())
-}
-
-/// Opens streams `from..to` concurrently and hands them over as they bind; gives up on a
-/// stream after one failure (the session works with the streams it has).
-pub async fn open_streams(
-    target: StreamTarget,
-    from: u32,
-    to: u32,
-    tx: mpsc::Sender<DataConn>,
-    cancel: CancellationToken,
-) -> Vec<TransferError> {
-    let mut tasks = Vec::new();
-    for i in from..to {
-        let (t, tx, cancel) = (target.clone(), tx.clone(), cancel.clone());
-        tasks.push(tokio::spawn(async move {
-            tokio::select! {
-                r = conn::open_data_stream(&t, i) => match r {
-                    Ok(dc) => { let _ = tx.send(dc).await; None }
-                    Err(e) => Some(e),
-                },
-                _ = cancel.cancelled() => None,
-            }
-        }));
-    }
-    drop(tx);
-    let mut errors = Vec::new();
-    for t in tasks {
-        if let Ok(Some(e)) = t.await {
-            tracing::warn!(error = %e, "a data stream could not be opened");
-            errors.push(e);
-        }
-    }
-    errors
-}
-
-/// The entries of `path` below the root, and what cannot be sent (reported to the client as
-/// failed files).
-async fn enumerate_remote(
-    root: &Arc<Root>,
-    path: &str,
-    recursive: bool,
-) -> Result<(Vec<SourceEntry>, Vec<(String, ErrorInfo)>), ErrorInfo> {
-    let rel = store::remote_rel_path(path)?;
-    let root = root.clone();
-    tokio::task::spawn_blocking(move || {
-        let (mut entries, mut unsendable) = (Vec::new(), Vec::new());
-        store::enumerate(&root, &rel, recursive, &mut |f| {
-            match f {
-                store::Found::Entry(e) => entries.push(e),
-                store::Found::Unsendable { rel, error } => unsendable.push((rel, error)),
-            }
-            true
-        })
-        .map(|()| (entries, unsendable))
-    })
-    .await
-    .map_err(|e| ErrorInfo::new(ErrorKind::Io, format!("enumeration failed: {e}")))?
-}
-
-/// How a sink session names what it receives: below a destination path (cp semantics), or,
-/// on a storage node, by the file ids a write capability covers.
-fn sink_naming(
-    ep: &Endpoint,
-    root: &Arc<Root>,
-    dest: &str,
-    into_dir: Option<bool>,
-    grant: Option<&SignedGrant>,
-    presenter: Option<&[u8]>,
-) -> Result<Naming, ErrorInfo> {
-    if let Some(sp) = &ep.cfg.spool {
-        let g = spool::check(sp.as_ref(), grant, Operation::Write, presenter)?;
-        return Ok(Naming::Spool {
-            allowed: Arc::new(g.ids.into_iter().collect()),
-            replace: Arc::new(g.replace.into_iter().collect()),
-            spool: sp.clone(),
-        });
-    }
-    if ep.cfg.read_only {
-        return Err(ErrorInfo::new(
-            ErrorKind::PermissionDenied,
-            "this endpoint is read-only",
-        ));
-    }
-    let rel = store::remote_rel_path(dest)?;
-    Destination::pinned(root, &rel, dest.ends_with('/'), into_dir).map(Naming::Tree)
-}
-
-/// What a source session sends: the tree at `path`, or, on a storage node, exactly the listed
-/// files a read capability covers (each checked for presence and size here, and against its
-/// catalog checksum as it is read).
-async fn source_entries(
-    ep: &Arc<Endpoint>,
-    root: &Arc<Root>,
-    path: &str,
-    recursive: bool,
-    files: Vec<ListedFile>,
-    grant: Option<&SignedGrant>,
-    presenter: Option<&[u8]>,
-) -> Result<(Vec<SourceEntry>, Vec<(String, ErrorInfo)>), ErrorInfo> {
-    let Some(sp) = &ep.cfg.spool else {
-        if !files.is_empty() {
-            return Err(ErrorInfo::new(
-                ErrorKind::Unsupported,
-                "file lists are only served by storage nodes",
-            ));
-        }
-        return enumerate_remote(root, path, recursive).await;
-    };
-    let g = spool::check(sp.as_ref(), grant, Operation::Read, presenter)?;
-    if files.is_empty() {
-        return Err(ErrorInfo::new(
-            ErrorKind::Invalid,
-            "storage nodes send listed files only",
-        ));
-    }
-    let mut entries = Vec::with_capacity(files.len());
-    for f in files {
-        let id = spool::parse_id(&f.locator)?;
-        g.covers([id])
-            .map_err(|e| ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()))?;
-        let locator = sp.path_of(id);
-        let meta = root.metadata(&locator).map_err(|e| {
-            let kind = if e.kind() == std::io::ErrorKind::NotFound {
-                ErrorKind::NotFound
-            } else {
-                ErrorKind::Io
-            };
-            ErrorInfo::new(
-                kind,
-                format!(
-                    "{}: replica {id} missing on node {} ({e})",
-                    f.name,
-                    sp.node()
-                ),
-            )
-        })?;
-        if meta.len != f.size {
-            return Err(ErrorInfo::new(
-                ErrorKind::SourceDamaged,
-                format!(
-                    "{}: replica {id} on node {} is damaged (size {} instead of {})",
-                    f.name,
-                    sp.node(),
-                    meta.len,
-                    f.size
-                ),
-            ));
-        }
-        entries.push(SourceEntry {
-            rel: f.name,
-            kind: wire::data::EntryKind::File,
-            size: f.size,
-            mode: f.mode,
-            mtime: f.mtime,
-            locator,
-            expect: f.expect,
-        });
-    }
-    Ok((entries, Vec::new()))
-}
-
-/// Recomputes the checksums of replicas on a storage node, two files at a time.
-async fn verify_files(
-    ep: &Arc<Endpoint>,
-    root: &Arc<Root>,
-    files: Vec<ListedFile>,
-    grant: Option<&SignedGrant>,
-    presenter: Option<&[u8]>,
-) -> Result<Vec<control::VerifyResult>, ErrorInfo> {
-    let Some(sp) = &ep.cfg.spool else {
-        return Err(ErrorInfo::new(
-            ErrorKind::Unsupported,
-            "only storage nodes verify replicas",
-        ));
-    };
-    let g = spool::check(sp.as_ref(), grant, Operation::Verify, presenter)?;
-    let mut jobs = Vec::with_capacity(files.len());
-    for f in files {
-        let id = spool::parse_id(&f.locator)?;
-        g.covers([id])
-            .map_err(|e| ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()))?;
-        jobs.push((f, sp.path_of(id)));
-    }
-    let workers = 2.min(jobs.len().max(1));
-    let jobs = Arc::new(Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>()));
-    let mut handles = Vec::new();
-    for _ in 0..workers {
-        let (jobs, root) = (jobs.clone(), root.clone());
-        handles.push(tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            loop {
-                let next = jobs.lock().expect("jobs lock").pop();
-                let Some((i, (f, path))) = next else {
-                    return out;
-                };
-                out.push((i, checksum_file(&root, &f, &path)));
-            }
-        }));
-    }
-    let mut results = Vec::new();
-    for h in handles {
-        results.extend(
-            h.await
-                .map_err(|e| ErrorInfo::new(ErrorKind::Io, format!("verification failed: {e}")))?,
-        );
-    }
-    results.sort_by_key(|(i, _)| *i);
-    Ok(results.into_iter().map(|(_, r)| r).collect())
-}
-
-fn checksum_file(root: &Root, f: &ListedFile, path: &std::path::Path) -> control::VerifyResult {
-    let mut result = control::VerifyResult {
-        locator: f.locator.clone(),
-        size: 0,
-        digests: Vec::new(),
-        error: None,
-    };
-    let mut file = match root.open(path, store::OpenMode::Read) {
-        Ok(file) => file,
-        Err(e) => {
-            result.error = Some(crate::error::io_info(&f.name, &e));
-            return result;
-        }
-    };
-    let algos: Vec<wire::checksum::Algorithm> = f.expect.iter().map(|d| d.algorithm).collect();
-    let (size, digests) = digest_reader(&mut file, &algos);
-    result.size = size;
-    match digests {
-        Ok(d) => result.digests = d,
-        Err(e) => result.error = Some(crate::error::io_info(&f.name, &e)),
-    }
-    result
-}
-
-/// Reads `r` to its end: the bytes read, and their CRC32C plus `algos` (sorted), or the read
-/// error that stopped it.
-pub(crate) fn digest_reader(
-    mut r: impl std::io::Read,
-    algos: &[wire::checksum::Algorithm],
-) -> (u64, std::io::Result<Vec<wire::checksum::Digest>>) {
-    let mut algos = algos.to_vec();
-    algos.retain(|a| *a != wire::checksum::Algorithm::Crc32c);
-    let mut hasher = wire::checksum::MultiHasher::new(&algos);
-    let mut crc = 0u32;
-    let mut size = 0u64;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match r.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                crc = wire::checksum::crc32c_append(crc, &buf[..n]);
-                if hasher.needs_bytes() {
-                    hasher.update(&buf[..n]);
-                }
-                size += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return (size, Err(e)),
-        }
-    }
-    let mut digests = vec![wire::checksum::Digest {
-        algorithm: wire::checksum::Algorithm::Crc32c,
-        value: crc.to_be_bytes().to_vec(),
-    }];
-    digests.extend(hasher.finish());
-    digests.sort_by_key(|d| d.algorithm);
-    (size, Ok(digests))
 }

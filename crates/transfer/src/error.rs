@@ -128,6 +128,32 @@ impl From<ErrorInfo> for TransferError {
     }
 }
 
+/// The payload of the error a path gets when it would lead outside the exported root (`..`, an
+/// absolute path, a symlink pointing out): recognised by type, see [`escapes_root`].
+#[derive(Debug)]
+pub struct EscapesRoot;
+
+impl std::fmt::Display for EscapesRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a path led outside of the exported root")
+    }
+}
+
+impl std::error::Error for EscapesRoot {}
+
+/// What cap-std says when a path escapes its directory (cap-primitives' `escape_attempt`). It
+/// has no error type of its own, so [`escapes_root`] is the one place that compares this text.
+const CAP_STD_ESCAPE: &str = "a path led outside of the filesystem";
+
+/// Whether `e` reports a path that would lead outside the exported root: this module's own
+/// check, or cap-std's when it resolved a `..` or a symlink pointing out.
+pub fn escapes_root(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<EscapesRoot>())
+        || (e.kind() == std::io::ErrorKind::PermissionDenied
+            && e.get_ref()
+                .is_some_and(|inner| inner.to_string() == CAP_STD_ESCAPE))
+}
+
 /// Classifies an I/O error on a path of the data being moved.
 pub fn io_info(what: &str, e: &std::io::Error) -> ErrorInfo {
     use std::io::ErrorKind as K;
@@ -139,7 +165,7 @@ pub fn io_info(what: &str, e: &std::io::Error) -> ErrorInfo {
         )
         .retryable(false);
     }
-    if crate::store::escapes_root(e) {
+    if escapes_root(e) {
         return ErrorInfo::new(
             ErrorKind::PathEscapesRoot,
             format!("{what}: path escapes the exported root"),

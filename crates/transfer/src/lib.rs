@@ -1,8 +1,10 @@
 //! The longhaul transfer engine: drives the `wire` state machines over TCP data streams with
 //! tokio, and owns everything that touches the operating system on the data path: sockets and
 //! their tuning, TLS, files (confined to an exported root where needed), checksumming threads,
-//! restart ledgers. The `haul` binary, and later the storage node and metadata server, are thin
-//! layers over [`endpoint::run`] and [`client::copy`].
+//! restart ledgers. The `haul` binary, the storage node and the metadata server are layers over
+//! [`endpoint::run`] (with a [`service::Service`] that says what is served) and
+//! [`client::copy`]. It knows nothing of storage nodes, catalogs or capabilities beyond
+//! passing a grant from a client to the service.
 //!
 //! What it does not own: protocol decisions (in `wire`) and the command line (in `haul`).
 
@@ -19,12 +21,12 @@ pub mod limits;
 pub mod pki;
 pub mod pool;
 pub mod progress;
-pub mod run;
+pub mod service;
 pub mod sink_session;
 pub mod source_session;
-pub mod spool;
 pub mod store;
 pub mod sys;
 pub mod tls;
+pub mod tree;
 
 pub use error::TransferError;

@@ -13,7 +13,7 @@ use crate::error::{TransferError, io_info};
 use crate::faults;
 use crate::pool::{BufPool, MemoryBudget, PooledBuf, SharedSlice};
 use crate::progress::{Counters, Event, EventSender};
-use crate::spool::Naming;
+use crate::service::SinkNaming;
 use crate::store::{self, Opened, Root};
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
@@ -35,7 +35,7 @@ use wire::sink::{BlockVerdict, Sink, SinkAction, SinkConfig, SinkEvent, SinkStat
 /// Where to receive.
 pub struct SinkSpec {
     pub root: Arc<Root>,
-    pub naming: Naming,
+    pub naming: Arc<dyn SinkNaming>,
     pub options: SessionOptions,
     /// How often unfinished files are synced and their restart ledgers written.
     pub checkpoint_interval: Duration,
@@ -110,7 +110,7 @@ struct Shared {
     /// one file never contend for its inode lock and land roughly in order.
     writes: Vec<flume::Sender<WriteJob>>,
     root: Arc<Root>,
-    naming: Naming,
+    naming: Arc<dyn SinkNaming>,
     owner: String,
     algos: Vec<Algorithm>,
     fsync: bool,
@@ -480,16 +480,7 @@ impl Shared {
                 attempt,
                 begin,
             } => {
-                let r = if self.naming.is_spool() {
-                    Err(ErrorInfo::new(
-                        ErrorKind::Invalid,
-                        "storage nodes hold files, not directories",
-                    ))
-                } else {
-                    self.naming
-                        .map(&begin.path)
-                        .and_then(|p| store::make_dir(&self.root, &p, begin.mode))
-                };
+                let r = self.naming.make_dir(&self.root, &begin.path, begin.mode);
                 let mut st = self.lock();
                 st.on_committed(file, attempt, r);
                 self.dispatch(&mut st);

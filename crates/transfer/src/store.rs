@@ -9,7 +9,7 @@
 //! atomically), and the commit (sync, mode and mtime, rename, sync the directory). Nothing is
 //! ever written under the final name until the data has verified.
 
-use crate::error::{dest_io_info, io_info};
+use crate::error::{EscapesRoot, dest_io_info, escapes_root, io_info};
 use crate::identity::{FsGuard, FsIdentity};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -101,32 +101,6 @@ pub enum OpenMode {
     /// An existing file, read-write, not through a symlink in its last component
     /// (`O_NOFOLLOW`: a symlink fails with ELOOP).
     Existing,
-}
-
-/// The payload of the error a path gets when it would lead outside the exported root (`..`, an
-/// absolute path, a symlink pointing out): recognised by type, see [`escapes_root`].
-#[derive(Debug)]
-pub struct EscapesRoot;
-
-impl std::fmt::Display for EscapesRoot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a path led outside of the exported root")
-    }
-}
-
-impl std::error::Error for EscapesRoot {}
-
-/// What cap-std says when a path escapes its directory (cap-primitives' `escape_attempt`). It
-/// has no error type of its own, so [`escapes_root`] is the one place that compares this text.
-const CAP_STD_ESCAPE: &str = "a path led outside of the filesystem";
-
-/// Whether `e` reports a path that would lead outside the exported root: this module's own
-/// check, or cap-std's when it resolved a `..` or a symlink pointing out.
-pub fn escapes_root(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|inner| inner.is::<EscapesRoot>())
-        || (e.kind() == io::ErrorKind::PermissionDenied
-            && e.get_ref()
-                .is_some_and(|inner| inner.to_string() == CAP_STD_ESCAPE))
 }
 
 /// `O_NOFOLLOW` for the std and cap-std `OpenOptions`.

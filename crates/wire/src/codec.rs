@@ -70,6 +70,11 @@ pub fn encode_message<T: serde::Serialize>(kind: u8, body: &T) -> Vec<u8> {
     out
 }
 
+/// Encodes a serde body without a header (a message nested in another frame's body).
+pub fn encode_body<T: serde::Serialize>(body: &T) -> Vec<u8> {
+    postcard::to_allocvec(body).expect("serializing to a Vec cannot fail")
+}
+
 /// Decodes a postcard body; trailing bytes are an error.
 pub fn decode_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, DecodeError> {
     let (value, rest) =

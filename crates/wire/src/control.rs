@@ -21,8 +21,8 @@ use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 
 /// Version of the control and data protocol; peers refuse other versions. 5: error kind
-/// `SourceDamaged`.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// `SourceDamaged`. 6: storage-node requests travel as `Service` frames ([`crate::node`]).
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// First bytes of a clear-text data connection (control and private data connections start with
 /// a TLS ClientHello instead).
@@ -207,76 +207,9 @@ pub enum Request {
         path: String,
     },
     Cancel,
-    /// Storage nodes: recompute the checksums of these replicas where they are (a `Verify`
-    /// grant covers them); answered by `Verified`.
-    Verify {
-        files: Vec<ListedFile>,
-        grant: Option<SignedGrant>,
-    },
-    /// Storage nodes: start running `argv` on replicas, at most `parallel` processes at a time,
-    /// as the user a `Run` grant names; answered by `RunReady`, then one `TaskDone` per `Task`,
-    /// then `RunDone` after `RunEnd`.
-    Run(Box<RunSpec>),
-    /// One task of the running `Run`: the command on one replica.
-    Task(RunTask),
-    /// No more tasks: answer `RunDone` when the running ones have finished.
-    RunEnd,
-}
-
-/// A command to run on replicas where they are.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunSpec {
-    /// Program and arguments; `{}` becomes the replica's local path, `{name}` the grid file's
-    /// name, `{path}` its grid path, `{out}` the task's output directory.
-    pub argv: Vec<String>,
-    /// Grid directory where files written to `{out}` are registered (empty: none).
-    pub output: String,
-    pub parallel: u32,
-    /// Seconds a task may run before it is killed (0: no limit).
-    pub timeout_s: u32,
-    pub grant: Option<SignedGrant>,
-}
-
-/// One task: the command on one file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunTask {
-    pub task: u64,
-    /// The replica (locator: file id; name: grid path). An empty locator runs on an empty
-    /// input (empty files have no replicas).
-    pub file: ListedFile,
-}
-
-/// How a task ended.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskResult {
-    pub task: u64,
-    /// Exit status, if the process exited.
-    pub exit: Option<i32>,
-    /// Signal that killed it, if one did.
-    pub signal: Option<i32>,
-    /// The first bytes of its standard output and error.
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-    /// Bytes of output beyond what was kept.
-    pub truncated: u64,
-    /// From start to exit, on the node.
-    pub micros: u64,
-    /// Output files registered in the grid: (grid path, size).
-    pub outputs: Vec<(String, u64)>,
-    /// The task could not run, or its outputs could not be registered.
-    pub error: Option<ErrorInfo>,
-}
-
-/// What a node found when it re-read a replica.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VerifyResult {
-    pub locator: String,
-    /// Size on disk (0 if missing).
-    pub size: u64,
-    /// Checksums recomputed from the bytes on disk.
-    pub digests: Vec<Digest>,
-    /// Why it could not be read (missing, unreadable).
-    pub error: Option<ErrorInfo>,
+    /// A request of the endpoint's own personality (a storage node's: [`crate::node`]),
+    /// encoded by that personality; the engine passes it on unread.
+    Service(Vec<u8>),
 }
 
 /// A file named explicitly in a source request.
@@ -363,14 +296,8 @@ pub enum Response {
     Done(SessionSummary),
     Stat(Option<EntryInfo>),
     Error(ErrorInfo),
-    Verified(Vec<VerifyResult>),
-    /// A `Run` was accepted: tasks run as `user`, at most `slots` at a time.
-    RunReady {
-        user: String,
-        slots: u32,
-    },
-    TaskDone(Box<TaskResult>),
-    RunDone,
+    /// An answer of the endpoint's personality to a [`Request::Service`].
+    Service(Vec<u8>),
 }
 
 impl Request {
@@ -555,18 +482,7 @@ mod tests {
             },
             Request::Stat { path: "x".into() },
             Request::Cancel,
-            Request::Verify {
-                files: vec![],
-                grant: None,
-            },
-            Request::Run(Box::new(RunSpec {
-                argv: vec!["wc".into(), "-l".into(), "{}".into()],
-                output: "/out".into(),
-                parallel: 4,
-                timeout_s: 0,
-                grant: None,
-            })),
-            Request::RunEnd,
+            Request::Service(vec![1, 2, 3]),
         ];
         let mut fb = FrameBuffer::new();
         for r in &reqs {
@@ -577,14 +493,7 @@ mod tests {
             assert_eq!(&decode_request(h, &body).unwrap(), r);
         }
         let resps = [
-            Response::TaskDone(Box::new(TaskResult {
-                task: 3,
-                exit: Some(1),
-                stdout: b"12 x\n".to_vec(),
-                outputs: vec![("/out/x.txt".into(), 5)],
-                ..Default::default()
-            })),
-            Response::RunDone,
+            Response::Service(vec![4]),
             Response::Error(ErrorInfo::new(ErrorKind::Unmapped, "who are you")),
         ];
         for resp in resps {

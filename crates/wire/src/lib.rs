@@ -13,6 +13,7 @@ pub mod data;
 pub mod error;
 pub mod grant;
 pub mod losscause;
+pub mod node;
 pub mod pacing;
 pub mod plan;
 pub mod ranges;

@@ -7,9 +7,7 @@
 //! receives a `TaskDone` for each as it finishes, so the client keeps every node's slots full
 //! without a round trip per scheduling decision.
 
-use crate::TransferError;
-use crate::conn::{ControlReader, ControlWriter};
-use crate::spool::{self, Spool};
+use crate::spool::{self, MetaLink, OutputFile};
 use cap_std::fs::Dir;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -18,11 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::sync::{Semaphore, mpsc};
-use wire::checksum::Digest;
-use wire::control::{Request, Response, RunSpec, RunTask, TaskResult};
+use transfer::TransferError;
+use transfer::conn::{ControlReader, ControlWriter};
+use wire::control::{Request, Response};
 use wire::data::Timestamp;
 use wire::error::{ErrorInfo, ErrorKind};
 use wire::grant::{Grant, Operation, SignedGrant};
+use wire::node::{NodeRequest, NodeResponse, RunSpec, RunTask, TaskResult};
 
 /// Bytes of each of stdout and stderr kept per task.
 pub const OUTPUT_KEPT: usize = 64 * 1024;
@@ -30,17 +30,6 @@ pub const OUTPUT_KEPT: usize = 64 * 1024;
 pub const MAX_SLOTS: u32 = 256;
 /// Where task directories live, under the node's root.
 pub const RUN_DIR: &str = ".run";
-
-/// A file a task left in its output directory, to register.
-#[derive(Clone, Debug)]
-pub struct OutputFile {
-    /// Path relative to the output directory (`/`-separated).
-    pub name: String,
-    pub size: u64,
-    pub digests: Vec<Digest>,
-    pub mtime: Timestamp,
-    pub mode: u32,
-}
 
 /// A local account tasks run as.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +62,7 @@ const NOBODY_UID: u32 = 65534;
 /// users) and accounts this process cannot become.
 pub fn account(name: &str, node: &str) -> Result<Account, ErrorInfo> {
     let denied = |m: String| ErrorInfo::new(ErrorKind::PermissionDenied, m);
-    let acct = crate::sys::lookup_user(name).ok_or_else(|| {
+    let acct = transfer::sys::lookup_user(name).ok_or_else(|| {
         denied(format!(
             "node {node} has no local account {name:?} to run tasks as (the grid identity maps to the local account of the same name)"
         ))
@@ -83,7 +72,7 @@ pub fn account(name: &str, node: &str) -> Result<Account, ErrorInfo> {
             "node {node} never runs tasks as root: map the certificate to an unprivileged account"
         )));
     }
-    let me = crate::sys::effective_uid();
+    let me = transfer::sys::effective_uid();
     if me == 0 && (acct.uid < uid_min() || acct.uid >= NOBODY_UID) {
         return Err(denied(format!(
             "node {node} never runs tasks as the system account {name:?} (uid {}): map the certificate to an ordinary user account (uid {} or above)",
@@ -107,7 +96,7 @@ pub fn account(name: &str, node: &str) -> Result<Account, ErrorInfo> {
 
 /// What a run needs to start tasks.
 struct RunCtx {
-    spool: Arc<dyn Spool>,
+    link: Arc<dyn MetaLink>,
     root: PathBuf,
     run_id: String,
     spec: RunSpec,
@@ -118,23 +107,26 @@ struct RunCtx {
 
 /// Serves one `Run` on a control connection until `RunEnd` and the last task.
 pub async fn serve(
-    spool: Arc<dyn Spool>,
+    link: Arc<dyn MetaLink>,
     root: &Path,
     reader: &mut ControlReader,
     writer: &mut ControlWriter,
     spec: RunSpec,
     presenter: Option<&[u8]>,
 ) -> Result<(), TransferError> {
-    let ctx = match prepare(spool, root, spec, presenter) {
+    let ctx = match prepare(link, root, spec, presenter) {
         Ok(c) => Arc::new(c),
         Err(e) => return writer.send_response(&Response::Error(e)).await,
     };
     let slots = ctx.spec.parallel.clamp(1, MAX_SLOTS);
     writer
-        .send_response(&Response::RunReady {
-            user: ctx.account.name.clone(),
-            slots,
-        })
+        .send_response(&Response::Service(
+            NodeResponse::RunReady {
+                user: ctx.account.name.clone(),
+                slots,
+            }
+            .encode(),
+        ))
         .await?;
     tracing::info!(run = %ctx.run_id, user = %ctx.account.name, slots, argv = ?ctx.spec.argv, "run started");
     let (task_tx, mut task_rx) = mpsc::unbounded_channel::<RunTask>();
@@ -144,12 +136,26 @@ pub async fn serve(
     let read = async {
         let r = loop {
             match reader.request().await {
-                Ok(Some(Request::Task(t))) => {
-                    if task_tx.send(t).is_err() {
-                        break Ok(());
+                Ok(Some(Request::Service(body))) => match NodeRequest::decode(&body) {
+                    Ok(NodeRequest::Task(t)) => {
+                        if task_tx.send(t).is_err() {
+                            break Ok(());
+                        }
                     }
-                }
-                Ok(Some(Request::RunEnd)) => break Ok(()),
+                    Ok(NodeRequest::RunEnd) => break Ok(()),
+                    Ok(other) => {
+                        stop.cancel();
+                        break Err(TransferError::Protocol(format!(
+                            "unexpected request during a run: {other:?}"
+                        )));
+                    }
+                    Err(e) => {
+                        stop.cancel();
+                        break Err(TransferError::Protocol(format!(
+                            "malformed node request during a run: {e}"
+                        )));
+                    }
+                },
                 Ok(Some(Request::Cancel)) | Ok(None) => {
                     stop.cancel();
                     break Ok(());
@@ -200,7 +206,7 @@ pub async fn serve(
                     let Some(r) = r else { break };
                     running -= 1;
                     if failed.is_none()
-                        && let Err(e) = writer.send_response(&Response::TaskDone(Box::new(r))).await
+                        && let Err(e) = writer.send_response(&Response::Service(NodeResponse::TaskDone(Box::new(r)).encode())).await
                     {
                         stop.cancel();
                         failed = Some(e);
@@ -214,7 +220,11 @@ pub async fn serve(
         }
         match failed {
             Some(e) => Err(e),
-            None => writer.send_response(&Response::RunDone).await,
+            None => {
+                writer
+                    .send_response(&Response::Service(NodeResponse::RunDone.encode()))
+                    .await
+            }
         }
     };
     let (r1, r2) = tokio::join!(read, run);
@@ -224,7 +234,7 @@ pub async fn serve(
 }
 
 fn prepare(
-    spool: Arc<dyn Spool>,
+    link: Arc<dyn MetaLink>,
     root: &Path,
     spec: RunSpec,
     presenter: Option<&[u8]>,
@@ -235,25 +245,26 @@ fn prepare(
             "a run needs a capability from the metadata server (use haul run)",
         )
     })?;
-    let grant = spool::check(spool.as_ref(), Some(&signed), Operation::Run, presenter)?;
+    let grant = spool::check(link.as_ref(), Some(&signed), Operation::Run, presenter)?;
     if spec.argv.is_empty() || spec.argv[0].is_empty() {
         return Err(ErrorInfo::new(ErrorKind::Invalid, "no command to run"));
     }
-    let account = account(&grant.user, &spool.node())?;
-    let root = std::fs::canonicalize(root).map_err(|e| crate::error::io_info("node root", &e))?;
+    let account = account(&grant.user, &link.node())?;
+    let root =
+        std::fs::canonicalize(root).map_err(|e| transfer::error::io_info("node root", &e))?;
     let run_id = format!("{:016x}", rand::random::<u64>());
     let base = root.join(RUN_DIR);
     for d in [base.clone(), base.join(&run_id)] {
         match std::fs::create_dir(&d) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(crate::error::io_info(&d.display().to_string(), &e)),
+            Err(e) => return Err(transfer::error::io_info(&d.display().to_string(), &e)),
         }
         // Others may pass through to their own task directories, not list them.
         let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711));
     }
     Ok(RunCtx {
-        spool,
+        link,
         root,
         run_id,
         spec,
@@ -295,7 +306,7 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
         task: t.task,
         ..Default::default()
     };
-    let node = ctx.spool.node();
+    let node = ctx.link.node();
     // The replica this task reads.
     let input = if t.file.locator.is_empty() {
         PathBuf::from("/dev/null")
@@ -311,7 +322,7 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
             result.error = Some(ErrorInfo::new(ErrorKind::PermissionDenied, e.to_string()));
             return result;
         }
-        let p = ctx.root.join(ctx.spool.path_of(id));
+        let p = ctx.root.join(spool::spool_path(id));
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.is_file() => {}
             _ => {
@@ -332,7 +343,7 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
         .join(format!("t{}", t.task));
     let task_dir = ctx.root.join(&task_rel);
     if let Err(e) = make_task_dir(&task_dir, &ctx.account) {
-        result.error = Some(crate::error::io_info("task directory", &e));
+        result.error = Some(transfer::error::io_info("task directory", &e));
         return result;
     }
     // The task reaches its replica only through a link in a directory of its own: replicas
@@ -343,7 +354,7 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
         match give_input(&input, &task_dir, &t.file.name, &ctx.account) {
             Ok(p) => p,
             Err(e) => {
-                result.error = Some(crate::error::io_info("task input", &e));
+                result.error = Some(transfer::error::io_info("task input", &e));
                 let _ = std::fs::remove_dir_all(&task_dir);
                 return result;
             }
@@ -373,7 +384,7 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    if crate::sys::effective_uid() == 0 {
+    if transfer::sys::effective_uid() == 0 {
         // std drops supplementary groups when it changes the uid as root.
         cmd.uid(ctx.account.uid).gid(ctx.account.gid);
     }
@@ -443,7 +454,7 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
     let outcome = tokio::time::timeout(timeout, collect).await;
     // Whatever the task left running in its process group ends with it.
     if let Some(pg) = pgid {
-        crate::sys::kill_group(pg);
+        transfer::sys::kill_group(pg);
     }
     result.micros = started.elapsed().as_micros() as u64;
     match outcome {
@@ -466,21 +477,21 @@ async fn run_task_here(ctx: &RunCtx, t: &RunTask) -> TaskResult {
                     result.exit = s.code();
                     result.signal = s.signal();
                 }
-                Err(e) => result.error = Some(crate::error::io_info("waiting for the task", &e)),
+                Err(e) => result.error = Some(transfer::error::io_info("waiting for the task", &e)),
             }
         }
     }
     if !ctx.spec.output.is_empty() && result.error.is_none() {
-        let (root, rel, spool, signed, output, uid) = (
+        let (root, rel, link, signed, output, uid) = (
             ctx.root.clone(),
             task_rel.clone(),
-            ctx.spool.clone(),
+            ctx.link.clone(),
             ctx.signed.clone(),
             ctx.spec.output.clone(),
             ctx.account.uid,
         );
         let r = tokio::task::spawn_blocking(move || {
-            register_outputs(&root, &rel, spool.as_ref(), &signed, &output, uid)
+            register_outputs(&root, &rel, link.as_ref(), &signed, &output, uid)
         })
         .await;
         match r {
@@ -532,7 +543,7 @@ fn give_input(
     std::fs::hard_link(replica, &link)?;
     std::fs::set_permissions(replica, std::fs::Permissions::from_mode(0o644))?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o500))?;
-    if crate::sys::effective_uid() == 0 {
+    if transfer::sys::effective_uid() == 0 {
         std::os::unix::fs::chown(&dir, Some(acct.uid), Some(acct.gid))?;
     }
     Ok(link)
@@ -541,7 +552,7 @@ fn give_input(
 fn make_task_dir(dir: &Path, acct: &Account) -> std::io::Result<()> {
     std::fs::create_dir(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    if crate::sys::effective_uid() == 0 {
+    if transfer::sys::effective_uid() == 0 {
         std::os::unix::fs::chown(dir, Some(acct.uid), Some(acct.gid))?;
     }
     Ok(())
@@ -578,13 +589,13 @@ type Registered = (Vec<(String, u64)>, Vec<String>);
 fn register_outputs(
     root: &Path,
     task_rel: &Path,
-    spool: &dyn Spool,
+    link: &dyn MetaLink,
     grant: &SignedGrant,
     output: &str,
     uid: u32,
 ) -> Result<Registered, ErrorInfo> {
     use cap_std::fs::MetadataExt;
-    let io = |what: &str, e: std::io::Error| crate::error::io_info(what, &e);
+    let io = |what: &str, e: std::io::Error| transfer::error::io_info(what, &e);
     let root_dir = Dir::open_ambient_dir(root, cap_std::ambient_authority())
         .map_err(|e| io("node root", e))?;
     let task_dir = root_dir
@@ -610,7 +621,8 @@ fn register_outputs(
                 continue;
             }
         };
-        if !m.is_file() || m.nlink() != 1 || (crate::sys::effective_uid() == 0 && m.uid() != uid) {
+        if !m.is_file() || m.nlink() != 1 || (transfer::sys::effective_uid() == 0 && m.uid() != uid)
+        {
             notes.push(format!(
                 "{name}: not registered (not a regular file with one link owned by the task's account)"
             ));
@@ -618,12 +630,12 @@ fn register_outputs(
         }
         // The replica belongs to the node from now on.
         let f = stage.open(&sname).map_err(|e| io(&name, e))?.into_std();
-        if crate::sys::effective_uid() == 0 {
+        if transfer::sys::effective_uid() == 0 {
             let _ = std::os::unix::fs::fchown(&f, Some(0), Some(0));
         }
         let mode = m.mode() & 0o777;
         let _ = f.set_permissions(std::fs::Permissions::from_mode(0o644));
-        let (size, digests) = crate::endpoint::digest_reader(f, &[]);
+        let (size, digests) = crate::verify::digest_reader(f, &[]);
         let digests = digests.map_err(|e| io(&name, e))?;
         let mtime = m
             .modified()
@@ -645,7 +657,7 @@ fn register_outputs(
     }
     let mut registered = Vec::new();
     if !files.is_empty() {
-        let ids = spool.register_outputs(grant, output, &files)?;
+        let ids = link.register_outputs(grant, output, &files)?;
         for ((f, sname), id) in files.iter().zip(&kept).zip(ids) {
             let grid_path = format!("{}/{}", output.trim_end_matches('/'), f.name);
             let id = match id {
@@ -661,7 +673,7 @@ fn register_outputs(
                 registered.push((grid_path, 0));
                 continue;
             }
-            let dest = spool.path_of(id);
+            let dest = spool::spool_path(id);
             if let Some(parent) = dest.parent() {
                 root_dir
                     .create_dir_all(parent)
@@ -670,7 +682,7 @@ fn register_outputs(
             stage
                 .rename(sname, &root_dir, &dest)
                 .map_err(|e| io(&grid_path, e))?;
-            match spool.committed(id, f.size, &f.digests, f.mtime) {
+            match link.committed(id, f.size, &f.digests, f.mtime) {
                 Ok(()) => registered.push((grid_path, f.size)),
                 Err(e) => {
                     let _ = root_dir.remove_file(&dest);
@@ -695,7 +707,7 @@ fn collect(
     const MAX_OUTPUTS: usize = 10_000;
     let entries = dir
         .entries()
-        .map_err(|e| crate::error::io_info("task directory", &e))?;
+        .map_err(|e| transfer::error::io_info("task directory", &e))?;
     let mut names: Vec<(String, cap_std::fs::FileType)> = Vec::new();
     for e in entries.flatten() {
         let Ok(ft) = e.file_type() else { continue };
