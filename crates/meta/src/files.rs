@@ -3,6 +3,7 @@
 //! and the node registry as users see it (`nodes`, `df`).
 
 use crate::auth::User;
+use crate::grpc::Op;
 use crate::perm::{self, Access};
 use crate::placement::{self, NodeView, PlaceError};
 use crate::state::{Meta, NodeEntry, code_of_status, entry, file_error, node_info, status};
@@ -11,7 +12,6 @@ use api::meta::files_server::Files;
 use catalog::{CreateItem, CreateKind, Inode, Kind, NewEntry, ReplicaState, normalize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
 use tonic::{Request, Response, Status};
 use wire::grant::Operation;
 
@@ -486,95 +486,98 @@ impl Files for FilesService {
         &self,
         req: Request<pb::CreateFilesRequest>,
     ) -> Result<Response<pb::CreateFilesReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let user = m.ids.user(&req)?;
-        let n = req.get_ref().files.len() as u64;
-        let r = m.create_files(&user, req.get_ref()).await;
-        m.record("create_files", t, n, r.is_ok());
-        r.map(Response::new)
+        let items = req.get_ref().files.len() as u64;
+        m.user_call(Op::many("create_files", items), &req, async |user, q| {
+            m.create_files(&user, q).await
+        })
+        .await
     }
 
     async fn abort_files(
         &self,
         req: Request<pb::AbortFilesRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let user = m.ids.user(&req)?;
-        for id in &req.get_ref().ids {
-            match m.catalog.inode(*id).await {
-                Ok(i) if i.pending && (i.owner == user.name || user.admin) => {
-                    m.catalog.abort_pending(*id).await.map_err(status)?;
+        let items = req.get_ref().ids.len() as u64;
+        m.user_call(Op::many("abort_files", items), &req, async |user, q| {
+            for id in &q.ids {
+                match m.catalog.inode(*id).await {
+                    Ok(i) if i.pending && (i.owner == user.name || user.admin) => {
+                        m.catalog.abort_pending(*id).await.map_err(status)?;
+                    }
+                    Ok(i) if i.pending => {
+                        return Err(Status::permission_denied(format!(
+                            "file {id} is being written by {}",
+                            i.owner
+                        )));
+                    }
+                    // Committed meanwhile, or already gone: nothing to abort.
+                    _ => {}
                 }
-                Ok(i) if i.pending => {
-                    return Err(Status::permission_denied(format!(
-                        "file {id} is being written by {}",
-                        i.owner
-                    )));
-                }
-                // Committed meanwhile, or already gone: nothing to abort.
-                _ => {}
             }
-        }
-        m.record("abort_files", t, req.get_ref().ids.len() as u64, true);
-        Ok(Response::new(pb::Empty {}))
+            Ok(pb::Empty {})
+        })
+        .await
     }
 
     async fn open_read(
         &self,
         req: Request<pb::OpenReadRequest>,
     ) -> Result<Response<pb::OpenReadReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let user = m.ids.user(&req)?;
-        let r = m.open_read(&user, req.get_ref()).await;
-        let n = r.as_ref().map(|r| r.files.len() as u64).unwrap_or(0);
-        m.record("open_read", t, n, r.is_ok());
-        r.map(Response::new)
+        m.user_call_counting("open_read", &req, async |user, q| {
+            let reply = m.open_read(&user, q).await?;
+            let files = reply.files.len() as u64;
+            Ok((reply, files))
+        })
+        .await
     }
 
     async fn r#where(
         &self,
         req: Request<pb::PathRequest>,
     ) -> Result<Response<pb::WhereReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let user = m.ids.user(&req)?;
-        let r = m.where_is(&user, &req.get_ref().path).await;
-        m.record("where", t, 1, r.is_ok());
-        r.map(Response::new)
+        m.user_call(Op::one("where"), &req, async |user, q| {
+            m.where_is(&user, &q.path).await
+        })
+        .await
     }
 
     async fn nodes(&self, req: Request<pb::Empty>) -> Result<Response<pb::NodesReply>, Status> {
         let m = &self.meta;
-        m.ids.of_request(&req)?;
-        Ok(Response::new(pb::NodesReply {
-            nodes: m.node_infos().await?,
-        }))
+        m.caller_call(Op::one("nodes"), &req, async |_, _| {
+            Ok(pb::NodesReply {
+                nodes: m.node_infos().await?,
+            })
+        })
+        .await
     }
 
     async fn df(&self, req: Request<pb::Empty>) -> Result<Response<pb::DfReply>, Status> {
         let m = &self.meta;
-        m.ids.of_request(&req)?;
-        let nodes = m.node_infos().await?;
-        let mut sites: BTreeMap<String, pb::SiteUsage> = BTreeMap::new();
-        for n in &nodes {
-            let s = sites
-                .entry(n.site.clone())
-                .or_insert_with(|| pb::SiteUsage {
-                    site: n.site.clone(),
-                    ..Default::default()
-                });
-            s.capacity += n.capacity;
-            s.free += n.free;
-            s.nodes += 1;
-            s.up += n.up as u32;
-        }
-        Ok(Response::new(pb::DfReply {
-            nodes,
-            sites: sites.into_values().collect(),
-        }))
+        m.caller_call(Op::one("df"), &req, async |_, _| {
+            let nodes = m.node_infos().await?;
+            let mut sites: BTreeMap<String, pb::SiteUsage> = BTreeMap::new();
+            for n in &nodes {
+                let s = sites
+                    .entry(n.site.clone())
+                    .or_insert_with(|| pb::SiteUsage {
+                        site: n.site.clone(),
+                        ..Default::default()
+                    });
+                s.capacity += n.capacity;
+                s.free += n.free;
+                s.nodes += 1;
+                s.up += n.up as u32;
+            }
+            Ok(pb::DfReply {
+                nodes,
+                sites: sites.into_values().collect(),
+            })
+        })
+        .await
     }
 
     type ReplicateStream =
@@ -584,13 +587,13 @@ impl Files for FilesService {
         &self,
         req: Request<pb::ReplicateRequest>,
     ) -> Result<Response<Self::ReplicateStream>, Status> {
-        let user = self.meta.ids.user(&req)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let m = self.meta.clone();
-        tokio::spawn(m.replicate(user, req.into_inner(), tx));
-        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
-            rx,
-        )))
+        let m = &self.meta;
+        m.user_call(Op::one("replicate"), &req, async |user, q| {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            tokio::spawn(m.clone().replicate(user, q.clone(), tx));
+            Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+        })
+        .await
     }
 
     type VerifyStream = tokio_stream::wrappers::ReceiverStream<Result<pb::VerifyProgress, Status>>;
@@ -599,63 +602,61 @@ impl Files for FilesService {
         &self,
         req: Request<pb::VerifyRequest>,
     ) -> Result<Response<Self::VerifyStream>, Status> {
-        let user = self.meta.ids.user(&req)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let m = self.meta.clone();
-        tokio::spawn(m.verify(user, req.into_inner(), tx));
-        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
-            rx,
-        )))
+        let m = &self.meta;
+        m.user_call(Op::one("verify"), &req, async |user, q| {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            tokio::spawn(m.clone().verify(user, q.clone(), tx));
+            Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+        })
+        .await
     }
 
     async fn set_policy(
         &self,
         req: Request<pb::PolicyRequest>,
     ) -> Result<Response<pb::PolicyReply>, Status> {
-        let user = self.meta.ids.user(&req)?;
-        self.meta
-            .set_policy(&user, req.get_ref())
-            .await
-            .map(Response::new)
+        let m = &self.meta;
+        m.user_call(Op::one("set_policy"), &req, async |user, q| {
+            m.set_policy(&user, q).await
+        })
+        .await
     }
 
     async fn policies(
         &self,
         req: Request<pb::PathRequest>,
     ) -> Result<Response<pb::PolicyReply>, Status> {
-        let user = self.meta.ids.user(&req)?;
-        let path = if req.get_ref().path.is_empty() {
-            "/".to_string()
-        } else {
-            req.get_ref().path.clone()
-        };
-        self.meta
-            .policies_reply(&user, &path)
-            .await
-            .map(Response::new)
+        let m = &self.meta;
+        m.user_call(Op::one("policies"), &req, async |user, q| {
+            let path = if q.path.is_empty() { "/" } else { &q.path };
+            m.policies_reply(&user, path).await
+        })
+        .await
     }
 
     async fn status(&self, req: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {
-        // A node sees what anybody may see.
-        let user = match self.meta.ids.of_request(&req)? {
-            crate::auth::Caller::User(u) => u,
-            crate::auth::Caller::Node(_) => crate::perm::anonymous(),
-        };
-        crate::reconcile::status_reply(&self.meta, &user)
-            .await
-            .map(Response::new)
+        let m = &self.meta;
+        m.caller_call(Op::one("status"), &req, async |caller, _| {
+            // A node sees what anybody may see.
+            let user = match caller {
+                crate::auth::Caller::User(u) => u,
+                crate::auth::Caller::Node(_) => crate::perm::anonymous(),
+            };
+            crate::reconcile::status_reply(m, &user).await
+        })
+        .await
     }
 
     async fn renew(
         &self,
         req: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::Capability>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let user = m.ids.user(&req)?;
-        let r = m.renew(&user, req.get_ref()).await;
-        m.record("renew", t, req.get_ref().ids.len() as u64, r.is_ok());
-        r.map(Response::new)
+        let items = req.get_ref().ids.len() as u64;
+        m.user_call(Op::many("renew", items), &req, async |user, q| {
+            m.renew(&user, q).await
+        })
+        .await
     }
 
     async fn who_am_i(&self, req: Request<pb::Empty>) -> Result<Response<pb::Identity>, Status> {
@@ -665,17 +666,20 @@ impl Files for FilesService {
             .get::<crate::auth::PeerInfo>()
             .and_then(|p| p.cert.as_ref().map(|c| c.subject.clone()))
             .unwrap_or_default();
-        match m.ids.of_request(&req)? {
-            crate::auth::Caller::User(u) => Ok(Response::new(pb::Identity {
-                user: u.name,
-                groups: u.groups,
-                subject,
-            })),
-            crate::auth::Caller::Node(n) => Ok(Response::new(pb::Identity {
-                user: format!("node:{n}"),
-                groups: vec![],
-                subject,
-            })),
-        }
+        m.caller_call(Op::one("who_am_i"), &req, async |caller, _| {
+            Ok(match caller {
+                crate::auth::Caller::User(u) => pb::Identity {
+                    user: u.name,
+                    groups: u.groups,
+                    subject,
+                },
+                crate::auth::Caller::Node(n) => pb::Identity {
+                    user: format!("node:{n}"),
+                    groups: vec![],
+                    subject,
+                },
+            })
+        })
+        .await
     }
 }

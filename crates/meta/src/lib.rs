@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod enrol;
 mod files;
+mod grpc;
 pub mod http;
 mod namespace;
 mod nodes;

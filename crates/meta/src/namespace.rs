@@ -3,13 +3,13 @@
 //! transaction.
 
 use crate::auth::User;
+use crate::grpc::Op;
 use crate::perm::{self, Access};
 use crate::state::{Meta, depth, entry, status};
 use api::meta as pb;
 use api::meta::namespace_server::Namespace;
 use catalog::{Inode, Kind, NewEntry, normalize, parent_and_name};
 use std::sync::Arc;
-use std::time::Instant;
 use tonic::{Request, Response, Status};
 
 /// The namespace service.
@@ -130,60 +130,45 @@ impl Meta {
     }
 }
 
-fn timed<T>(
-    meta: &Meta,
-    op: &'static str,
-    started: Instant,
-    r: Result<T, Status>,
-) -> Result<Response<T>, Status> {
-    meta.record(op, started, 1, r.is_ok());
-    r.map(Response::new)
-}
-
 #[tonic::async_trait]
 impl Namespace for NamespaceService {
     async fn stat(&self, req: Request<pb::PathRequest>) -> Result<Response<pb::Entry>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let (r, e) = m.existing(&user, &req.get_ref().path).await?;
+        m.user_call(Op::one("stat"), &req, async |user, q| {
+            let (r, e) = m.existing(&user, &q.path).await?;
             Ok(entry(&r.norm, &e))
-        }
-        .await;
-        timed(m, "stat", t, r)
+        })
+        .await
     }
 
     async fn stat_many(
         &self,
         req: Request<pb::StatManyRequest>,
     ) -> Result<Response<pb::StatManyReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let user = m.ids.user(&req)?;
-        let mut results = Vec::with_capacity(req.get_ref().paths.len());
-        for p in &req.get_ref().paths {
-            results.push(match m.existing(&user, p).await {
-                Ok((r, e)) => pb::StatResult {
-                    entry: Some(entry(&r.norm, &e)),
-                    error: String::new(),
-                },
-                Err(s) => pb::StatResult {
-                    entry: None,
-                    error: s.message().to_string(),
-                },
-            });
-        }
-        m.record("stat_many", t, results.len() as u64, true);
-        Ok(Response::new(pb::StatManyReply { results }))
+        let items = req.get_ref().paths.len() as u64;
+        m.user_call(Op::many("stat_many", items), &req, async |user, q| {
+            let mut results = Vec::with_capacity(q.paths.len());
+            for p in &q.paths {
+                results.push(match m.existing(&user, p).await {
+                    Ok((r, e)) => pb::StatResult {
+                        entry: Some(entry(&r.norm, &e)),
+                        error: String::new(),
+                    },
+                    Err(s) => pb::StatResult {
+                        entry: None,
+                        error: s.message().to_string(),
+                    },
+                });
+            }
+            Ok(pb::StatManyReply { results })
+        })
+        .await
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let q = req.get_ref();
+        m.user_call(Op::one("list"), &req, async |user, q| {
             let (r, dir) = m.existing(&user, &q.path).await?;
             if dir.kind == Kind::Dir {
                 perm::require(&user, &dir, Access::Read, &r.norm)?;
@@ -212,32 +197,24 @@ impl Namespace for NamespaceService {
                 })
                 .collect();
             Ok(pb::ListReply { entries, more })
-        }
-        .await;
-        timed(m, "list", t, r)
+        })
+        .await
     }
 
     async fn mkdir(&self, req: Request<pb::MkdirRequest>) -> Result<Response<pb::Entry>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let q = req.get_ref();
+        m.user_call(Op::one("mkdir"), &req, async |user, q| {
             m.mkdir_as(&user, &q.path, q.mode, q.parents).await
-        }
-        .await;
-        timed(m, "mkdir", t, r)
+        })
+        .await
     }
 
     async fn remove(
         &self,
         req: Request<pb::RemoveRequest>,
     ) -> Result<Response<pb::RemoveReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let q = req.get_ref();
+        m.user_call(Op::one("remove"), &req, async |user, q| {
             let (r, e) = m.existing(&user, &q.path).await?;
             let parent = r
                 .parent()
@@ -258,17 +235,13 @@ impl Namespace for NamespaceService {
                 .await
                 .map_err(status)?;
             Ok(pb::RemoveReply { removed })
-        }
-        .await;
-        timed(m, "remove", t, r)
+        })
+        .await
     }
 
     async fn rename(&self, req: Request<pb::RenameRequest>) -> Result<Response<pb::Entry>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let q = req.get_ref();
+        m.user_call(Op::one("rename"), &req, async |user, q| {
             let (from, e) = m.existing(&user, &q.from).await?;
             let from_parent = from
                 .parent()
@@ -286,17 +259,13 @@ impl Namespace for NamespaceService {
                 .await
                 .map_err(status)?;
             Ok(entry(&to.norm, &moved))
-        }
-        .await;
-        timed(m, "rename", t, r)
+        })
+        .await
     }
 
     async fn chmod(&self, req: Request<pb::ChmodRequest>) -> Result<Response<pb::Entry>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let q = req.get_ref();
+        m.user_call(Op::one("chmod"), &req, async |user, q| {
             let (r, e) = m.existing(&user, &q.path).await?;
             perm::require_owner(&user, &e, &r.norm)?;
             if q.mode > 0o7777 {
@@ -307,17 +276,13 @@ impl Namespace for NamespaceService {
             }
             let i = m.catalog.set_mode(&r.norm, q.mode).await.map_err(status)?;
             Ok(entry(&r.norm, &i))
-        }
-        .await;
-        timed(m, "chmod", t, r)
+        })
+        .await
     }
 
     async fn chown(&self, req: Request<pb::ChownRequest>) -> Result<Response<pb::Entry>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let q = req.get_ref();
+        m.user_call(Op::one("chown"), &req, async |user, q| {
             let (r, mut e) = m.existing(&user, &q.path).await?;
             let owner = (!q.owner.is_empty()).then_some(q.owner.as_str());
             let group = (!q.group.is_empty()).then_some(q.group.as_str());
@@ -332,20 +297,16 @@ impl Namespace for NamespaceService {
                 e = m.catalog.set_group(&r.norm, g).await.map_err(status)?;
             }
             Ok(entry(&r.norm, &e))
-        }
-        .await;
-        timed(m, "chown", t, r)
+        })
+        .await
     }
 
     async fn xattr_get(
         &self,
         req: Request<pb::XattrRequest>,
     ) -> Result<Response<pb::XattrReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let q = req.get_ref();
+        m.user_call(Op::one("xattr_get"), &req, async |user, q| {
             let (r, e) = m.existing(&user, &q.path).await?;
             perm::require(&user, &e, Access::Read, &r.norm)?;
             let v = m
@@ -357,20 +318,16 @@ impl Namespace for NamespaceService {
                 found: v.is_some(),
                 value: v.unwrap_or_default(),
             })
-        }
-        .await;
-        timed(m, "xattr_get", t, r)
+        })
+        .await
     }
 
     async fn xattr_set(
         &self,
         req: Request<pb::XattrSetRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let q = req.get_ref();
+        m.user_call(Op::one("xattr_set"), &req, async |user, q| {
             let (r, e) = m.existing(&user, &q.path).await?;
             check_xattr_write(&user, &e, &q.name, &r.norm)?;
             m.catalog
@@ -378,20 +335,17 @@ impl Namespace for NamespaceService {
                 .await
                 .map_err(status)?;
             Ok(pb::Empty {})
-        }
-        .await;
-        timed(m, "xattr_set", t, r)
+        })
+        .await
     }
 
     async fn xattr_list(
         &self,
         req: Request<pb::PathRequest>,
     ) -> Result<Response<pb::XattrListReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let (r, e) = m.existing(&user, &req.get_ref().path).await?;
+        m.user_call(Op::one("xattr_list"), &req, async |user, q| {
+            let (r, e) = m.existing(&user, &q.path).await?;
             perm::require(&user, &e, Access::Read, &r.norm)?;
             let attrs = m
                 .catalog
@@ -402,20 +356,16 @@ impl Namespace for NamespaceService {
                 .map(|(name, value)| pb::Xattr { name, value })
                 .collect();
             Ok(pb::XattrListReply { attrs })
-        }
-        .await;
-        timed(m, "xattr_list", t, r)
+        })
+        .await
     }
 
     async fn xattr_remove(
         &self,
         req: Request<pb::XattrRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let r = async {
-            let user = m.ids.user(&req)?;
-            let q = req.get_ref();
+        m.user_call(Op::one("xattr_remove"), &req, async |user, q| {
             let (r, e) = m.existing(&user, &q.path).await?;
             check_xattr_write(&user, &e, &q.name, &r.norm)?;
             let found = m
@@ -430,9 +380,8 @@ impl Namespace for NamespaceService {
                 )));
             }
             Ok(pb::Empty {})
-        }
-        .await;
-        timed(m, "xattr_remove", t, r)
+        })
+        .await
     }
 }
 

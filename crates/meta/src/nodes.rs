@@ -3,6 +3,7 @@
 //! report each replica they have written and verified, which is what makes a new file visible.
 //! Every call must come from the node it names (its host certificate's CN).
 
+use crate::grpc::Op;
 use crate::state::{Meta, code_of_status, status};
 use api::meta as pb;
 use api::meta::node_service_server::NodeService;
@@ -10,7 +11,6 @@ use catalog::CatalogError;
 use catalog::normalize;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 use tonic::{Request, Response, Status};
 use wire::grant::{Operation, SignedGrant};
 
@@ -22,43 +22,6 @@ pub struct NodeServiceImpl {
 /// Inventory entries a node may upload in one session (more is refused: 100 M files).
 const MAX_INVENTORY: usize = 100_000_000;
 
-fn same_node(caller: &str, claimed: &str) -> Result<(), Status> {
-    if caller == claimed {
-        Ok(())
-    } else {
-        Err(Status::permission_denied(format!(
-            "host certificate of {caller} cannot act for node {claimed}"
-        )))
-    }
-}
-
-/// The node a request comes from, for every call but `Register`: a host certificate, and the
-/// very certificate the node registered with (recorded with its key), still enrolled. Another
-/// host certificate for the same name (a copy made for an attack, a rotated-out one, one whose
-/// enrolment line was removed) cannot report for the node: heartbeats, inventories and replica
-/// reports would otherwise let it hide the node's replicas or vouch for data it never held.
-fn registered_node<T>(m: &Meta, req: &Request<T>) -> Result<String, Status> {
-    let name = m.ids.node(req)?;
-    let cert = crate::auth::Identities::cert_of(req)?;
-    let fp = cert.fingerprint;
-    if let Some(entry) = m.node(&name)
-        && !entry.cert.is_empty()
-        && entry.cert != fp.to_string()
-    {
-        m.event(format!(
-            "node {name}: a call with another certificate ({fp}) refused"
-        ));
-        return Err(Status::permission_denied(format!(
-            "{fp} is not the certificate node {name} registered with; a replacement must be enrolled and register first"
-        )));
-    }
-    m.ids
-        .nodes
-        .check(&name, &fp)
-        .map_err(Status::permission_denied)?;
-    Ok(name)
-}
-
 #[tonic::async_trait]
 impl NodeService for NodeServiceImpl {
     async fn register(
@@ -66,10 +29,7 @@ impl NodeService for NodeServiceImpl {
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterReply>, Status> {
         let m = &self.meta;
-        let caller = m.ids.node(&req)?;
-        let cert = crate::auth::Identities::cert_of(&req)?;
-        let q = req.into_inner();
-        same_node(&caller, &q.name)?;
+        m.enrolling_call(Op::one("register"), req, async |cert, q| {
         if q.site.is_empty() || q.address.is_empty() {
             return Err(Status::invalid_argument(
                 "a node needs a site and an address",
@@ -128,50 +88,50 @@ impl NodeService for NodeServiceImpl {
             node.address,
             node.free / 1_000_000_000
         ));
-        Ok(Response::new(pb::RegisterReply {
+        Ok(pb::RegisterReply {
             capability_key: key,
             heartbeat_ms: m.settings.heartbeat.as_millis() as u32,
             orphan_grace_ms: m.settings.orphan_grace.as_millis() as u32,
-        }))
+        })
+        })
+        .await
     }
 
     async fn heartbeat(
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let caller = registered_node(m, &req)?;
-        let q = req.into_inner();
-        same_node(&caller, &q.name)?;
-        let was_up = m.node(&q.name).map(|n| n.node.up);
-        // A load that is not a number (NaN, infinite, negative) counts as idle: it is only a
-        // weight for placement, and must not reach the catalog or the sorts as a NaN.
-        let load = if q.load.is_finite() {
-            q.load.max(0.0)
-        } else {
-            0.0
-        };
-        let node = match m.catalog.heartbeat(&q.name, q.capacity, q.free, load).await {
-            Ok(n) => n,
-            Err(CatalogError::NotFound(_)) => {
-                return Ok(Response::new(pb::HeartbeatReply {
-                    delete: vec![],
-                    reregister: true,
-                }));
+        m.node_call(Op::one("heartbeat"), req, async |q| {
+            let was_up = m.node(&q.name).map(|n| n.node.up);
+            // A load that is not a number (NaN, infinite, negative) counts as idle: it is only a
+            // weight for placement, and must not reach the catalog or the sorts as a NaN.
+            let load = if q.load.is_finite() {
+                q.load.max(0.0)
+            } else {
+                0.0
+            };
+            let node = match m.catalog.heartbeat(&q.name, q.capacity, q.free, load).await {
+                Ok(n) => n,
+                Err(CatalogError::NotFound(_)) => {
+                    return Ok(pb::HeartbeatReply {
+                        delete: vec![],
+                        reregister: true,
+                    });
+                }
+                Err(e) => return Err(status(e)),
+            };
+            if was_up == Some(false) {
+                m.event(format!("node {} is back", node.name));
             }
-            Err(e) => return Err(status(e)),
-        };
-        if was_up == Some(false) {
-            m.event(format!("node {} is back", node.name));
-        }
-        m.update_node(node, Some((q.bytes_per_s, q.sessions)));
-        let delete = m.catalog.dead_replicas(&q.name).await.map_err(status)?;
-        m.record("heartbeat", t, 1, true);
-        Ok(Response::new(pb::HeartbeatReply {
-            delete,
-            reregister: false,
-        }))
+            m.update_node(node, Some((q.bytes_per_s, q.sessions)));
+            let delete = m.catalog.dead_replicas(&q.name).await.map_err(status)?;
+            Ok(pb::HeartbeatReply {
+                delete,
+                reregister: false,
+            })
+        })
+        .await
     }
 
     async fn inventory(
@@ -179,9 +139,8 @@ impl NodeService for NodeServiceImpl {
         req: Request<pb::InventoryRequest>,
     ) -> Result<Response<pb::InventoryReply>, Status> {
         let m = &self.meta;
-        let caller = registered_node(m, &req)?;
-        let q = req.into_inner();
-        same_node(&caller, &q.name)?;
+        let items = req.get_ref().files.len() as u64;
+        m.node_call(Op::many("inventory", items), req, async |q| {
         let held = {
             let mut inv = m.inventories.lock().expect("inventories lock");
             let part = inv.entry(q.name.clone()).or_default();
@@ -191,7 +150,7 @@ impl NodeService for NodeServiceImpl {
             }
             part.extend(q.files.iter().map(|f| (f.id, f.size)));
             if !q.last {
-                return Ok(Response::new(pb::InventoryReply::default()));
+                return Ok(pb::InventoryReply::default());
             }
             inv.remove(&q.name).unwrap_or_default()
         };
@@ -211,37 +170,37 @@ impl NodeService for NodeServiceImpl {
         ));
         let delete = m.catalog.dead_replicas(&q.name).await.map_err(status)?;
         let held_ids: HashMap<i64, ()> = held.keys().map(|k| (*k, ())).collect();
-        Ok(Response::new(pb::InventoryReply {
+        Ok(pb::InventoryReply {
             delete: delete
                 .into_iter()
                 .filter(|i| held_ids.contains_key(i))
                 .collect(),
             missing: r.missing.len() as u64,
             known: r.known,
-        }))
+        })
+        })
+        .await
     }
 
     async fn replica_written(
         &self,
         req: Request<pb::ReplicaWrittenRequest>,
     ) -> Result<Response<pb::ReplicaWrittenReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let caller = registered_node(m, &req)?;
-        let q = req.into_inner();
-        same_node(&caller, &q.node)?;
-        let r = m
-            .catalog
-            .complete_replica(q.id, &q.node, q.size, &q.checksum, q.mtime_ns)
-            .await;
-        m.record("replica_written", t, 1, r.is_ok());
-        let i = r.map_err(status)?;
-        // A new file may fall under a replica policy.
-        m.reconcile_now.notify_one();
-        let path = m.catalog.path_of(i.id).await.unwrap_or_default();
-        Ok(Response::new(pb::ReplicaWrittenReply {
-            entry: Some(crate::state::entry(&path, &i)),
-        }))
+        m.node_call(Op::one("replica_written"), req, async |q| {
+            let i = m
+                .catalog
+                .complete_replica(q.id, &q.node, q.size, &q.checksum, q.mtime_ns)
+                .await
+                .map_err(status)?;
+            // A new file may fall under a replica policy.
+            m.reconcile_now.notify_one();
+            let path = m.catalog.path_of(i.id).await.unwrap_or_default();
+            Ok(pb::ReplicaWrittenReply {
+                entry: Some(crate::state::entry(&path, &i)),
+            })
+        })
+        .await
     }
 
     async fn removed(
@@ -249,29 +208,27 @@ impl NodeService for NodeServiceImpl {
         req: Request<pb::RemovedRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let m = &self.meta;
-        let caller = registered_node(m, &req)?;
-        let q = req.into_inner();
-        same_node(&caller, &q.node)?;
-        m.catalog
-            .forget_dead(&q.node, &q.ids)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(pb::Empty {}))
+        let items = req.get_ref().ids.len() as u64;
+        m.node_call(Op::many("removed", items), req, async |q| {
+            m.catalog
+                .forget_dead(&q.node, &q.ids)
+                .await
+                .map_err(status)?;
+            Ok(pb::Empty {})
+        })
+        .await
     }
 
     async fn register_outputs(
         &self,
         req: Request<pb::RegisterOutputsRequest>,
     ) -> Result<Response<pb::RegisterOutputsReply>, Status> {
-        let t = Instant::now();
         let m = &self.meta;
-        let caller = registered_node(m, &req)?;
-        let q = req.into_inner();
-        same_node(&caller, &q.node)?;
-        let n = q.files.len() as u64;
-        let r = m.register_outputs(q).await;
-        m.record("register_outputs", t, n, r.is_ok());
-        r.map(Response::new)
+        let items = req.get_ref().files.len() as u64;
+        m.node_call(Op::many("register_outputs", items), req, async |q| {
+            m.register_outputs(q).await
+        })
+        .await
     }
 }
 

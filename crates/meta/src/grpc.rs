@@ -1,0 +1,200 @@
+//! The one way every gRPC handler of the metadata server begins and ends. The handler names
+//! its call and how many items it counts. This module then takes care of three things:
+//!
+//! - *Who is calling.* It reads the caller from the certificate, never from a field of the
+//!   request. A node may act only for the node its certificate registered as.
+//! - *The figures.* It times and counts the call in the server's figures (`haul status`, the
+//!   dashboard, `/metrics`). Failed calls count as errors, refused callers too.
+//! - *The reply.* It wraps the reply.
+//!
+//! So the handlers in `namespace`, `files` and `nodes` are adapters of a few lines over domain
+//! methods of [`Meta`].
+
+use crate::auth::{Caller, Identities, User};
+use crate::state::Meta;
+use std::sync::Arc;
+use std::time::Instant;
+use tonic::{Request, Response, Status};
+use transfer::certid::CertIdentity;
+
+/// How a call shows in the server's figures: its name, and how many items it handled (files
+/// created, paths looked up, ...).
+#[derive(Clone, Copy, Debug)]
+pub struct Op {
+    pub name: &'static str,
+    pub items: u64,
+}
+
+impl Op {
+    /// A call about one item.
+    pub const fn one(name: &'static str) -> Self {
+        Self { name, items: 1 }
+    }
+
+    /// A call about `items` items.
+    pub const fn many(name: &'static str, items: u64) -> Self {
+        Self { name, items }
+    }
+}
+
+/// A request a storage node sends about itself: the node it names must be the caller.
+pub trait FromNode {
+    fn node_name(&self) -> &str;
+}
+
+macro_rules! from_node {
+    ($($t:ty => $field:ident),* $(,)?) => {
+        $(impl FromNode for $t {
+            fn node_name(&self) -> &str {
+                &self.$field
+            }
+        })*
+    };
+}
+
+from_node! {
+    api::meta::RegisterRequest => name,
+    api::meta::HeartbeatRequest => name,
+    api::meta::InventoryRequest => name,
+    api::meta::ReplicaWrittenRequest => node,
+    api::meta::RemovedRequest => node,
+    api::meta::RegisterOutputsRequest => node,
+}
+
+impl Meta {
+    /// Serves a user's call: `f` gets the user its certificate maps to and the request.
+    pub async fn user_call<Q, T>(
+        &self,
+        op: Op,
+        req: &Request<Q>,
+        f: impl AsyncFnOnce(User, &Q) -> Result<T, Status>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let r = match self.ids.user(req) {
+            Ok(user) => f(user, req.get_ref()).await,
+            Err(e) => Err(e),
+        };
+        self.finish(op, started, r)
+    }
+
+    /// Serves a call anybody of the CA may make, user or node: `f` gets who it is.
+    pub async fn caller_call<Q, T>(
+        &self,
+        op: Op,
+        req: &Request<Q>,
+        f: impl AsyncFnOnce(Caller, &Q) -> Result<T, Status>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let r = match self.ids.of_request(req) {
+            Ok(caller) => f(caller, req.get_ref()).await,
+            Err(e) => Err(e),
+        };
+        self.finish(op, started, r)
+    }
+
+    /// Serves a user's call whose items are known from its reply only (files a directory held):
+    /// `f` returns the reply and that count.
+    pub async fn user_call_counting<Q, T>(
+        &self,
+        name: &'static str,
+        req: &Request<Q>,
+        f: impl AsyncFnOnce(User, &Q) -> Result<(T, u64), Status>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let r = match self.ids.user(req) {
+            Ok(user) => f(user, req.get_ref()).await,
+            Err(e) => Err(e),
+        };
+        let items = r.as_ref().map(|(_, n)| *n).unwrap_or(0);
+        self.finish(Op::many(name, items), started, r.map(|(reply, _)| reply))
+    }
+
+    /// Serves a call of a registered storage node about itself. The caller must hold the very
+    /// certificate the node registered with, and the request must name that node.
+    pub async fn node_call<Q: FromNode, T>(
+        &self,
+        op: Op,
+        req: Request<Q>,
+        f: impl AsyncFnOnce(Q) -> Result<T, Status>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let r = match self
+            .registered_node(&req)
+            .and_then(|caller| same_node(&caller, req.get_ref().node_name()))
+        {
+            Ok(()) => f(req.into_inner()).await,
+            Err(e) => Err(e),
+        };
+        self.finish(op, started, r)
+    }
+
+    /// Serves `Register`: a host certificate of the CA for the node the request names. Whether
+    /// it is enrolled for that node is `f`'s to check (it gets the certificate).
+    pub async fn enrolling_call<Q: FromNode, T>(
+        &self,
+        op: Op,
+        req: Request<Q>,
+        f: impl AsyncFnOnce(Arc<CertIdentity>, Q) -> Result<T, Status>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let caller = self
+            .ids
+            .node(&req)
+            .and_then(|caller| same_node(&caller, req.get_ref().node_name()))
+            .and_then(|()| Identities::cert_of(&req));
+        let r = match caller {
+            Ok(cert) => f(cert, req.into_inner()).await,
+            Err(e) => Err(e),
+        };
+        self.finish(op, started, r)
+    }
+
+    fn finish<T>(
+        &self,
+        op: Op,
+        started: Instant,
+        r: Result<T, Status>,
+    ) -> Result<Response<T>, Status> {
+        self.record(op.name, started, op.items, r.is_ok());
+        r.map(Response::new)
+    }
+
+    /// The node a request comes from, for every call but `Register`. It must come with a host
+    /// certificate, the very one the node registered with (recorded with its key), and that
+    /// certificate must still be enrolled. Another host certificate for the same name cannot
+    /// report for the node: a copy made for an attack, a rotated-out one, one whose enrolment
+    /// line was removed. Heartbeats, inventories and replica reports would otherwise let it
+    /// hide the node's replicas or vouch for data it never held.
+    pub fn registered_node<T>(&self, req: &Request<T>) -> Result<String, Status> {
+        let name = self.ids.node(req)?;
+        let cert = Identities::cert_of(req)?;
+        let fp = cert.fingerprint;
+        if let Some(entry) = self.node(&name)
+            && !entry.cert.is_empty()
+            && entry.cert != fp.to_string()
+        {
+            self.event(format!(
+                "node {name}: a call with another certificate ({fp}) refused"
+            ));
+            return Err(Status::permission_denied(format!(
+                "{fp} is not the certificate node {name} registered with; a replacement must be enrolled and register first"
+            )));
+        }
+        self.ids
+            .nodes
+            .check(&name, &fp)
+            .map_err(Status::permission_denied)?;
+        Ok(name)
+    }
+}
+
+/// A node may only speak for itself.
+pub fn same_node(caller: &str, claimed: &str) -> Result<(), Status> {
+    if caller == claimed {
+        Ok(())
+    } else {
+        Err(Status::permission_denied(format!(
+            "host certificate of {caller} cannot act for node {claimed}"
+        )))
+    }
+}
