@@ -12,19 +12,18 @@ use transfer::client::{self, CopyOptions, CopyReport, Location};
 use transfer::conn::ClientTls;
 use transfer::progress::Counters;
 use wire::control::{Protect, SessionOptions};
+use wire::error::ErrorKind;
 use wire::retry::RetryPolicy;
 
 fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferError> {
-    let checksums = wire::checksum::parse_algorithms(&a.checksum).map_err(TransferError::Usage)?;
+    let checksums = wire::checksum::parse_algorithms(&a.checksum).map_err(TransferError::usage)?;
     if a.block_size < 4096 || a.block_size > wire::codec::MAX_BLOCK_LEN as u64 {
-        return Err(TransferError::Usage(
-            "--block-size must be between 4K and 16M".into(),
+        return Err(TransferError::usage(
+            "--block-size must be between 4K and 16M",
         ));
     }
     if a.stall_timeout.is_zero() {
-        return Err(TransferError::Usage(
-            "--stall-timeout must be positive".into(),
-        ));
+        return Err(TransferError::usage("--stall-timeout must be positive"));
     }
     let range = match (a.offset, a.length) {
         (Some(o), Some(l)) => Some((o, l)),
@@ -71,8 +70,8 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
     let src = Location::parse(&a.src)?;
     let dst = Location::parse(&a.dst)?;
     if a.protect == ProtectArg::Private && a.creds.insecure {
-        return Err(TransferError::Usage(
-            "--protect private needs TLS and cannot be combined with --insecure".into(),
+        return Err(TransferError::usage(
+            "--protect private needs TLS and cannot be combined with --insecure",
         ));
     }
     let tls = match creds::load(&a.creds)? {
@@ -98,7 +97,9 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
         cancel: cancel.clone(),
     };
     let mut result = client::copy(&src, &dst, &opts, ctx).await;
-    if let Err(TransferError::IsMetadataServer(_)) = &result {
+    if let Err(e) = &result
+        && e.kind() == ErrorKind::IsMetadataServer
+    {
         // haul://META/path: the grid.
         result = grid_copy(&a, &src, &dst, opts, counters, etx, cancel).await;
     }
@@ -140,13 +141,13 @@ async fn grid_copy(
     cancel: CancellationToken,
 ) -> Result<CopyReport, TransferError> {
     if opts.range.is_some() {
-        return Err(TransferError::Usage(
-            "--offset/--length are for standalone endpoints, not the grid".into(),
+        return Err(TransferError::usage(
+            "--offset/--length are for standalone endpoints, not the grid",
         ));
     }
     let Some(tls) = opts.tls.as_ref().map(|t| t.config.clone()) else {
-        return Err(TransferError::Usage(
-            "the grid needs certificates, not --insecure".into(),
+        return Err(TransferError::usage(
+            "the grid needs certificates, not --insecure",
         ));
     };
     let peer = match (src, dst) {

@@ -24,7 +24,7 @@ use transfer::tls::{self, CredentialPaths, Credentials, Mapfile};
 use wire::control::SessionOptions;
 
 fn local(e: impl std::fmt::Display) -> TransferError {
-    TransferError::Local(e.to_string())
+    TransferError::local(e.to_string())
 }
 
 /// Deterministic sizes: log-normal with median `median`, clipped, like seed 002 Fig. 5 scaled
@@ -118,10 +118,10 @@ async fn start_meta(
     stop: &CancellationToken,
 ) -> Result<(std::net::SocketAddr, std::net::SocketAddr), TransferError> {
     let dir = base.join("meta");
-    let lock = meta::lock_data_dir(&dir).map_err(|e| TransferError::Local(e.to_string()))?;
+    let lock = meta::lock_data_dir(&dir).map_err(|e| TransferError::local(e.to_string()))?;
     let catalog = meta::open_catalog(&format!("sqlite:{}", dir.join("catalog.db").display()))
         .await
-        .map_err(|e| TransferError::Local(format!("catalog: {e}")))?;
+        .map_err(|e| TransferError::local(format!("catalog: {e}")))?;
     let settings = meta::Settings {
         heartbeat: Duration::from_millis(500),
         node_timeout: Duration::from_secs(3),
@@ -135,7 +135,7 @@ async fn start_meta(
             groups: Default::default(),
             admins: vec![],
             nodes: meta::enrol::Enrolment::load(&base.join("pki/nodes"))
-                .map_err(TransferError::Local)?,
+                .map_err(TransferError::local)?,
         },
         settings,
     ));
@@ -231,7 +231,7 @@ async fn grid_copy(
     )
     .await?;
     if r.files_failed > 0 {
-        return Err(TransferError::Integrity(format!(
+        return Err(TransferError::integrity(format!(
             "{src} -> {dst}: {} files failed ({})",
             r.files_failed,
             r.first_failure
@@ -277,7 +277,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     )?
     .subject;
     let mapfile =
-        Mapfile::parse(&format!("\"{user}\" scientist\n")).map_err(TransferError::Usage)?;
+        Mapfile::parse(&format!("\"{user}\" scientist\n")).map_err(TransferError::usage)?;
     std::fs::write(base.join("pki/mapfile"), format!("\"{user}\" scientist\n")).map_err(local)?;
     println!(
         "  CA and certificates: user {user} mapped to \"scientist\", 4 nodes enrolled by fingerprint"
@@ -302,7 +302,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
             break;
         }
         if t.elapsed() > Duration::from_secs(20) {
-            return Err(TransferError::Connect(format!(
+            return Err(TransferError::connect(format!(
                 "only {up} of {} storage nodes registered within 20 s",
                 NODES.len()
             )));
@@ -327,7 +327,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         range: None,
         session: SessionOptions {
             checksums: wire::checksum::parse_algorithms("adler32,md5")
-                .map_err(TransferError::Usage)?,
+                .map_err(TransferError::usage)?,
             ..Default::default()
         },
         retry: Default::default(),
@@ -376,9 +376,9 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
             break;
         }
     }
-    let rep = rep.ok_or_else(|| TransferError::Local("replication did not finish".into()))?;
+    let rep = rep.ok_or_else(|| TransferError::local("replication did not finish"))?;
     if !rep.failures.is_empty() {
-        return Err(TransferError::Integrity(format!(
+        return Err(TransferError::integrity(format!(
             "replication: {}",
             rep.failures[0].message
         )));
@@ -410,9 +410,9 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
             break;
         }
     }
-    let ver = ver.ok_or_else(|| TransferError::Local("verification did not finish".into()))?;
+    let ver = ver.ok_or_else(|| TransferError::local("verification did not finish"))?;
     if !ver.damaged.is_empty() || !ver.failures.is_empty() {
-        return Err(TransferError::Integrity(format!(
+        return Err(TransferError::integrity(format!(
             "verification found {} damaged replicas, {} failures",
             ver.damaged.len(),
             ver.failures.len()
@@ -447,7 +447,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
             .unwrap_or(back.clone()),
     )
     .or_else(|_| verify_tree(&data, &back))
-    .map_err(TransferError::Integrity)?;
+    .map_err(TransferError::integrity)?;
     let reply = m
         .open_read(pb::OpenReadRequest {
             paths: vec!["/cmip".into()],
@@ -463,11 +463,11 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         }
         let rel = f.path.trim_start_matches("/cmip/cmip-demo/");
         let bytes = std::fs::read(data.join(rel)).map_err(local)?;
-        let want = wire::checksum::parse_digests(&f.checksum).map_err(TransferError::Integrity)?;
+        let want = wire::checksum::parse_digests(&f.checksum).map_err(TransferError::integrity)?;
         let algos: Vec<_> = want.iter().map(|d| d.algorithm).collect();
         let ours = wire::checksum::digest_bytes(&algos, &bytes);
         wire::checksum::digests_match(&ours, &want).map_err(|e| {
-            TransferError::Integrity(format!("{}: catalog checksum differs: {e}", f.path))
+            TransferError::integrity(format!("{}: catalog checksum differs: {e}", f.path))
         })?;
         checked += want.len();
     }

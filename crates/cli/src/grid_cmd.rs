@@ -12,6 +12,7 @@ use grid::MetaClient;
 use serde_json::json;
 use transfer::TransferError;
 use transfer::client::{Location, Peer};
+use wire::error::ErrorKind;
 
 /// `haul://host[:port]/path` (or `/path` with `HAUL_META`) -> metadata server and path.
 pub fn target(s: &str) -> Result<(Peer, String), TransferError> {
@@ -19,7 +20,7 @@ pub fn target(s: &str) -> Result<(Peer, String), TransferError> {
         match std::env::var("HAUL_META") {
             Ok(m) if !m.is_empty() => format!("{}{s}", m.trim_end_matches('/')),
             _ => {
-                return Err(TransferError::Usage(format!(
+                return Err(TransferError::usage(format!(
                     "{s}: give a grid path as haul://META/path (or set HAUL_META=haul://META)"
                 )));
             }
@@ -29,7 +30,7 @@ pub fn target(s: &str) -> Result<(Peer, String), TransferError> {
     };
     match Location::parse(&full)? {
         Location::Remote { host, port, path } => Ok((Peer::new(host, port), path)),
-        Location::Local(_) => Err(TransferError::Usage(format!(
+        Location::Local(_) => Err(TransferError::usage(format!(
             "{s}: not a grid path; expected haul://META/path"
         ))),
     }
@@ -38,8 +39,8 @@ pub fn target(s: &str) -> Result<(Peer, String), TransferError> {
 /// Connects to the metadata server with the user's certificate.
 pub async fn connect(peer: &Peer, c: &CredArgs) -> Result<MetaClient, TransferError> {
     if c.insecure {
-        return Err(TransferError::Usage(
-            "the grid needs certificates; --insecure is for standalone endpoints only".into(),
+        return Err(TransferError::usage(
+            "the grid needs certificates; --insecure is for standalone endpoints only",
         ));
     }
     let creds = creds::load(c)?.expect("not insecure");
@@ -56,14 +57,14 @@ async fn connect_for(
     for p in paths {
         let (m, path) = target(p)?;
         if peer.as_ref().is_some_and(|q| *q != m) {
-            return Err(TransferError::Usage(
-                "all paths of one command must be on the same metadata server".into(),
+            return Err(TransferError::usage(
+                "all paths of one command must be on the same metadata server",
             ));
         }
         peer = Some(m);
         out.push(path);
     }
-    let peer = peer.ok_or_else(|| TransferError::Usage("no path given".into()))?;
+    let peer = peer.ok_or_else(|| TransferError::usage("no path given"))?;
     Ok((connect(&peer, c).await?, out))
 }
 
@@ -246,11 +247,13 @@ pub async fn rm(a: RmArgs) -> Result<u8, TransferError> {
     let mut total = 0;
     for p in &paths {
         // An empty directory goes without -r, like rmdir; one with entries needs it.
-        total += m.remove(p, a.recursive).await.map_err(|err| match err {
-            TransferError::NotEmpty(msg) => TransferError::NotEmpty(format!(
-                "{msg} (use -r to remove it with everything below it)"
-            )),
-            other => other,
+        total += m.remove(p, a.recursive).await.map_err(|err| {
+            if err.kind() == ErrorKind::NotEmpty {
+                let hint = format!("{err} (use -r to remove it with everything below it)");
+                err.with_message(hint)
+            } else {
+                err
+            }
         })?;
     }
     if a.p.json {
@@ -279,9 +282,7 @@ pub async fn chown(a: ChownArgs) -> Result<u8, TransferError> {
         None => (a.owner.clone(), String::new()),
     };
     if owner.is_empty() && group.is_empty() {
-        return Err(TransferError::Usage(
-            "give OWNER, OWNER:GROUP or :GROUP".into(),
-        ));
+        return Err(TransferError::usage("give OWNER, OWNER:GROUP or :GROUP"));
     }
     let (m, paths) = connect_for(&a.p.paths, &a.p.creds).await?;
     for p in &paths {
@@ -299,7 +300,7 @@ pub async fn xattr(c: XattrCommand) -> Result<u8, TransferError> {
                     out!("{}", String::from_utf8_lossy(&v));
                     Ok(0)
                 }
-                None => Err(TransferError::NotFound(format!(
+                None => Err(TransferError::not_found(format!(
                     "{}: no attribute {:?}",
                     p[0], a.name
                 ))),
@@ -386,7 +387,7 @@ pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
 
 fn meta_of(a: &GridArgs) -> Result<Peer, TransferError> {
     let s = a.meta.clone().ok_or_else(|| {
-        TransferError::Usage("name the metadata server: haul://META (or set HAUL_META)".into())
+        TransferError::usage("name the metadata server: haul://META (or set HAUL_META)")
     })?;
     Ok(target(&s)?.0)
 }

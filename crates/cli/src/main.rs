@@ -44,6 +44,7 @@ fn main() -> ExitCode {
     // The subcommand's full name ("meta serve", "cert issue"): every log line of this process
     // is inside the span it names.
     let command_name = matches.as_ref().map(command_path).unwrap_or_default();
+    let json = matches.as_ref().is_ok_and(wants_json);
     let parsed = matches.and_then(|m| <args::Cli as clap::FromArgMatches>::from_arg_matches(&m));
     let cli = match parsed {
         Ok(c) => c,
@@ -82,10 +83,29 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             // One line, whatever names the message quotes.
-            eprintln!("haul: error: {}", grid_cmd::one_line(&e.to_string()));
+            let text = e.to_string();
+            let line = grid_cmd::one_line(&text);
+            eprintln!("haul: error: {line}");
+            if json {
+                // What failed, for programs: {"kind": ..., "exit_code": ..., "message": ...}.
+                let report = transfer::error::ErrorReport {
+                    message: line.into_owned(),
+                    ..(&e).into()
+                };
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            }
             ExitCode::from(e.exit_code() as u8)
         }
     }
+}
+
+/// Whether the command asked for `--json` (the innermost subcommand's flag).
+fn wants_json(m: &clap::ArgMatches) -> bool {
+    let mut cur = m;
+    while let Some((_, sub)) = cur.subcommand() {
+        cur = sub;
+    }
+    matches!(cur.try_get_one::<bool>("json"), Ok(Some(true)))
 }
 
 /// "cp", "meta serve": the subcommands named on the command line.

@@ -11,23 +11,23 @@ use transfer::tls::{self, Mapfile};
 
 pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
     if a.creds.insecure {
-        return Err(TransferError::Usage(
-            "the metadata server needs TLS: users and nodes are known by their certificates".into(),
+        return Err(TransferError::usage(
+            "the metadata server needs TLS: users and nodes are known by their certificates",
         ));
     }
     let c = creds::load(&a.creds)?.expect("not insecure");
     let mapfile_path = a.mapfile.clone().unwrap_or_else(creds::default_mapfile);
     let mapfile = Mapfile::load(&mapfile_path).map_err(|e| {
-        TransferError::Usage(format!(
+        TransferError::usage(format!(
             "{e}; the metadata server maps user certificates with a mapfile (--mapfile)"
         ))
     })?;
     let groups = match &a.groups {
-        Some(p) => Groups::load(p).map_err(TransferError::Usage)?,
+        Some(p) => Groups::load(p).map_err(TransferError::usage)?,
         None => Groups::default(),
     };
     let nodes = match &a.nodes {
-        Some(p) => meta::enrol::Enrolment::load(p).map_err(TransferError::Usage)?,
+        Some(p) => meta::enrol::Enrolment::load(p).map_err(TransferError::usage)?,
         None => {
             tracing::warn!(
                 "no --nodes file: no storage node may join until one lists it (`haul cert issue --host` prints its line)"
@@ -46,7 +46,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
                     .join(".haul/meta")
             });
             let lock =
-                meta::lock_data_dir(&dir).map_err(|e| TransferError::Usage(e.to_string()))?;
+                meta::lock_data_dir(&dir).map_err(|e| TransferError::usage(e.to_string()))?;
             (
                 format!("sqlite:{}", dir.join("catalog.db").display()),
                 Some(lock),
@@ -55,7 +55,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
     };
     let catalog = meta::open_catalog(&url)
         .await
-        .map_err(|e| TransferError::Connect(format!("catalog database unavailable: {e}")))?;
+        .map_err(|e| TransferError::connect(format!("catalog database unavailable: {e}")))?;
     let settings = Settings {
         heartbeat: a.heartbeat,
         node_timeout: a.node_timeout,
@@ -63,7 +63,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         pending_grace: a.pending_grace,
         reconcile_every: a.reconcile_every,
         scrub_every: a.scrub_every,
-        listen: a.limits.limits().map_err(TransferError::Usage)?,
+        listen: a.limits.limits().map_err(TransferError::usage)?,
         grant_ttl: a.grant_ttl,
         writing_lease: a.writing_lease,
     };
@@ -81,17 +81,17 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
     m.set_credentials(&c)?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
-        .map_err(|e| TransferError::Usage(format!("cannot listen on {}: {e}", a.listen)))?;
+        .map_err(|e| TransferError::usage(format!("cannot listen on {}: {e}", a.listen)))?;
     let http = if a.http == "off" {
         None
     } else {
         Some(tokio::net::TcpListener::bind(&a.http).await.map_err(|e| {
-            TransferError::Usage(format!("cannot listen on {} (--http): {e}", a.http))
+            TransferError::usage(format!("cannot listen on {} (--http): {e}", a.http))
         })?)
     };
     let addr = listener
         .local_addr()
-        .map_err(|e| TransferError::Local(e.to_string()))?;
+        .map_err(|e| TransferError::local(e.to_string()))?;
     let http_addr = http.as_ref().and_then(|h| h.local_addr().ok());
     tracing::info!(%addr, db = %meta::redact_db_url(&url), dashboard = ?http_addr, "metadata server up");
     if a.print_addr {
@@ -110,5 +110,5 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         shutdown_signal(),
     )
     .await
-    .map_err(|e| TransferError::Local(e.to_string()))
+    .map_err(|e| TransferError::local(e.to_string()))
 }

@@ -9,8 +9,8 @@ use transfer::tls;
 
 pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
     if a.creds.insecure {
-        return Err(TransferError::Usage(
-            "a storage node needs its host certificate (no --insecure)".into(),
+        return Err(TransferError::usage(
+            "a storage node needs its host certificate (no --insecure)",
         ));
     }
     let c = creds::load(&a.creds)?.expect("not insecure");
@@ -22,27 +22,27 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
         .and_then(|id| id.host);
     let name = match (&a.name, &cn) {
         (Some(n), Some(cn)) if n != cn => {
-            return Err(TransferError::Usage(format!(
+            return Err(TransferError::usage(format!(
                 "--name {n} does not match the host certificate, which is for {cn}; the metadata server knows a node by its certificate"
             )));
         }
         (Some(n), _) => n.clone(),
         (None, Some(cn)) => cn.clone(),
         (None, None) => {
-            return Err(TransferError::Usage(
-                "the certificate is not a host certificate (OU=hosts, serverAuth, a host name as CN); issue one with `haul cert issue --host NAME`".into(),
+            return Err(TransferError::usage(
+                "the certificate is not a host certificate (OU=hosts, serverAuth, a host name as CN); issue one with `haul cert issue --host NAME`",
             ));
         }
     };
     let (meta_peer, _) = crate::grid_cmd::target(&a.meta)?;
     std::fs::create_dir_all(&a.root)
-        .map_err(|e| TransferError::Usage(format!("--root {}: {e}", a.root.display())))?;
+        .map_err(|e| TransferError::usage(format!("--root {}: {e}", a.root.display())))?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
-        .map_err(|e| TransferError::Usage(format!("cannot listen on {}: {e}", a.listen)))?;
+        .map_err(|e| TransferError::usage(format!("cannot listen on {}: {e}", a.listen)))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| TransferError::Local(e.to_string()))?;
+        .map_err(|e| TransferError::local(e.to_string()))?;
     let advertise = match &a.advertise {
         Some(adv) => adv.clone(),
         None if addr.ip().is_unspecified() => format!("{}:{}", name, addr.port()),
@@ -64,11 +64,11 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
             server: tls::server_config(&c)?,
             client: tls::client_config(&c)?,
         },
-        limits: a.limits.limits().map_err(TransferError::Usage)?,
+        limits: a.limits.limits().map_err(TransferError::usage)?,
         link_bps: a.link_rate,
         capacity: a.capacity,
     };
     node::run(cfg, listener, shutdown_signal())
         .await
-        .map_err(|e| TransferError::Local(e.to_string()))
+        .map_err(|e| TransferError::local(e.to_string()))
 }

@@ -6,7 +6,7 @@ use transfer::pki::{self, Subject, Validity};
 
 pub fn ca_init(a: CaInitArgs) -> Result<(), TransferError> {
     if a.days <= 0 {
-        return Err(TransferError::Usage("--days must be positive".into()));
+        return Err(TransferError::usage("--days must be positive"));
     }
     let subject = pki::init_ca(&a.dir, &a.org, a.days)?;
     println!("created CA {subject}");
@@ -20,7 +20,7 @@ pub fn ca_init(a: CaInitArgs) -> Result<(), TransferError> {
 
 fn parse_time(s: &str) -> Result<time::OffsetDateTime, TransferError> {
     time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).map_err(|e| {
-        TransferError::Usage(format!(
+        TransferError::usage(format!(
             "{s:?} is not an RFC 3339 time like 2026-01-31T00:00:00Z: {e}"
         ))
     })
@@ -33,8 +33,8 @@ pub fn cert_issue(a: CertIssueArgs) -> Result<(), TransferError> {
             names: a.hosts.clone(),
         },
         _ => {
-            return Err(TransferError::Usage(
-                "give either --host NAME... or --user NAME".into(),
+            return Err(TransferError::usage(
+                "give either --host NAME... or --user NAME",
             ));
         }
     };
@@ -43,7 +43,7 @@ pub fn cert_issue(a: CertIssueArgs) -> Result<(), TransferError> {
             not_before: parse_time(nb)?,
             not_after: parse_time(na)?,
         },
-        _ if a.days <= 0 => return Err(TransferError::Usage("--days must be positive".into())),
+        _ if a.days <= 0 => return Err(TransferError::usage("--days must be positive")),
         _ => Validity::days(a.days),
     };
     let issued = pki::issue(&a.ca, &a.out, &subject, &a.org, &validity)?;

@@ -18,30 +18,33 @@ pub(crate) fn paths_on_one_meta(
     for p in paths {
         let (m, path) = target(p)?;
         if peer.as_ref().is_some_and(|q| *q != m) {
-            return Err(TransferError::Usage(
-                "all paths must be on the same metadata server".into(),
+            return Err(TransferError::usage(
+                "all paths must be on the same metadata server",
             ));
         }
         peer = Some(m);
         out.push(path);
     }
     Ok((
-        peer.ok_or_else(|| TransferError::Usage("no path given".into()))?,
+        peer.ok_or_else(|| TransferError::usage("no path given"))?,
         out,
     ))
 }
 
-/// The exit code for per-file failures (the first one's): 4 when a file has no healthy
-/// replica or its copies failed, 5 for permissions, 6 when no eligible node or site can take
-/// a copy, else 1.
+/// The exit code for per-file failures: the first one's kind's (4 when a file has no healthy
+/// replica or its copies failed, 5 for permissions, 6 when no eligible node or site can take a
+/// copy, ...).
 fn failure_code(f: &[pb::FileError]) -> u8 {
-    match f.first().map(|e| e.code.as_str()) {
+    match f.first() {
         None => 0,
-        Some("permission_denied") => 5,
-        Some("unavailable") => 4,
-        Some("no_space") => 6,
-        Some(_) => 1,
+        Some(e) => grid::client::from_file_error(e).exit_code().clamp(1, 255) as u8,
     }
+}
+
+/// A per-file error as `--json` lists it: what failed (`key`), its kind, exit code and reason.
+fn failure_json(key: &str, f: &pb::FileError) -> serde_json::Value {
+    let e = grid::client::from_file_error(f);
+    json!({key: f.path, "kind": e.kind().name(), "exit_code": e.exit_code(), "reason": f.message})
 }
 
 pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
@@ -85,12 +88,12 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
     };
     bar.finish().await;
     if interrupted {
-        return Err(TransferError::Interrupted);
+        return Err(TransferError::interrupted());
     }
     // A stream that ends before its last message (the server stopped) is no success.
     let p = last.filter(|p| p.finished).ok_or_else(|| {
-        TransferError::Connect(
-            "the metadata server stopped before the replication finished; run it again when the server is back (it finishes what is missing)".into(),
+        TransferError::connect(
+            "the metadata server stopped before the replication finished; run it again when the server is back (it finishes what is missing)",
         )
     })?;
     for f in &p.failures {
@@ -103,7 +106,7 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
                 "files": p.files, "copies_needed": p.copies_needed, "copies_made": p.copies_made,
                 "already": p.already, "bytes": p.bytes_done, "seconds": p.seconds,
                 "mbit_per_s": p.bytes_done as f64 * 8.0 / p.seconds.max(1e-9) / 1e6,
-                "failures": p.failures.iter().map(|f| json!({"path": f.path, "reason": f.message})).collect::<Vec<_>>(),
+                "failures": p.failures.iter().map(|f| failure_json("path", f)).collect::<Vec<_>>(),
                 "nodes": p.nodes.iter().map(|n| json!({"node": n.node, "bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received})).collect::<Vec<_>>(),
             })
         );
@@ -162,7 +165,7 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
             let (peer, path) = target(
                 a.paths
                     .first()
-                    .ok_or_else(|| TransferError::Usage("no path".into()))?,
+                    .ok_or_else(|| TransferError::usage("no path"))?,
             )?;
             (
                 a.creds.clone(),
@@ -176,9 +179,10 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
             )
         }
         PolicyCommand::List(a) => {
-            let s = a.meta.clone().ok_or_else(|| {
-                TransferError::Usage("name the metadata server: haul://META".into())
-            })?;
+            let s = a
+                .meta
+                .clone()
+                .ok_or_else(|| TransferError::usage("name the metadata server: haul://META"))?;
             (a.creds.clone(), target(&s)?.0, None, a.json)
         }
     };
@@ -230,8 +234,8 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
         }
     }
     let p = last.filter(|p| p.finished).ok_or_else(|| {
-        TransferError::Connect(
-            "the metadata server stopped before the verification finished; run it again when the server is back".into(),
+        TransferError::connect(
+            "the metadata server stopped before the verification finished; run it again when the server is back",
         )
     })?;
     if a.p.json {
@@ -241,7 +245,7 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
                 "files": p.files, "replicas": p.replicas, "checked": p.checked,
                 "bytes_checked": p.bytes_checked, "repaired": p.repaired, "seconds": p.seconds,
                 "damaged": p.damaged.iter().map(|d| json!({"path": d.path, "state": d.code, "reason": d.message})).collect::<Vec<_>>(),
-                "failures": p.failures.iter().map(|f| json!({"what": f.path, "reason": f.message})).collect::<Vec<_>>(),
+                "failures": p.failures.iter().map(|f| failure_json("what", f)).collect::<Vec<_>>(),
             })
         );
     } else {
@@ -276,7 +280,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
     let s = a
         .meta
         .clone()
-        .ok_or_else(|| TransferError::Usage("name the metadata server: haul://META".into()))?;
+        .ok_or_else(|| TransferError::usage("name the metadata server: haul://META"))?;
     let m = connect(&target(&s)?.0, &a.creds).await?;
     let st = m
         .files

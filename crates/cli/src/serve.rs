@@ -14,7 +14,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         Some(c) => {
             let path = a.mapfile.clone().unwrap_or_else(creds::default_mapfile);
             let mapfile = Mapfile::load(&path).map_err(|e| {
-                TransferError::Usage(format!(
+                TransferError::usage(format!(
                     "{e}; an endpoint with TLS needs a mapfile of allowed subjects (--mapfile)"
                 ))
             })?;
@@ -47,19 +47,19 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         }
     };
     let meta = std::fs::metadata(&a.root)
-        .map_err(|e| TransferError::Usage(format!("--root {}: {e}", a.root.display())))?;
+        .map_err(|e| TransferError::usage(format!("--root {}: {e}", a.root.display())))?;
     if !meta.is_dir() {
-        return Err(TransferError::Usage(format!(
+        return Err(TransferError::usage(format!(
             "--root {} is not a directory",
             a.root.display()
         )));
     }
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
-        .map_err(|e| TransferError::Usage(format!("cannot listen on {}: {e}", a.listen)))?;
+        .map_err(|e| TransferError::usage(format!("cannot listen on {}: {e}", a.listen)))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| TransferError::Local(e.to_string()))?;
+        .map_err(|e| TransferError::local(e.to_string()))?;
     tracing::info!(%addr, root = %a.root.display(), tls = tls.is_some(), "serving");
     if a.print_addr {
         println!("{addr}");
@@ -72,7 +72,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         root: a.root,
         tls,
         service: Arc::new(TreeService::new(mapfile, a.read_only, switch_users)),
-        limits: a.limits.limits().map_err(TransferError::Usage)?,
+        limits: a.limits.limits().map_err(TransferError::usage)?,
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
         stats: Default::default(),

@@ -310,7 +310,7 @@ fn every_file_of_a_tree_is_copied_or_reported() {
     let j = json(&out);
     assert_eq!(j["files_failed"], 1, "{j}");
     assert!(
-        j["failures"][0][0].as_str().unwrap().ends_with("fifo"),
+        j["failures"][0]["path"].as_str().unwrap().ends_with("fifo"),
         "{j}"
     );
     assert!(a.root.join("again/plain").exists());

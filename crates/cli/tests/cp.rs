@@ -359,12 +359,10 @@ fn bad_local_and_remote_paths() {
     let a = serve_insecure(&t.path().join("a"));
     let src = t.path().join("f.dat");
     write_file(&src, 1, 1000);
-    // Missing sources.
-    assert_exit(
-        &cp(&[t.path().join("nope").to_str().unwrap(), &a.url("/")]),
-        3,
-        "no such file",
-    );
+    // Missing sources. Every error also comes as `--json` with its kind.
+    let out = cp(&[t.path().join("nope").to_str().unwrap(), &a.url("/")]);
+    assert_exit(&out, 3, "no such file");
+    assert_kind(&out, "not_found");
     assert_exit(
         &cp(&[
             "--retries",
@@ -382,11 +380,9 @@ fn bad_local_and_remote_paths() {
         "'..' is not allowed",
     );
     std::os::unix::fs::symlink(&src, a.root.join("link-out")).unwrap();
-    assert_exit(
-        &cp(&[&a.url("link-out"), t.path().join("y").to_str().unwrap()]),
-        6,
-        "escapes the exported root",
-    );
+    let out = cp(&[&a.url("link-out"), t.path().join("y").to_str().unwrap()]);
+    assert_exit(&out, 6, "escapes the exported root");
+    assert_kind(&out, "path_escapes_root");
     // Destination not writable: a file where a directory is needed.
     write_file(&a.root.join("plainfile"), 2, 10);
     assert_exit(
@@ -406,11 +402,9 @@ fn bad_local_and_remote_paths() {
         2,
         "one of them must be an endpoint",
     );
-    assert_exit(
-        &cp(&[src.to_str().unwrap(), "ftp://host/x"]),
-        2,
-        "unsupported URL scheme",
-    );
+    let out = cp(&[src.to_str().unwrap(), "ftp://host/x"]);
+    assert_exit(&out, 2, "unsupported URL scheme");
+    assert_kind(&out, "invalid");
     let out = haul()
         .args(["cp", "--rate", "fast", "a", "b"])
         .output()
@@ -425,11 +419,9 @@ fn read_only_endpoint_refuses_writes() {
     let a = serve(&t.path().join("a"), &["--insecure", "--read-only"], &[]);
     let src = t.path().join("f.dat");
     write_file(&src, 1, 1000);
-    assert_exit(
-        &cp(&[src.to_str().unwrap(), &a.url("f.dat")]),
-        5,
-        "read-only",
-    );
+    let out = cp(&[src.to_str().unwrap(), &a.url("f.dat")]);
+    assert_exit(&out, 5, "read-only");
+    assert_kind(&out, "permission_denied");
 }
 
 #[test]
@@ -445,6 +437,7 @@ fn unreachable_host_fails_fast_with_exit_4() {
     let url = format!("haul://127.0.0.1:{port}/f");
     let out = cp(&["--retries", "0", src.to_str().unwrap(), &url]);
     assert_exit(&out, 4, "cannot connect");
+    assert_kind(&out, "connect");
     // With retries the final message says what was tried.
     let out = cp(&["--retries", "1", src.to_str().unwrap(), &url]);
     assert_exit(&out, 4, "tried 2 times");
@@ -461,6 +454,7 @@ fn disk_full_leaves_nothing_under_the_final_name() {
     write_file(&src, 1, 5 << 20);
     let out = cp(&["--retries", "0", src.to_str().unwrap(), &a.url("f.dat")]);
     assert_exit(&out, 6, "no space left");
+    assert_kind(&out, "no_space");
     assert!(!fs.path.join("f.dat").exists());
     assert!(partials(&fs.path).is_empty(), "{:?}", partials(&fs.path));
     // A file that fits still works on the same endpoint.

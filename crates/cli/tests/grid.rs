@@ -201,13 +201,17 @@ fn permissions_and_bad_inputs() {
         3,
         "no such file",
     );
-    assert_exit(&g.run("alice", &["mkdir", "/pub"]), 6, "already exists");
+    let out = g.run("alice", &["mkdir", "--json", "/pub"]);
+    assert_exit(&out, 6, "already exists");
+    assert_kind(&out, "exists");
     // The kind travels beside the status ("not_empty"), so the hint does not hang on its text.
+    let out = g.run("alice", &["rm", "--json", "/pub"]);
     assert_exit(
-        &g.run("alice", &["rm", "/pub"]),
+        &out,
         6,
         "not empty (use -r to remove it with everything below it)",
     );
+    assert_kind(&out, "not_empty");
     g.ok("alice", &["ls", "/pub/a.txt"]);
     g.ok("alice", &["rm", "-r", "/pub"]);
     assert_exit(&g.run("alice", &["ls", "/pub"]), 3, "no such file");

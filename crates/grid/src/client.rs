@@ -12,6 +12,7 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 use transfer::TransferError;
 use transfer::client::Peer;
+use wire::error::ErrorKind;
 
 /// Default port of a metadata server.
 pub const DEFAULT_META_PORT: u16 = 5811;
@@ -37,31 +38,12 @@ pub fn from_status(s: tonic::Status) -> TransferError {
         return e;
     }
     let m = s.message().to_string();
-    // The metadata server names the kind beside the code.
-    if s.metadata()
-        .get(api::ERROR_KIND_KEY)
-        .and_then(|v| v.to_str().ok())
-        == Some("not_empty")
-    {
-        return TransferError::NotEmpty(m);
+    // The metadata server names the kind beside the code: it is kept as it is.
+    let kind = api::errors::kind_of(&s);
+    if m.is_empty() && matches!(kind, ErrorKind::Connect | ErrorKind::Unavailable) {
+        return TransferError::new(kind, "metadata server unavailable");
     }
-    use tonic::Code as C;
-    match s.code() {
-        C::NotFound => TransferError::NotFound(m),
-        C::PermissionDenied | C::Unauthenticated => TransferError::Auth(m),
-        C::AlreadyExists | C::FailedPrecondition | C::ResourceExhausted => {
-            TransferError::Destination(m)
-        }
-        C::Unavailable | C::DeadlineExceeded | C::Cancelled => {
-            TransferError::Connect(if m.is_empty() {
-                "metadata server unavailable".into()
-            } else {
-                m
-            })
-        }
-        C::InvalidArgument | C::Unimplemented | C::OutOfRange => TransferError::Usage(m),
-        _ => TransferError::Protocol(m),
-    }
+    TransferError::new(kind, m)
 }
 
 /// The last component of a grid path ("/a/b/" -> "b"; "/" stays "/").
@@ -127,7 +109,7 @@ fn transport_cause(s: &tonic::Status) -> Option<TransferError> {
             return Some(e);
         }
         let why = broken.unwrap_or_else(|| s.message().to_string());
-        return Some(TransferError::Connect(format!(
+        return Some(TransferError::connect(format!(
             "connection to the metadata server lost ({why}); it may have stopped: run the command again when it is back"
         )));
     }
@@ -227,15 +209,11 @@ fn alert_named(name: &str) -> Option<rustls::AlertDescription> {
     })
 }
 
-/// A per-file error of a batch reply.
+/// A per-file error of a batch reply: its code is a kind's name. A code this client does not
+/// know (a newer server's) counts as a destination that cannot take the file.
 pub fn from_file_error(e: &pb::FileError) -> TransferError {
-    match e.code.as_str() {
-        "not_found" => TransferError::NotFound(e.message.clone()),
-        "permission_denied" => TransferError::Auth(e.message.clone()),
-        "unavailable" => TransferError::Connect(e.message.clone()),
-        "invalid" => TransferError::Usage(e.message.clone()),
-        _ => TransferError::Destination(e.message.clone()),
-    }
+    let kind = ErrorKind::from_name(&e.code).unwrap_or(ErrorKind::NotWritable);
+    TransferError::new(kind, e.message.clone())
 }
 
 impl MetaClient {
@@ -268,7 +246,7 @@ impl MetaClient {
         });
         // The URI is only a label: the connector decides where to connect.
         let endpoint = Endpoint::from_shared(format!("http://{}", addr))
-            .map_err(|e| TransferError::Usage(format!("{addr}: {e}")))?
+            .map_err(|e| TransferError::usage(format!("{addr}: {e}")))?
             .connect_timeout(Duration::from_secs(15))
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true);
@@ -281,7 +259,7 @@ impl MetaClient {
                     .expect("error slot")
                     .take()
                     .unwrap_or_else(|| {
-                        TransferError::Connect(format!("cannot reach metadata server {addr}: {e}"))
+                        TransferError::connect(format!("cannot reach metadata server {addr}: {e}"))
                     })
             })?;
         Ok(Self {
@@ -313,7 +291,7 @@ impl MetaClient {
     pub async fn lookup(&self, path: &str) -> Result<Option<pb::Entry>, TransferError> {
         match self.stat(path).await {
             Ok(e) => Ok(Some(e)),
-            Err(TransferError::NotFound(_)) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -575,22 +553,23 @@ async fn handshake(
 ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, TransferError> {
     let tcp = transfer::conn::connect_tcp(shown, None)
         .await
-        .map_err(|e| match e {
-            TransferError::Connect(m) => {
-                TransferError::Connect(format!("metadata server unreachable: {m}"))
+        .map_err(|e| match e.kind() {
+            ErrorKind::Connect => {
+                let m = format!("metadata server unreachable: {e}");
+                e.with_message(m)
             }
-            other => other,
+            _ => e,
         })?;
     let _ = tcp.set_nodelay(true);
     let name = rustls::pki_types::ServerName::try_from(host.to_string())
-        .map_err(|_| TransferError::Usage(format!("{host:?} is not a valid host name")))?;
+        .map_err(|_| TransferError::usage(format!("{host:?} is not a valid host name")))?;
     let connector = tokio_rustls::TlsConnector::from(cfg);
     let tls = tokio::time::timeout(Duration::from_secs(15), connector.connect(name, tcp))
         .await
-        .map_err(|_| TransferError::Connect(format!("{shown}: TLS handshake timed out")))?
+        .map_err(|_| TransferError::connect(format!("{shown}: TLS handshake timed out")))?
         .map_err(|e| {
             if is_no_application_protocol(&e) {
-                TransferError::Usage(format!(
+                TransferError::usage(format!(
                     "{shown} is a data endpoint, not a metadata server (grid commands need haul://META/path)"
                 ))
             } else {
@@ -598,7 +577,7 @@ async fn handshake(
             }
         })?;
     if tls.get_ref().1.alpn_protocol() != Some(transfer::tls::ALPN_GRPC) {
-        return Err(TransferError::Usage(format!(
+        return Err(TransferError::usage(format!(
             "{shown} is not a metadata server (it does not speak the grid API)"
         )));
     }
@@ -621,16 +600,13 @@ mod tests {
     #[test]
     fn a_status_kind_outweighs_its_code_and_text() {
         let mut s = tonic::Status::failed_precondition("/d: something");
-        assert!(matches!(
-            from_status(s.clone()),
-            TransferError::Destination(_)
-        ));
+        assert_eq!(from_status(s.clone()).exit_code(), 6);
         s.metadata_mut().insert(
             api::ERROR_KIND_KEY,
             tonic::metadata::MetadataValue::from_static("not_empty"),
         );
         let e = from_status(s);
-        assert!(matches!(e, TransferError::NotEmpty(_)), "{e:?}");
+        assert_eq!(e.kind(), ErrorKind::NotEmpty, "{e:?}");
         assert_eq!(e.exit_code(), 6);
     }
 
@@ -643,7 +619,7 @@ mod tests {
             tonic::Status::unknown("h2 protocol error: error reading a body from connection"),
         ] {
             let e = from_status(s);
-            assert!(matches!(e, TransferError::Connect(_)), "{e:?}");
+            assert_eq!(e.kind(), ErrorKind::Connect, "{e:?}");
             assert_eq!(e.exit_code(), 4);
         }
         assert_eq!(

@@ -27,6 +27,7 @@ use transfer::store::{Destination, Root, SourceEntry};
 use wire::checksum::{Digest, parse_digests};
 use wire::control::{ListedFile, Protect};
 use wire::data::{EntryKind, Timestamp};
+use wire::error::ErrorKind as K;
 use wire::grant::SignedGrant;
 
 /// Files per data session at most (one control message lists them all).
@@ -204,7 +205,7 @@ impl Runner {
                     } else if last.1.elapsed() > self.stall {
                         cancel.cancel();
                         let _ = (&mut fut).await;
-                        break Err(TransferError::Stalled(format!(
+                        break Err(TransferError::stalled(format!(
                             "node {node}: no data moved for {} s", self.stall.as_secs()
                         )));
                     }
@@ -421,10 +422,13 @@ impl Tally {
             });
         }
         let seconds = self.started.elapsed().as_secs_f64();
-        let failures: Vec<(String, String)> = self
+        let failures = self
             .failed
             .iter()
-            .map(|(p, e)| (p.clone(), e.to_string()))
+            .map(|(p, e)| transfer::error::FileFailure {
+                path: p.clone(),
+                error: e.into(),
+            })
             .collect();
         let first = self.failed.values().next().cloned();
         let moved = Counters::get(&counters.bytes_sent).max(Counters::get(&counters.bytes_done));
@@ -503,14 +507,14 @@ pub async fn copy(
             },
         ) => {
             if (h1, p1) != (h2, p2) {
-                return Err(TransferError::Usage(
-                    "copies between two different grids (or a grid and a standalone endpoint) go through a local directory".into(),
+                return Err(TransferError::usage(
+                    "copies between two different grids (or a grid and a standalone endpoint) go through a local directory",
                 ));
             }
             within(meta, a, b, opts, counters, events, cancel).await
         }
-        _ => Err(TransferError::Usage(
-            "both sides are local; one of them must be haul://META/path".into(),
+        _ => Err(TransferError::usage(
+            "both sides are local; one of them must be haul://META/path",
         )),
     }
 }
@@ -525,24 +529,24 @@ async fn grid_destination(
     let norm = normalize(dest);
     match meta.lookup(&norm).await? {
         Some(e) if e.is_dir => Ok((norm, true)),
-        Some(_) if source_is_dir => Err(TransferError::Destination(format!(
+        Some(_) if source_is_dir => Err(TransferError::not_writable(format!(
             "{norm}: not a directory (cannot copy a directory onto a file)"
         ))),
-        Some(_) if dest.ends_with('/') => Err(TransferError::Destination(format!(
+        Some(_) if dest.ends_with('/') => Err(TransferError::not_writable(format!(
             "{norm}: not a directory"
         ))),
         Some(_) => Ok((norm, false)),
-        None if dest.ends_with('/') => Err(TransferError::NotFound(format!(
+        None if dest.ends_with('/') => Err(TransferError::not_found(format!(
             "destination directory {norm} does not exist"
         ))),
         None => {
             let parent = parent_of(&norm);
             match meta.lookup(&parent).await? {
                 Some(p) if p.is_dir => Ok((norm, false)),
-                Some(_) => Err(TransferError::Destination(format!(
+                Some(_) => Err(TransferError::not_writable(format!(
                     "{parent}: not a directory"
                 ))),
-                None => Err(TransferError::NotFound(format!(
+                None => Err(TransferError::not_found(format!(
                     "destination directory {parent} does not exist"
                 ))),
             }
@@ -718,10 +722,10 @@ async fn upload(
                     tally.ok(path, *size, digests, &events);
                 }
             }
-            let node_failed = matches!(
-                &r.result,
-                Err(TransferError::Connect(_) | TransferError::Stalled(_))
-            );
+            let node_failed = r
+                .result
+                .as_ref()
+                .is_err_and(|e| matches!(e.kind(), K::Connect | K::Unavailable | K::Stalled));
             if node_failed && !exclude.contains(&r.node) {
                 let why = r
                     .result
@@ -771,7 +775,7 @@ async fn upload(
         // Unfinished uploads leave nothing in the namespace.
         let _ = meta.abort_files(abort).await;
         if cancel.is_cancelled() {
-            return Err(TransferError::Interrupted);
+            return Err(TransferError::interrupted());
         }
     }
     tally.report(
@@ -835,7 +839,7 @@ async fn open_source(
     let norm = normalize(src);
     let top = meta.stat(&norm).await?;
     if top.is_dir && !opts.copy.recursive {
-        return Err(TransferError::Usage(format!(
+        return Err(TransferError::usage(format!(
             "{norm} is a directory; use -r to copy it"
         )));
     }
@@ -866,7 +870,7 @@ async fn open_source(
     let mut files = Vec::new();
     for s in reply.files {
         let expect = parse_digests(&s.checksum).map_err(|e| {
-            TransferError::Protocol(format!("{}: bad checksum in the catalog: {e}", s.path))
+            TransferError::protocol(format!("{}: bad checksum in the catalog: {e}", s.path))
         })?;
         files.push(ReadFile {
             rel: rel_of(&s.path),
@@ -934,13 +938,13 @@ async fn download(
         Destination::resolve(&Root::Ambient, local, wants_dir).map_err(TransferError::from)?;
     if is_dir && !dest.into_dir {
         std::fs::create_dir_all(&dest.base).map_err(|e| {
-            TransferError::Destination(format!("cannot create {}: {e}", dest.base.display()))
+            TransferError::not_writable(format!("cannot create {}: {e}", dest.base.display()))
         })?;
     }
     for d in &dirs {
         let p = dest.map(&d.path);
         std::fs::create_dir_all(&p).map_err(|e| {
-            TransferError::Destination(format!("cannot create {}: {e}", p.display()))
+            TransferError::not_writable(format!("cannot create {}: {e}", p.display()))
         })?;
     }
     let mut tally = Tally::new();
@@ -953,7 +957,7 @@ async fn download(
         if f.replica == usize::MAX {
             // With the reason the metadata server gave (permission denied is exit 5).
             let e = f.refused.clone().unwrap_or_else(|| {
-                TransferError::Connect(format!("{}: no healthy replica", f.source.path))
+                TransferError::connect(format!("{}: no healthy replica", f.source.path))
             });
             tally.fail(&f.source.path, e);
         } else if f.source.size == 0 {
@@ -981,7 +985,7 @@ async fn download(
             for f in todo.drain(..) {
                 tally.fail(
                     &f.source.path,
-                    TransferError::Connect(format!(
+                    TransferError::connect(format!(
                         "{}: gave up after {max_rounds} rounds",
                         f.source.path
                     )),
@@ -1056,11 +1060,14 @@ async fn download(
             }
             let node_failed = r.result.as_ref().is_err_and(|e| {
                 matches!(
-                    e,
-                    TransferError::Connect(_)
-                        | TransferError::Stalled(_)
-                        | TransferError::NotFound(_)
-                        | TransferError::Auth(_)
+                    e.kind(),
+                    K::Connect
+                        | K::Unavailable
+                        | K::Stalled
+                        | K::NotFound
+                        | K::PermissionDenied
+                        | K::Authentication
+                        | K::Unmapped
                 )
             });
             if node_failed && failed_nodes.insert(r.node.clone()) {
@@ -1087,7 +1094,7 @@ async fn download(
                         let _ = std::fs::remove_file(dest.map(&f.rel));
                         tally.fail(
                             &f.source.path,
-                            TransferError::Integrity(format!(
+                            TransferError::integrity(format!(
                                 "{}: received data does not match the catalog checksum",
                                 f.source.path
                             )),
@@ -1096,17 +1103,18 @@ async fn download(
                     continue;
                 }
                 let err = r.failed.get(&f.rel).cloned().unwrap_or_else(|| {
-                    TransferError::Connect(format!("node {} did not send it", r.node))
+                    TransferError::connect(format!("node {} did not send it", r.node))
                 });
                 // A damaged replica or a failed node: the next replica.
                 let switch = node_failed
                     || matches!(
-                        err,
-                        TransferError::Integrity(_)
-                            | TransferError::SourceDamaged(_)
-                            | TransferError::NotFound(_)
-                            | TransferError::Connect(_)
-                            | TransferError::Stalled(_)
+                        err.kind(),
+                        K::Integrity
+                            | K::SourceDamaged
+                            | K::NotFound
+                            | K::Connect
+                            | K::Unavailable
+                            | K::Stalled
                     );
                 let mut avoid = failed_nodes.clone();
                 avoid.insert(r.node.clone());
@@ -1118,12 +1126,13 @@ async fn download(
                 } else {
                     tally.fail(
                         &f.source.path,
-                        match err {
+                        match err.kind() {
                             // Refused (e.g. a renewal after a chmod): that is the reason.
-                            TransferError::Auth(m) if switch => {
-                                TransferError::Auth(format!("{}: {m}", f.source.path))
+                            K::PermissionDenied | K::Authentication | K::Unmapped if switch => {
+                                let m = format!("{}: {err}", f.source.path);
+                                err.with_message(m)
                             }
-                            _ if switch => TransferError::Connect(format!(
+                            _ if switch => TransferError::connect(format!(
                                 "{}: no healthy replica left ({err})",
                                 f.source.path
                             )),
@@ -1134,7 +1143,7 @@ async fn download(
             }
         }
         if cancel.is_cancelled() {
-            return Err(TransferError::Interrupted);
+            return Err(TransferError::interrupted());
         }
     }
     tally.report(
@@ -1148,12 +1157,8 @@ async fn download(
 
 /// `e` with `from` replaced by `to` in its message, of the same kind.
 fn renamed(e: TransferError, from: &str, to: &str) -> TransferError {
-    let mut info = e.to_info();
-    if !info.message.contains(from) {
-        return e;
-    }
-    info.message = info.message.replace(from, to);
-    TransferError::from(info)
+    let message = e.message().replace(from, to);
+    e.with_message(message)
 }
 
 /// Whether received digests agree with the catalog's (on the algorithms both have).
@@ -1165,11 +1170,11 @@ fn write_empty(path: &Path, s: &pb::ReadSource) -> Result<(), TransferError> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(p) = path.parent() {
         std::fs::create_dir_all(p).map_err(|e| {
-            TransferError::Destination(format!("cannot create {}: {e}", p.display()))
+            TransferError::not_writable(format!("cannot create {}: {e}", p.display()))
         })?;
     }
     let f = std::fs::File::create(path).map_err(|e| {
-        TransferError::Destination(format!("cannot create {}: {e}", path.display()))
+        TransferError::not_writable(format!("cannot create {}: {e}", path.display()))
     })?;
     let t = ts(s.mtime_ns);
     let when = std::time::UNIX_EPOCH + Duration::new(t.secs.max(0) as u64, t.nanos);
@@ -1213,7 +1218,7 @@ async fn within(
         if f.replica == usize::MAX {
             // With the reason the metadata server gave (permission denied is exit 5).
             let e = f.refused.clone().unwrap_or_else(|| {
-                TransferError::Connect(format!("{}: no healthy replica", f.source.path))
+                TransferError::connect(format!("{}: no healthy replica", f.source.path))
             });
             tally.fail(&f.source.path, e);
         } else {
@@ -1353,10 +1358,10 @@ async fn within(
                     delay_ms: 0,
                     reason: format!("copy {src_node} -> {dst_node} failed ({why})"),
                 });
-                if matches!(
-                    r.result,
-                    Err(TransferError::Connect(_) | TransferError::Stalled(_))
-                ) {
+                if r.result
+                    .as_ref()
+                    .is_err_and(|e| matches!(e.kind(), K::Connect | K::Unavailable | K::Stalled))
+                {
                     // Which end failed is not known: avoid both next time.
                     failed_sources.insert(src_node.clone());
                     if !exclude.contains(&dst_node) {
@@ -1375,7 +1380,7 @@ async fn within(
                     .get(&id.to_string())
                     .cloned()
                     .map(|e| renamed(e, &format!("file {id}"), &path))
-                    .unwrap_or_else(|| TransferError::Connect(format!("{path}: not copied")));
+                    .unwrap_or_else(|| TransferError::connect(format!("{path}: not copied")));
                 if failed && failed_sources.contains(&src_node) && !f.fail_over(&failed_sources) {
                     // No other source; try the same again (the destination may have been
                     // the one that failed).
@@ -1389,7 +1394,7 @@ async fn within(
         }
         let _ = meta.abort_files(abort).await;
         if cancel.is_cancelled() {
-            return Err(TransferError::Interrupted);
+            return Err(TransferError::interrupted());
         }
     }
     tally.report(

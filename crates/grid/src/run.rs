@@ -194,8 +194,8 @@ pub async fn run(
     on_done: &(dyn Fn(&TaskReport) + Send + Sync),
 ) -> Result<RunSummary, TransferError> {
     if opts.argv.is_empty() {
-        return Err(TransferError::Usage(
-            "no command: haul run PATH... -- CMD [ARG...] ({} is the replica's path)".into(),
+        return Err(TransferError::usage(
+            "no command: haul run PATH... -- CMD [ARG...] ({} is the replica's path)",
         ));
     }
     let started = Instant::now();
@@ -212,7 +212,7 @@ pub async fn run(
     if reply.files.is_empty() {
         return match reply.errors.first() {
             Some(e) => Err(from_file_error(e)),
-            None => Err(TransferError::NotFound(format!(
+            None => Err(TransferError::not_found(format!(
                 "{}: no files to run on",
                 paths.join(" ")
             ))),
@@ -304,7 +304,7 @@ pub async fn run(
             Some(f) = done_rx.recv() => show(f),
             r = workers.join_next() => match r {
                 Some(Ok(nr)) => node_reports.push(nr),
-                Some(Err(e)) => return Err(TransferError::Local(format!("run worker failed: {e}"))),
+                Some(Err(e)) => return Err(TransferError::local(format!("run worker failed: {e}"))),
                 None => break,
             },
         }
@@ -508,7 +508,7 @@ async fn start_run(
             tracing::debug!(node = %peer, %user, slots, "run open");
             Ok(RunChannel { channel, slots })
         }
-        other => Err(TransferError::Protocol(format!(
+        other => Err(TransferError::protocol(format!(
             "unexpected answer to a run: {other:?}"
         ))),
     }
@@ -516,7 +516,7 @@ async fn start_run(
 
 fn decode(body: &[u8]) -> Result<NodeResponse, TransferError> {
     NodeResponse::decode(body)
-        .map_err(|e| TransferError::Protocol(format!("malformed storage-node answer: {e}")))
+        .map_err(|e| TransferError::protocol(format!("malformed storage-node answer: {e}")))
 }
 
 #[cfg(test)]

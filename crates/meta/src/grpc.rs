@@ -156,7 +156,8 @@ impl Meta {
         r: Result<T, Status>,
     ) -> Result<Response<T>, Status> {
         self.record(op.name, started, op.items, r.is_ok());
-        r.map(Response::new)
+        // Every status leaving the server names its kind.
+        r.map(Response::new).map_err(api::errors::with_kind)
     }
 
     /// The node a request comes from, for every call but `Register`. It must come with a host

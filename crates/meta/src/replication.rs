@@ -480,9 +480,9 @@ pub async fn execute(
                 .get(&t.inode.id)
                 .cloned()
                 .or(done.session_error.clone())
-                .unwrap_or_else(|| TransferError::Connect("not copied".into()));
+                .unwrap_or_else(|| TransferError::connect("not copied"));
             t.tries += 1;
-            if matches!(err, TransferError::SourceDamaged(_)) {
+            if err.kind() == wire::error::ErrorKind::SourceDamaged {
                 // The source replica is bad: mark it and use another.
                 let _ = meta
                     .catalog
@@ -687,7 +687,7 @@ async fn run_session(
     // Replicas the destination already has complete (made meanwhile) are never written over.
     let mut already: HashSet<i64> = HashSet::new();
     let r = async {
-        let db = |e: catalog::CatalogError| TransferError::Local(e.to_string());
+        let db = |e: catalog::CatalogError| TransferError::local(e.to_string());
         // A damaged or missing replica on the destination is replaced (repaired in place).
         let before = meta.catalog.replicas_of(&ids).await.map_err(db)?;
         let replace: Vec<i64> = ids
@@ -722,12 +722,12 @@ async fn run_session(
         }
         let read = meta
             .own_grant(&src, Operation::Read, ids.clone())
-            .map_err(|s| TransferError::Connect(s.message().to_string()))?;
+            .map_err(|s| TransferError::connect(s.message().to_string()))?;
         let write = meta
             .own_grant_replacing(&dst, Operation::Write, ids.clone(), replace)
-            .map_err(|s| TransferError::Connect(s.message().to_string()))?;
+            .map_err(|s| TransferError::connect(s.message().to_string()))?;
         let mut opts = meta.copy_options().ok_or_else(|| {
-            TransferError::Usage("the metadata server has no client certificate".into())
+            TransferError::usage("the metadata server has no client certificate")
         })?;
         // A session's files share their protection (see `execute`).
         let private = tasks.iter().any(|t| t.private);

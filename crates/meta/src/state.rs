@@ -12,6 +12,7 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tonic::Status;
 use transfer::certid::Fingerprint;
+use wire::error::ErrorKind;
 use wire::grant::{Grant, Operation};
 
 /// Tunables of a metadata server.
@@ -155,7 +156,7 @@ impl Meta {
             .chain
             .first()
             .map(|c| Fingerprint::of(c.as_ref()))
-            .ok_or_else(|| transfer::TransferError::Auth("no certificate".into()))?;
+            .ok_or_else(|| transfer::TransferError::unauthenticated("no certificate"))?;
         *self.client_tls.write().expect("tls lock") = Some(tls);
         *self.own_cert.write().expect("cert lock") = Some(fp);
         Ok(())
@@ -476,65 +477,39 @@ pub fn node_info(e: &NodeEntry, replicas: u64) -> pb::NodeInfo {
     }
 }
 
-/// A catalog error as a gRPC status, its kind (`code_of`) in `api::ERROR_KIND_KEY`.
+/// The kind of a catalog error, in the one vocabulary ([`ErrorKind`]).
+pub fn kind_of(e: &CatalogError) -> ErrorKind {
+    match e {
+        CatalogError::NotFound(_) => ErrorKind::NotFound,
+        CatalogError::Exists(_) => ErrorKind::Exists,
+        CatalogError::NotADirectory(_) => ErrorKind::NotADirectory,
+        CatalogError::IsADirectory(_) => ErrorKind::IsADirectory,
+        CatalogError::NotEmpty(_) => ErrorKind::NotEmpty,
+        CatalogError::Busy(_) => ErrorKind::Busy,
+        CatalogError::Invalid(_) => ErrorKind::Invalid,
+        CatalogError::Denied(_) => ErrorKind::PermissionDenied,
+        CatalogError::Database(_) => ErrorKind::Unavailable,
+    }
+}
+
+/// A catalog error as a gRPC status that names its kind (`api::errors`).
 pub fn status(e: CatalogError) -> Status {
-    let mut s = status_of(&e);
-    s.metadata_mut().insert(
-        api::ERROR_KIND_KEY,
-        tonic::metadata::MetadataValue::from_static(code_of(&e)),
-    );
-    s
-}
-
-fn status_of(e: &CatalogError) -> Status {
-    match e {
-        CatalogError::NotFound(_) => Status::not_found(e.to_string()),
-        CatalogError::Exists(_) => Status::already_exists(e.to_string()),
-        CatalogError::NotADirectory(_)
-        | CatalogError::IsADirectory(_)
-        | CatalogError::NotEmpty(_)
-        | CatalogError::Busy(_) => Status::failed_precondition(e.to_string()),
-        CatalogError::Invalid(_) => Status::invalid_argument(e.to_string()),
-        CatalogError::Denied(_) => Status::permission_denied(e.to_string()),
-        CatalogError::Database(_) => {
-            tracing::error!(error = %e, "catalog database error");
-            Status::unavailable(format!("metadata database: {e}"))
-        }
+    if let CatalogError::Database(_) = e {
+        tracing::error!(error = %e, "catalog database error");
+        return api::errors::status(ErrorKind::Unavailable, format!("metadata database: {e}"));
     }
+    api::errors::status(kind_of(&e), e.to_string())
 }
 
-/// The short code of a per-file error.
-pub fn code_of(e: &CatalogError) -> &'static str {
-    match e {
-        CatalogError::NotFound(_) => "not_found",
-        CatalogError::Exists(_) => "exists",
-        CatalogError::NotADirectory(_) => "not_a_directory",
-        CatalogError::IsADirectory(_) => "is_a_directory",
-        CatalogError::NotEmpty(_) => "not_empty",
-        CatalogError::Busy(_) => "busy",
-        CatalogError::Invalid(_) => "invalid",
-        CatalogError::Denied(_) => "permission_denied",
-        CatalogError::Database(_) => "unavailable",
-    }
-}
-
-/// The short code of a status, for per-file errors.
+/// The code of a per-file error from a status: the name of its kind.
 pub fn code_of_status(s: &Status) -> &'static str {
-    match s.code() {
-        tonic::Code::NotFound => "not_found",
-        tonic::Code::AlreadyExists => "exists",
-        tonic::Code::PermissionDenied => "permission_denied",
-        tonic::Code::ResourceExhausted => "no_space",
-        tonic::Code::Unavailable => "unavailable",
-        tonic::Code::FailedPrecondition => "busy",
-        _ => "invalid",
-    }
+    api::errors::kind_of(s).name()
 }
 
 pub fn file_error(path: &str, e: &CatalogError) -> pb::FileError {
     pb::FileError {
         path: path.to_string(),
-        code: code_of(e).to_string(),
+        code: kind_of(e).name().to_string(),
         message: e.to_string(),
     }
 }

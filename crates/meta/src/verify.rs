@@ -451,10 +451,10 @@ async fn verify_on_node(
     ch.close().await;
     match NodeResponse::decode(&answer) {
         Ok(NodeResponse::Verified(r)) => Ok(r),
-        Ok(other) => Err(TransferError::Protocol(format!(
+        Ok(other) => Err(TransferError::protocol(format!(
             "unexpected answer to a verification: {other:?}"
         ))),
-        Err(e) => Err(TransferError::Protocol(format!(
+        Err(e) => Err(TransferError::protocol(format!(
             "malformed storage-node answer: {e}"
         ))),
     }

@@ -99,10 +99,12 @@ impl MetaLink for GridLink {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(s)) => {
                 let e = grid::client::from_status(s);
-                let kind = match &e {
-                    TransferError::NotFound(_) => ErrorKind::NotFound,
-                    TransferError::Connect(_) => ErrorKind::Connect,
-                    TransferError::Auth(_) => ErrorKind::PermissionDenied,
+                let kind = match e.kind() {
+                    ErrorKind::NotFound => ErrorKind::NotFound,
+                    ErrorKind::Connect | ErrorKind::Unavailable => ErrorKind::Connect,
+                    ErrorKind::PermissionDenied
+                    | ErrorKind::Authentication
+                    | ErrorKind::Unmapped => ErrorKind::PermissionDenied,
                     _ => ErrorKind::Integrity,
                 };
                 let retry = kind == ErrorKind::Connect;
@@ -471,7 +473,7 @@ async fn inventory(
     let root = cfg.root.clone();
     let held = tokio::task::spawn_blocking(move || scan(&root, grace))
         .await
-        .map_err(|e| TransferError::Local(e.to_string()))?;
+        .map_err(|e| TransferError::local(e.to_string()))?;
     let n = held.len();
     let mut reply = pb::InventoryReply::default();
     let chunks: Vec<&[(i64, u64)]> = if held.is_empty() {

@@ -145,13 +145,13 @@ pub async fn serve(
                     Ok(NodeRequest::RunEnd) => break Ok(()),
                     Ok(other) => {
                         stop.cancel();
-                        break Err(TransferError::Protocol(format!(
+                        break Err(TransferError::protocol(format!(
                             "unexpected request during a run: {other:?}"
                         )));
                     }
                     Err(e) => {
                         stop.cancel();
-                        break Err(TransferError::Protocol(format!(
+                        break Err(TransferError::protocol(format!(
                             "malformed node request during a run: {e}"
                         )));
                     }
@@ -162,7 +162,7 @@ pub async fn serve(
                 }
                 Ok(Some(other)) => {
                     stop.cancel();
-                    break Err(TransferError::Protocol(format!(
+                    break Err(TransferError::protocol(format!(
                         "unexpected request during a run: {other:?}"
                     )));
                 }

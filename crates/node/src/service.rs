@@ -481,7 +481,8 @@ mod tests {
         )
         .await
         .unwrap();
-        assert!(matches!(ch.recv().await, Err(TransferError::Auth(_))));
+        let e = ch.recv().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
         n.stop.cancel();
     }
 }

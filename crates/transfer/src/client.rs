@@ -23,7 +23,7 @@ use wire::checksum::Digest;
 use wire::control::{
     HostLimits, ListedFile, PushTarget, Request, Response, SessionOptions, SessionSummary,
 };
-use wire::error::ErrorInfo;
+use wire::error::{ErrorInfo, ErrorKind};
 use wire::grant::SignedGrant;
 use wire::plan::{Choices, PathFacts, Plan, plan};
 use wire::retry::{RetryPolicy, StallDetector};
@@ -47,12 +47,12 @@ impl Location {
     pub fn parse(s: &str) -> Result<Self, TransferError> {
         let Some(rest) = s.strip_prefix("haul://") else {
             if s.contains("://") {
-                return Err(TransferError::Usage(format!(
+                return Err(TransferError::usage(format!(
                     "{s}: unsupported URL scheme; use a local path or haul://host[:port]/path"
                 )));
             }
             if s.is_empty() {
-                return Err(TransferError::Usage("empty path".into()));
+                return Err(TransferError::usage("empty path"));
             }
             return Ok(Location::Local(PathBuf::from(s)));
         };
@@ -60,7 +60,7 @@ impl Location {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
-        let bad = || TransferError::Usage(format!("{s}: expected haul://host[:port]/path"));
+        let bad = || TransferError::usage(format!("{s}: expected haul://host[:port]/path"));
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let end = v6.find(']').ok_or_else(bad)?;
             let host = &v6[..end];
@@ -177,7 +177,7 @@ pub struct CopyReport {
     pub zero_copy: Option<bool>,
     pub checksums: Vec<String>,
     pub file_list: Vec<FileReport>,
-    pub failures: Vec<(String, String)>,
+    pub failures: Vec<crate::error::FileFailure>,
     #[serde(skip)]
     pub first_failure: Option<ErrorInfo>,
 }
@@ -224,7 +224,7 @@ impl Peer {
 
     /// Parses `host:port` (`[v6]:port`).
     pub fn parse(addr: &str) -> Result<Self, TransferError> {
-        let bad = || TransferError::Usage(format!("{addr}: expected host:port"));
+        let bad = || TransferError::usage(format!("{addr}: expected host:port"));
         let (h, p) = addr.rsplit_once(':').ok_or_else(bad)?;
         let h = h.trim_start_matches('[').trim_end_matches(']');
         if h.is_empty() {
@@ -291,13 +291,13 @@ pub async fn copy(
     ctx: AttemptContext,
 ) -> Result<CopyReport, TransferError> {
     if let (Location::Local(_), Location::Local(_)) = (src, dst) {
-        return Err(TransferError::Usage(
-            "both sides are local; one of them must be an endpoint (haul://host/path)".into(),
+        return Err(TransferError::usage(
+            "both sides are local; one of them must be an endpoint (haul://host/path)",
         ));
     }
     if opts.range.is_some() && opts.recursive {
-        return Err(TransferError::Usage(
-            "--offset/--length apply to a single file, not with -r".into(),
+        return Err(TransferError::usage(
+            "--offset/--length apply to a single file, not with -r",
         ));
     }
     // How the destination names the copy is decided once, by the first attempt, and kept by
@@ -394,7 +394,7 @@ where
                     if stall.observe(Instant::now(), progress) {
                         attempt_cancel.cancel();
                         let _ = (&mut run).await;
-                        break Err(TransferError::Stalled(format!(
+                        break Err(TransferError::stalled(format!(
                             "no data moved for {}", humanize(stall_timeout)
                         )));
                     }
@@ -402,7 +402,7 @@ where
                 _ = cancel.cancelled() => {
                     attempt_cancel.cancel();
                     let _ = (&mut run).await;
-                    return Err(TransferError::Interrupted);
+                    return Err(TransferError::interrupted());
                 }
             }
         };
@@ -430,7 +430,7 @@ where
             !failed_files.is_empty() && failed_files.values().all(|e| e.retryable);
         let outcome = match result {
             Ok(a) if retryable_files && attempt < opts.retry.max_attempts => Err((
-                TransferError::Integrity(format!(
+                TransferError::integrity(format!(
                     "{} files failed ({})",
                     failed_files.len(),
                     failed_files
@@ -470,7 +470,7 @@ where
                 failed_files.clear();
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = cancel.cancelled() => return Err(TransferError::Interrupted),
+                    _ = cancel.cancelled() => return Err(TransferError::interrupted()),
                 }
                 attempt += 1;
             }
@@ -478,14 +478,12 @@ where
                 if history.is_empty() {
                     return Err(e);
                 }
+                // A retried error keeps its kind; its message tells the attempts' story.
+                if !e.retryable() {
+                    return Err(e);
+                }
                 let msg = retry_summary(&e.to_string(), &history);
-                return Err(match e {
-                    TransferError::Stalled(_) => TransferError::Stalled(msg),
-                    TransferError::Connect(_) => TransferError::Connect(msg),
-                    TransferError::Integrity(_) => TransferError::Integrity(msg),
-                    TransferError::SourceDamaged(_) => TransferError::SourceDamaged(msg),
-                    other => other,
-                });
+                return Err(e.with_message(msg));
             }
         }
     }
@@ -600,7 +598,13 @@ fn fill_report(
         .collect();
     report.file_list = done.into_values().collect();
     report.first_failure = failed.values().next().cloned();
-    report.failures = failed.into_iter().map(|(p, e)| (p, e.message)).collect();
+    report.failures = failed
+        .into_iter()
+        .map(|(path, e)| crate::error::FileFailure {
+            error: (&e).into(),
+            path,
+        })
+        .collect();
 }
 
 fn random_ids() -> ([u8; 16], [u8; 32]) {
@@ -796,7 +800,7 @@ pub async fn enumerate_local(
         .map(|()| out)
     })
     .await
-    .map_err(|e| TransferError::Local(e.to_string()))?
+    .map_err(|e| TransferError::local(e.to_string()))?
     .map_err(TransferError::from)
 }
 
@@ -844,7 +848,7 @@ async fn control_error(s: &mut Session) -> Option<TransferError> {
             Ok(Ok(Response::Error(e))) => return Some(e.into()),
             Ok(Ok(_)) => continue,
             // A refused certificate: the TLS alert says why the streams failed.
-            Ok(Err(e @ TransferError::Auth(_))) => return Some(e),
+            Ok(Err(e)) if e.is_refusal() => return Some(e),
             _ => return None,
         }
     }
@@ -868,8 +872,8 @@ pub async fn upload(
     if opts.range.is_some()
         && (entries.len() != 1 || entries[0].kind != wire::data::EntryKind::File)
     {
-        return Err(TransferError::Usage(
-            "--offset/--length apply to a single file".into(),
+        return Err(TransferError::usage(
+            "--offset/--length apply to a single file",
         ));
     }
     let files = entries.len() as u64;
@@ -979,14 +983,11 @@ pub async fn upload(
             if let Some(real) = control_error(&mut s).await {
                 return Err(real);
             }
-            return Err(match e {
-                TransferError::Connect(_) | TransferError::Interrupted
-                    if !open_errors.is_empty() && !cancel.is_cancelled() =>
-                {
-                    open_errors.into_iter().next().expect("non-empty")
-                }
-                other => other,
-            });
+            let lost = matches!(e.kind(), ErrorKind::Connect | ErrorKind::Cancelled);
+            if lost && !open_errors.is_empty() && !cancel.is_cancelled() {
+                return Err(open_errors.into_iter().next().expect("non-empty"));
+            }
+            return Err(e);
         }
     };
     // Every file is acknowledged by the destination: no need to wait for its summary.
@@ -1020,8 +1021,8 @@ fn stream_tls(
     match (session.protect, tls) {
         (wire::control::Protect::Clear, _) => Ok(None),
         (wire::control::Protect::Private, Some(t)) => Ok(Some(t.clone())),
-        (wire::control::Protect::Private, None) => Err(TransferError::Usage(
-            "--protect private needs TLS; it cannot be combined with --insecure".into(),
+        (wire::control::Protect::Private, None) => Err(TransferError::usage(
+            "--protect private needs TLS; it cannot be combined with --insecure",
         )),
     }
 }
@@ -1161,12 +1162,10 @@ pub async fn download(
             if let Some(real) = control_error(&mut s).await {
                 return Err(real);
             }
-            return Err(match e {
-                TransferError::Connect(_) if !open_errors.is_empty() => {
-                    open_errors.into_iter().next().expect("non-empty")
-                }
-                other => other,
-            });
+            if e.kind() == ErrorKind::Connect && !open_errors.is_empty() {
+                return Err(open_errors.into_iter().next().expect("non-empty"));
+            }
+            return Err(e);
         }
     };
     let source = match source_summary {
@@ -1174,7 +1173,7 @@ pub async fn download(
         None => tokio::time::timeout(Duration::from_secs(5), await_done(&mut s, &events, None))
             .await
             .unwrap_or_else(|_| {
-                Err(TransferError::Connect(format!(
+                Err(TransferError::connect(format!(
                     "{host}: no final report from the source"
                 )))
             })
@@ -1304,7 +1303,7 @@ pub async fn third_party(
             _ = cancel.cancelled() => {
                 let _ = sa.writer.send_request(&Request::Cancel).await;
                 let _ = sb.writer.send_request(&Request::Cancel).await;
-                return Err(TransferError::Interrupted);
+                return Err(TransferError::interrupted());
             }
         }
     }
@@ -1369,7 +1368,7 @@ impl ServiceChannel {
         match self.reader.response().await? {
             Response::Service(body) => Ok(body),
             Response::Error(e) => Err(e.into()),
-            other => Err(TransferError::Protocol(format!(
+            other => Err(TransferError::protocol(format!(
                 "unexpected answer to a service request: {other:?}"
             ))),
         }

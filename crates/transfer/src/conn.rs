@@ -109,7 +109,7 @@ pub enum Writer {
 delegate_write!(Writer, Plain, Tls);
 
 fn decode_err(peer: &str, e: DecodeError) -> TransferError {
-    TransferError::Protocol(format!("{peer}: {e}"))
+    TransferError::protocol(format!("{peer}: {e}"))
 }
 
 pub(crate) fn io_err(peer: &str, e: io::Error) -> TransferError {
@@ -119,9 +119,9 @@ pub(crate) fn io_err(peer: &str, e: io::Error) -> TransferError {
     }
     match e.kind() {
         io::ErrorKind::UnexpectedEof => {
-            TransferError::Connect(format!("{peer}: connection closed unexpectedly"))
+            TransferError::connect(format!("{peer}: connection closed unexpectedly"))
         }
-        _ => TransferError::Connect(format!("{peer}: {e}")),
+        _ => TransferError::connect(format!("{peer}: {e}")),
     }
 }
 
@@ -190,7 +190,7 @@ pub fn rtt(tcp: &TcpStream) -> Option<Duration> {
 /// Resolves `host:port` and connects, with explicit socket buffers when given (they must be
 /// set before the handshake to count for window scaling).
 pub async fn connect_tcp(addr: &str, buffer: Option<u64>) -> Result<TcpStream, TransferError> {
-    let fail = |e: String| TransferError::Connect(format!("cannot connect to {addr}: {e}"));
+    let fail = |e: String| TransferError::connect(format!("cannot connect to {addr}: {e}"));
     let resolved: Vec<_> = tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio::net::lookup_host(addr))
         .await
         .map_err(|_| fail("name resolution timed out".into()))?
@@ -235,11 +235,11 @@ impl ClientTls {
         peer: &str,
     ) -> Result<Io, TransferError> {
         let name = ServerName::try_from(host.to_string())
-            .map_err(|_| TransferError::Usage(format!("{host:?} is not a valid host name")))?;
+            .map_err(|_| TransferError::usage(format!("{host:?} is not a valid host name")))?;
         let connector = tokio_rustls::TlsConnector::from(self.config.clone());
         let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp))
             .await
-            .map_err(|_| TransferError::Connect(format!("{peer}: TLS handshake timed out")))?
+            .map_err(|_| TransferError::connect(format!("{peer}: TLS handshake timed out")))?
             .map_err(|e| tls::explain_tls_error(peer, &e))?;
         Ok(Io::Tls(Box::new(tokio_rustls::TlsStream::Client(tls))))
     }
@@ -361,9 +361,9 @@ pub async fn read_bind_result<R: AsyncRead + Unpin>(
 ) -> Result<(), TransferError> {
     let (h, body) = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(r, control::limits, peer))
         .await
-        .map_err(|_| TransferError::Connect(format!("{peer}: no answer to the bind")))??
+        .map_err(|_| TransferError::connect(format!("{peer}: no answer to the bind")))??
         .ok_or_else(|| {
-            TransferError::Connect(format!("{peer}: closed during the bind handshake"))
+            TransferError::connect(format!("{peer}: closed during the bind handshake"))
         })?;
     match control::decode_bind_frame::<BindResult>(control::KIND_BIND_RESULT, h, &body)
         .map_err(|e| decode_err(peer, e))?
@@ -400,7 +400,7 @@ pub async fn accept(
     peer: &str,
     deadline: tokio::time::Instant,
 ) -> Result<Accepted, TransferError> {
-    let timed_out = || TransferError::Connect(format!("{peer}: handshake timed out"));
+    let timed_out = || TransferError::connect(format!("{peer}: handshake timed out"));
     match tokio::time::timeout_at(deadline, classify(tcp, tls, peer)).await {
         Ok(r) => r,
         Err(_) => Err(timed_out()),
@@ -418,13 +418,13 @@ async fn classify(
     let n = tcp.peek(&mut magic).await.map_err(|e| io_err(peer, e))?;
     let _ = sys::set_rcvlowat(tcp.as_raw_fd(), 1);
     if n == 0 {
-        return Err(TransferError::Connect(format!(
+        return Err(TransferError::connect(format!(
             "{peer}: closed before the handshake"
         )));
     }
     let opening = control::classify_opening(&magic[..n]);
     if opening == control::Opening::NotLonghaul {
-        return Err(TransferError::Protocol(format!(
+        return Err(TransferError::protocol(format!(
             "{peer}: not a longhaul connection (no TLS handshake or known magic in the first bytes)"
         )));
     }
@@ -435,7 +435,7 @@ async fn classify(
             .map_err(|e| io_err(peer, e))?;
         let (h, body) = read_frame(&mut io, control::limits, peer)
             .await?
-            .ok_or_else(|| TransferError::Connect(format!("{peer}: closed before binding")))?;
+            .ok_or_else(|| TransferError::connect(format!("{peer}: closed before binding")))?;
         let bind = control::decode_bind_frame(control::KIND_BIND, h, &body)
             .map_err(|e| decode_err(peer, e))?;
         return Ok(Accepted::Data {
@@ -455,7 +455,7 @@ async fn classify(
                 "this endpoint requires TLS with a certificate; drop --insecure and pass --cert/--key/--ca",
             );
             let _ = write_all(&mut io, &wire::control::Response::Error(e).encode(), peer).await;
-            return Err(TransferError::Auth(format!(
+            return Err(TransferError::unauthenticated(format!(
                 "{peer}: plain control connection refused"
             )));
         }
@@ -466,7 +466,7 @@ async fn classify(
         });
     }
     let Some(acceptor) = tls else {
-        return Err(TransferError::Auth(format!(
+        return Err(TransferError::unauthenticated(format!(
             "{peer}: TLS connection to an --insecure endpoint refused (the client must use --insecure too)"
         )));
     };
@@ -483,7 +483,7 @@ async fn classify(
     let mut first = [0u8; 1];
     let n = peek_tls_kind(&mut io, &mut first).await?;
     if n == 0 {
-        return Err(TransferError::Connect(format!(
+        return Err(TransferError::connect(format!(
             "{peer}: closed after the handshake"
         )));
     }
@@ -596,7 +596,7 @@ impl ControlReader {
 
     pub async fn response(&mut self) -> Result<control::Response, TransferError> {
         match self.frame().await? {
-            None => Err(TransferError::Connect(format!(
+            None => Err(TransferError::connect(format!(
                 "{}: the endpoint closed the connection",
                 self.peer
             ))),
@@ -686,7 +686,7 @@ impl Session {
                 ..
             } => {
                 if version != control::PROTOCOL_VERSION {
-                    return Err(TransferError::Protocol(format!(
+                    return Err(TransferError::protocol(format!(
                         "{addr}: endpoint speaks protocol version {version}, we speak {}",
                         control::PROTOCOL_VERSION
                     )));
@@ -697,7 +697,7 @@ impl Session {
                 Ok(())
             }
             control::Response::Error(e) => Err(e.into()),
-            other => Err(TransferError::Protocol(format!(
+            other => Err(TransferError::protocol(format!(
                 "{addr}: unexpected answer to hello: {other:?}"
             ))),
         }
@@ -708,7 +708,7 @@ impl Session {
         let reply = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.reader.response())
             .await
             .map_err(|_| {
-                TransferError::Connect(format!("{}: no answer to hello", self.reader.peer))
+                TransferError::connect(format!("{}: no answer to hello", self.reader.peer))
             })??;
         self.on_welcome(reply)
     }
@@ -735,7 +735,7 @@ pub async fn start_control(
             if let Io::Tls(s) = &io
                 && s.get_ref().1.alpn_protocol() == Some(tls::ALPN_GRPC)
             {
-                return Err(TransferError::IsMetadataServer(format!(
+                return Err(TransferError::is_metadata_server(format!(
                     "{addr} is a metadata server (grid namespace), not a data endpoint"
                 )));
             }
@@ -774,7 +774,7 @@ pub async fn start_control(
 /// the TLS alert saying why is readable; return that if it comes within half a second.
 async fn explain_failed_send(reader: &mut ControlReader, e: TransferError) -> TransferError {
     match tokio::time::timeout(Duration::from_millis(500), reader.frame()).await {
-        Ok(Err(tls @ TransferError::Auth(_))) => tls,
+        Ok(Err(tls)) if tls.is_refusal() => tls,
         _ => e,
     }
 }

@@ -97,7 +97,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), TransferError> {
     let root = Root::confined(&cfg.root).map_err(|e| {
-        TransferError::Usage(format!(
+        TransferError::usage(format!(
             "cannot export {}: {e} (it must be an existing directory)",
             cfg.root.display()
         ))
@@ -350,16 +350,15 @@ async fn control(
     if ep.acceptor.is_some() && subject.is_none() {
         let e = ErrorInfo::new(ErrorKind::Authentication, "no client certificate");
         let _ = writer.send_response(&Response::Error(e)).await;
-        return Err(TransferError::Auth("no client certificate".into()));
+        return Err(TransferError::unauthenticated("no client certificate"));
     }
     // Without TLS nobody has a subject (`--insecure`: the service decides what that means).
     let subject = subject.filter(|_| ep.acceptor.is_some());
     let admitted = match ep.cfg.service.admit(subject.as_deref(), &ep.root) {
         Ok(a) => a,
         Err(e) => {
-            let message = e.message.clone();
-            let _ = writer.send_response(&Response::Error(e)).await;
-            return Err(TransferError::Auth(message));
+            let _ = writer.send_response(&Response::Error(e.clone())).await;
+            return Err(e.into());
         }
     };
     let caller = Caller {
@@ -678,7 +677,7 @@ async fn with_first_stream_deadline<T>(
             }
             cancel.cancel();
             let _ = (&mut run).await;
-            Err(TransferError::Connect("no data connection arrived within 60 s".into()))
+            Err(TransferError::connect("no data connection arrived within 60 s"))
         }
     }
 }

@@ -4,127 +4,213 @@
 use thiserror::Error;
 use wire::error::{ErrorInfo, ErrorKind};
 
-/// Why an operation failed. Messages are one line, lowercase, and name the path or peer.
+/// Why an operation failed: a kind from the one vocabulary ([`ErrorKind`], kept unchanged from
+/// where it arose, be it this process, a data endpoint or the metadata server) and a message
+/// for the user (one line, lowercase, naming the path or peer). The exit code and whether
+/// trying again can help follow from the kind alone.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-pub enum TransferError {
-    /// Bad arguments (exit 2).
-    #[error("{0}")]
-    Usage(String),
-    /// The source does not exist (exit 3).
-    #[error("{0}")]
-    NotFound(String),
-    /// A host could not be reached or the connection was lost (exit 4).
-    #[error("{0}")]
-    Connect(String),
-    /// Certificate refused, expired, unmapped identity, or permission denied (exit 5).
-    #[error("{0}")]
-    Auth(String),
-    /// The destination cannot take the data: not writable, full, or outside the root (exit 6).
-    #[error("{0}")]
-    Destination(String),
-    /// A directory to remove is not empty (exit 6, as any destination that cannot be changed
-    /// so).
-    #[error("{0}")]
-    NotEmpty(String),
-    /// Data did not verify (exit 7).
-    #[error("{0}")]
-    Integrity(String),
-    /// The source's stored copy does not match its recorded checksum or size: another replica
-    /// can help, this one cannot (exit 7, as any data that does not verify).
-    #[error("{0}")]
-    SourceDamaged(String),
-    /// No data moved for the stall timeout, after every retry (exit 8).
-    #[error("{0}")]
-    Stalled(String),
-    /// The peer broke the protocol (exit 9).
-    #[error("{0}")]
-    Protocol(String),
-    /// Some files failed, others were copied (exit 1).
-    #[error("{failed} of {total} files failed; first: {first}")]
-    Partial {
-        failed: u64,
-        total: u64,
-        first: String,
-    },
-    /// Any other local failure (exit 1).
-    #[error("{0}")]
-    Local(String),
-    /// Interrupted by the user (exit 130).
-    #[error("interrupted")]
-    Interrupted,
-    /// The server is a metadata server, not a data endpoint: the caller should use the grid
-    /// client instead (exit 2 if nothing does).
-    #[error("{0}")]
-    IsMetadataServer(String),
+#[error("{message}")]
+pub struct TransferError {
+    kind: ErrorKind,
+    message: String,
 }
 
 impl TransferError {
-    /// The exit code `haul` uses for this error.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            TransferError::Usage(_) | TransferError::IsMetadataServer(_) => 2,
-            TransferError::NotFound(_) => 3,
-            TransferError::Connect(_) => 4,
-            TransferError::Auth(_) => 5,
-            TransferError::Destination(_) | TransferError::NotEmpty(_) => 6,
-            TransferError::Integrity(_) | TransferError::SourceDamaged(_) => 7,
-            TransferError::Stalled(_) => 8,
-            TransferError::Protocol(_) => 9,
-            TransferError::Partial { .. } | TransferError::Local(_) => 1,
-            TransferError::Interrupted => 130,
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
         }
+    }
+
+    /// Bad arguments (exit 2).
+    pub fn usage(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Invalid, m)
+    }
+
+    /// The source does not exist (exit 3).
+    pub fn not_found(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, m)
+    }
+
+    /// A host could not be reached or the connection was lost (exit 4).
+    pub fn connect(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Connect, m)
+    }
+
+    /// A certificate was refused (missing, expired, of another CA) (exit 5).
+    pub fn unauthenticated(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Authentication, m)
+    }
+
+    /// The identity may not do this (exit 5).
+    pub fn permission_denied(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::PermissionDenied, m)
+    }
+
+    /// The destination cannot take the data (exit 6).
+    pub fn not_writable(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotWritable, m)
+    }
+
+    /// A directory to remove is not empty (exit 6).
+    pub fn not_empty(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotEmpty, m)
+    }
+
+    /// Data did not verify (exit 7).
+    pub fn integrity(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Integrity, m)
+    }
+
+    /// The source's stored copy does not match its recorded checksum or size: another replica
+    /// can help, this one cannot (exit 7).
+    pub fn source_damaged(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::SourceDamaged, m)
+    }
+
+    /// No data moved for the stall timeout, after every retry (exit 8).
+    pub fn stalled(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Stalled, m)
+    }
+
+    /// The peer broke the protocol (exit 9).
+    pub fn protocol(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Protocol, m)
+    }
+
+    /// Some files failed, others were copied (exit 1).
+    pub fn partial(failed: u64, total: u64, first: &str) -> Self {
+        Self::new(
+            ErrorKind::Partial,
+            format!("{failed} of {total} files failed; first: {first}"),
+        )
+    }
+
+    /// Any other local failure (exit 1).
+    pub fn local(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Io, m)
+    }
+
+    /// Interrupted by the user (exit 130).
+    pub fn interrupted() -> Self {
+        Self::new(ErrorKind::Cancelled, "interrupted")
+    }
+
+    /// The server is a metadata server, not a data endpoint: the caller should use the grid
+    /// client instead (exit 2 if nothing does).
+    pub fn is_metadata_server(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::IsMetadataServer, m)
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The same kind of error, told another way (a summary of several attempts).
+    pub fn with_message(self, message: impl Into<String>) -> Self {
+        Self::new(self.kind, message)
+    }
+
+    /// The exit code `haul` uses for this error (README, "Exit codes").
+    pub fn exit_code(&self) -> i32 {
+        exit_code_of(self.kind)
+    }
+
+    /// A certificate or an identity was refused, or it may not do this (exit 5).
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::PermissionDenied | ErrorKind::Authentication | ErrorKind::Unmapped
+        )
     }
 
     /// Whether a new attempt (resuming) can help.
     pub fn retryable(&self) -> bool {
         matches!(
-            self,
-            TransferError::Connect(_)
-                | TransferError::Stalled(_)
-                | TransferError::Integrity(_)
-                | TransferError::SourceDamaged(_)
+            self.kind,
+            ErrorKind::Connect
+                | ErrorKind::Unavailable
+                | ErrorKind::Stalled
+                | ErrorKind::Integrity
+                | ErrorKind::SourceDamaged
         )
     }
 
     /// The error as it travels to a peer.
     pub fn to_info(&self) -> ErrorInfo {
-        let kind = match self {
-            TransferError::Usage(_) | TransferError::IsMetadataServer(_) => ErrorKind::Invalid,
-            TransferError::NotFound(_) => ErrorKind::NotFound,
-            TransferError::Connect(_) => ErrorKind::Connect,
-            TransferError::Auth(_) => ErrorKind::PermissionDenied,
-            TransferError::Destination(_) | TransferError::NotEmpty(_) => ErrorKind::NotWritable,
-            TransferError::Integrity(_) => ErrorKind::Integrity,
-            TransferError::SourceDamaged(_) => ErrorKind::SourceDamaged,
-            TransferError::Stalled(_) => ErrorKind::Stalled,
-            TransferError::Protocol(_) => ErrorKind::Protocol,
-            TransferError::Partial { .. } | TransferError::Local(_) => ErrorKind::Io,
-            TransferError::Interrupted => ErrorKind::Cancelled,
-        };
-        ErrorInfo::new(kind, self.to_string()).retryable(self.retryable())
+        ErrorInfo::new(self.kind, self.message.clone()).retryable(self.retryable())
+    }
+}
+
+/// An error as `--json` shows it: `{"kind": "no_space", "exit_code": 6, "message": "..."}`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ErrorReport {
+    /// [`ErrorKind::name`].
+    pub kind: &'static str,
+    pub exit_code: i32,
+    pub message: String,
+}
+
+impl From<&TransferError> for ErrorReport {
+    fn from(e: &TransferError) -> Self {
+        Self {
+            kind: e.kind.name(),
+            exit_code: e.exit_code(),
+            message: e.message.clone(),
+        }
+    }
+}
+
+impl From<&ErrorInfo> for ErrorReport {
+    fn from(e: &ErrorInfo) -> Self {
+        Self {
+            kind: e.kind.name(),
+            exit_code: exit_code_of(e.kind),
+            message: e.message.clone(),
+        }
+    }
+}
+
+/// A file that could not be copied, as `--json` lists it: its path beside an [`ErrorReport`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FileFailure {
+    pub path: String,
+    #[serde(flatten)]
+    pub error: ErrorReport,
+}
+
+/// The exit code of each kind: the one table behind every exit of `haul`.
+pub fn exit_code_of(kind: ErrorKind) -> i32 {
+    use ErrorKind as K;
+    match kind {
+        K::Invalid | K::Unsupported | K::IsMetadataServer => 2,
+        K::NotFound => 3,
+        K::Connect | K::Unavailable => 4,
+        K::PermissionDenied | K::Authentication | K::Unmapped => 5,
+        K::PathEscapesRoot
+        | K::NoSpace
+        | K::NotWritable
+        | K::NotEmpty
+        | K::Exists
+        | K::NotADirectory
+        | K::IsADirectory
+        | K::Busy => 6,
+        K::Integrity | K::SourceDamaged => 7,
+        K::Stalled => 8,
+        K::Protocol => 9,
+        K::Io | K::Partial => 1,
+        K::Cancelled => 130,
     }
 }
 
 impl From<ErrorInfo> for TransferError {
     fn from(e: ErrorInfo) -> Self {
-        let m = e.message;
-        match e.kind {
-            ErrorKind::NotFound => TransferError::NotFound(m),
-            ErrorKind::PermissionDenied | ErrorKind::Authentication | ErrorKind::Unmapped => {
-                TransferError::Auth(m)
-            }
-            ErrorKind::PathEscapesRoot | ErrorKind::NoSpace | ErrorKind::NotWritable => {
-                TransferError::Destination(m)
-            }
-            ErrorKind::Integrity => TransferError::Integrity(m),
-            ErrorKind::SourceDamaged => TransferError::SourceDamaged(m),
-            ErrorKind::Protocol => TransferError::Protocol(m),
-            ErrorKind::Stalled => TransferError::Stalled(m),
-            ErrorKind::Connect => TransferError::Connect(m),
-            ErrorKind::Invalid | ErrorKind::Unsupported => TransferError::Usage(m),
-            ErrorKind::Cancelled => TransferError::Interrupted,
-            ErrorKind::Io => TransferError::Local(m),
-        }
+        Self::new(e.kind, e.message)
     }
 }
 
@@ -214,22 +300,63 @@ mod tests {
     #[test]
     fn exit_codes_are_distinct_per_class() {
         let all = [
-            TransferError::Usage(String::new()),
-            TransferError::NotFound(String::new()),
-            TransferError::Connect(String::new()),
-            TransferError::Auth(String::new()),
-            TransferError::Destination(String::new()),
-            TransferError::Integrity(String::new()),
-            TransferError::Stalled(String::new()),
-            TransferError::Protocol(String::new()),
+            TransferError::usage(String::new()),
+            TransferError::not_found(String::new()),
+            TransferError::connect(String::new()),
+            TransferError::unauthenticated(String::new()),
+            TransferError::not_writable(String::new()),
+            TransferError::integrity(String::new()),
+            TransferError::stalled(String::new()),
+            TransferError::protocol(String::new()),
         ];
         let codes: std::collections::HashSet<_> = all.iter().map(|e| e.exit_code()).collect();
         assert_eq!(codes.len(), all.len());
     }
 
+    /// The exit codes the README documents, kind by kind: a kind that reaches the client
+    /// unchanged exits as its class says.
+    #[test]
+    fn every_kind_has_its_documented_exit_code() {
+        use ErrorKind as K;
+        let documented = [
+            (2, &[K::Invalid, K::Unsupported, K::IsMetadataServer][..]),
+            (3, &[K::NotFound]),
+            (4, &[K::Connect, K::Unavailable]),
+            (5, &[K::PermissionDenied, K::Authentication, K::Unmapped]),
+            (
+                6,
+                &[
+                    K::PathEscapesRoot,
+                    K::NoSpace,
+                    K::NotWritable,
+                    K::NotEmpty,
+                    K::Exists,
+                    K::NotADirectory,
+                    K::IsADirectory,
+                    K::Busy,
+                ],
+            ),
+            (7, &[K::Integrity, K::SourceDamaged]),
+            (8, &[K::Stalled]),
+            (9, &[K::Protocol]),
+            (1, &[K::Io, K::Partial]),
+            (130, &[K::Cancelled]),
+        ];
+        let mut seen = 0;
+        for (code, kinds) in documented {
+            for k in kinds {
+                let e = TransferError::from(ErrorInfo::new(*k, "x"));
+                assert_eq!(e.kind(), *k);
+                assert_eq!(e.exit_code(), code, "{k:?}");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, ErrorKind::ALL.len());
+    }
+
     #[test]
     fn a_damaged_source_keeps_its_kind_across_the_wire() {
-        let e = TransferError::SourceDamaged("f: replica damaged".into());
+        let e = TransferError::source_damaged("f: replica damaged");
         let info = e.to_info();
         assert_eq!(info.kind, ErrorKind::SourceDamaged);
         assert!(info.retryable);

@@ -62,11 +62,11 @@ impl CaPaths {
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> TransferError {
-    TransferError::Local(format!("{}: {e}", path.display()))
+    TransferError::local(format!("{}: {e}", path.display()))
 }
 
 fn cert_err(e: rcgen::Error) -> TransferError {
-    TransferError::Local(format!("certificate generation failed: {e}"))
+    TransferError::local(format!("certificate generation failed: {e}"))
 }
 
 /// Writes `contents` to a new file with mode `mode`, refusing to overwrite.
@@ -78,7 +78,7 @@ fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), TransferError
         .open(path)
         .map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
-                TransferError::Local(format!(
+                TransferError::local(format!(
                     "{} already exists; remove it or choose another output",
                     path.display()
                 ))
@@ -104,7 +104,7 @@ pub struct Issued {
 /// mapfiles and in tools that print subjects).
 pub fn check_name(what: &str, name: &str) -> Result<(), TransferError> {
     let bad = |why: &str| {
-        Err(TransferError::Usage(format!(
+        Err(TransferError::usage(format!(
             "{what} {name:?} {why}; use letters, digits, spaces, '.', '-', '_' or '@'"
         )))
     };
@@ -128,7 +128,7 @@ pub fn check_host(name: &str) -> Result<(), TransferError> {
     if crate::certid::is_host_name(name) {
         Ok(())
     } else {
-        Err(TransferError::Usage(format!(
+        Err(TransferError::usage(format!(
             "--host {name:?} is not a DNS name or IP address (letters, digits, '-' and '.', e.g. node1.example.org)"
         )))
     }
@@ -181,7 +181,7 @@ pub fn issue(
     }
     let paths = CaPaths::in_dir(ca_dir);
     let ca_pem = fs::read_to_string(&paths.cert).map_err(|e| {
-        TransferError::Local(format!(
+        TransferError::local(format!(
             "cannot read CA certificate {}: {e} (create one with `haul ca init --dir {}`)",
             paths.cert.display(),
             ca_dir.display()
@@ -194,8 +194,8 @@ pub fn issue(
     let (mut params, unit, cn) = match subject {
         Subject::Host { names } => {
             let Some(first) = names.first() else {
-                return Err(TransferError::Usage(
-                    "a host certificate needs at least one --host name".into(),
+                return Err(TransferError::usage(
+                    "a host certificate needs at least one --host name",
                 ));
             };
             let mut p = CertificateParams::new(names.clone()).map_err(cert_err)?;
@@ -304,7 +304,7 @@ mod tests {
             "  ",
         ] {
             let e = user(bad, "longhaul").unwrap_err();
-            assert!(matches!(e, TransferError::Usage(_)), "{bad:?}: {e}");
+            assert_eq!(e.kind(), wire::error::ErrorKind::Invalid, "{bad:?}: {e}");
         }
         let e = user("alice", "x/OU=hosts").unwrap_err();
         assert!(e.to_string().contains("--org"), "{e}");
@@ -320,7 +320,7 @@ mod tests {
                 &Validity::days(1),
             )
             .unwrap_err();
-            assert!(matches!(e, TransferError::Usage(_)), "{bad:?}: {e}");
+            assert_eq!(e.kind(), wire::error::ErrorKind::Invalid, "{bad:?}: {e}");
         }
         // Nothing was written for the refused ones.
         assert!(!dir.path().join("u.pem").exists());

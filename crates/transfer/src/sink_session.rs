@@ -658,11 +658,11 @@ async fn stream_reader(
                 let mut bh = [0u8; BLOCK_HEADER_LEN];
                 r.read_exact(&mut bh)
                     .await
-                    .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
+                    .map_err(|e| TransferError::connect(format!("{peer}: {e}")))?;
                 let bh = BlockHeader::decode(&bh);
                 let len = h.len as usize - BLOCK_HEADER_LEN;
                 if len > sh.max_block {
-                    return Err(TransferError::Protocol(format!(
+                    return Err(TransferError::protocol(format!(
                         "{peer}: a block of {len} bytes in a session of {}-byte blocks",
                         sh.max_block
                     )));
@@ -672,13 +672,13 @@ async fn stream_reader(
                 // like one whose bytes stop arriving (its blocks go to the other streams).
                 let held = tokio::select! {
                     h = tokio::time::timeout(sh.frame_idle, sh.budget.acquire(len as u64)) => h
-                        .map_err(|_| TransferError::Connect(format!(
+                        .map_err(|_| TransferError::connect(format!(
                             "{peer}: no buffer free for a block within {} s", sh.frame_idle.as_secs()
                         )))?,
                     _ = stop.cancelled() => return Ok(false),
                 };
                 let Some(held) = held else {
-                    return Err(TransferError::Protocol(format!(
+                    return Err(TransferError::protocol(format!(
                         "{peer}: a block of {len} bytes exceeds the session's buffer budget"
                     )));
                 };
@@ -692,9 +692,9 @@ async fn stream_reader(
                 )
                 .await
                 .map_err(|_| {
-                    TransferError::Connect(format!("{peer}: a block took over {} s", sh.frame_idle.as_secs() * 4))
+                    TransferError::connect(format!("{peer}: a block took over {} s", sh.frame_idle.as_secs() * 4))
                 })?
-                .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
+                .map_err(|e| TransferError::connect(format!("{peer}: {e}")))?;
                 let crc_ok = block_crc(buf.as_ref()) == bh.crc;
                 let verdict = {
                     let mut st = sh.lock();
@@ -734,13 +734,13 @@ async fn stream_reader(
             } else {
                 let body = tokio::time::timeout(sh.frame_idle, conn::read_body(&mut r, h.len, &peer))
                     .await
-                    .map_err(|_| TransferError::Connect(format!("{peer}: a frame stopped short")))??;
+                    .map_err(|_| TransferError::connect(format!("{peer}: a frame stopped short")))??;
                 let frame = DataFrame::decode(h, &body)
-                    .map_err(|e| TransferError::Protocol(format!("{peer}: {e}")))?;
+                    .map_err(|e| TransferError::protocol(format!("{peer}: {e}")))?;
                 let end = frame == DataFrame::StreamEnd;
                 let mut st = sh.lock();
                 st.on_frame(idx, frame, Instant::now())
-                    .map_err(|v| TransferError::Protocol(v.to_string()))?;
+                    .map_err(|v| TransferError::protocol(v.to_string()))?;
                 sh.dispatch(&mut st);
                 if end {
                     return Ok(true);
@@ -764,7 +764,7 @@ async fn stream_reader(
             sh.ended.store(true, Ordering::SeqCst);
         }
         Ok(false) => tracing::debug!("data stream ended"),
-        Err(e @ (TransferError::Protocol(_) | TransferError::Auth(_))) => sh.fail(e),
+        Err(e) if e.kind() == ErrorKind::Protocol || e.is_refusal() => sh.fail(e),
         Err(e) => tracing::debug!(stream = idx, error = %e, "data stream closed"),
     }
     {
@@ -988,8 +988,8 @@ pub async fn run_sink(
             && sh.live_streams.load(Ordering::SeqCst) == 0
             && !sh.ended.load(Ordering::SeqCst)
         {
-            break Err(TransferError::Connect(
-                "the sender closed every data stream before the transfer finished".into(),
+            break Err(TransferError::connect(
+                "the sender closed every data stream before the transfer finished",
             ));
         }
         let changed = sh.changed.notified();
@@ -1013,7 +1013,7 @@ pub async fn run_sink(
             },
             _ = changed => {}
             _ = sh.cancel.cancelled() => {
-                break Err(sh.failure.lock().expect("failure lock").take().unwrap_or(TransferError::Interrupted));
+                break Err(sh.failure.lock().expect("failure lock").take().unwrap_or(TransferError::interrupted()));
             }
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }

@@ -427,7 +427,7 @@ async fn write_body(
         // TLS streams encrypt in user space: read the bytes and write them.
         let mut buf = vec![0u8; len as usize];
         file.read_exact_at(&mut buf, offset)
-            .map_err(|e| TransferError::Local(short_read(peer, &e).message))?;
+            .map_err(|e| TransferError::local(short_read(peer, &e).message))?;
         return conn::write_all(w, &buf, peer).await;
     };
     let tcp: &tokio::net::TcpStream = half.as_ref();
@@ -436,19 +436,19 @@ async fn write_body(
     while sent < len as u64 {
         tcp.writable()
             .await
-            .map_err(|e| TransferError::Connect(format!("{peer}: {e}")))?;
+            .map_err(|e| TransferError::connect(format!("{peer}: {e}")))?;
         let r = tcp.try_io(tokio::io::Interest::WRITABLE, || {
             sys::sendfile_once(fd, file, offset + sent, (len as u64 - sent) as usize)
         });
         match r {
             Ok(0) => {
-                return Err(TransferError::Local(format!(
+                return Err(TransferError::local(format!(
                     "{peer}: source file became shorter while being sent"
                 )));
             }
             Ok(n) => sent += n as u64,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(TransferError::Connect(format!("{peer}: {e}"))),
+            Err(e) => return Err(TransferError::connect(format!("{peer}: {e}"))),
         }
     }
     Ok(())
@@ -488,7 +488,7 @@ pub fn tune_sender(io: &Io, opts: &SessionOptions, streams: u32) -> Result<Strin
         && let Err(e) = sys::set_congestion(tcp, cc)
     {
         if opts.congestion_required {
-            return Err(TransferError::Usage(format!(
+            return Err(TransferError::usage(format!(
                 "congestion control {cc:?} is not available on this host ({e}); available: {}",
                 sys::available_congestion().join(", ")
             )));
@@ -633,14 +633,14 @@ async fn stream_reader(
                 let frame = match DataFrame::decode(h, &body) {
                     Ok(f) => f,
                     Err(e) => {
-                        sh.fail(TransferError::Protocol(format!("{peer}: {e}")));
+                        sh.fail(TransferError::protocol(format!("{peer}: {e}")));
                         return;
                     }
                 };
                 let mut st = sh.lock();
                 if let Err(v) = st.on_frame(idx, frame, Instant::now()) {
                     drop(st);
-                    sh.fail(TransferError::Protocol(v.to_string()));
+                    sh.fail(TransferError::protocol(v.to_string()));
                     return;
                 }
                 sh.after_change(&mut st);
@@ -661,14 +661,13 @@ async fn stream_reader(
 /// A refused bind ends the session (wrong key, unknown session); a lost connection only loses
 /// the stream.
 fn bind_failed(sh: &Shared, idx: u32, e: TransferError, stop: &CancellationToken) {
-    match e {
-        TransferError::Connect(_) => {
-            let mut st = sh.lock();
-            st.on_stream_lost(idx);
-            sh.after_change(&mut st);
-            stop.cancel();
-        }
-        other => sh.fail(other),
+    if e.kind() == ErrorKind::Connect {
+        let mut st = sh.lock();
+        st.on_stream_lost(idx);
+        sh.after_change(&mut st);
+        stop.cancel();
+    } else {
+        sh.fail(e);
     }
 }
 
@@ -703,7 +702,7 @@ pub async fn run_source(
         let size = match (e.kind, range_len) {
             (EntryKind::File, Some(l)) => {
                 if range_base.saturating_add(l) > e.size {
-                    return Err(TransferError::Usage(format!(
+                    return Err(TransferError::usage(format!(
                         "{}: range {}+{} goes beyond the end of the file ({} bytes)",
                         e.rel, range_base, l, e.size
                     )));
@@ -802,7 +801,7 @@ pub async fn run_source(
             }
             if streams > 0 && st.live_streams() == 0 && !conns_open {
                 let unfinished = st.unfinished();
-                break Err(TransferError::Connect(format!(
+                break Err(TransferError::connect(format!(
                     "all {streams} data streams were lost with {unfinished} files unfinished"
                 )));
             }
@@ -849,7 +848,7 @@ pub async fn run_source(
                 if let Some(e) = sh.failure.lock().expect("failure lock").take() {
                     break Err(e);
                 }
-                break Err(TransferError::Interrupted);
+                break Err(TransferError::interrupted());
             }
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }

@@ -41,7 +41,7 @@ impl Credentials {
         let hint = "pass --cert/--key/--ca (or HAUL_CERT/HAUL_KEY/HAUL_CA), or create them with `haul ca init` and `haul cert issue`";
         let read_certs = |p: &Path| -> Result<Vec<CertificateDer<'static>>, TransferError> {
             let data = std::fs::read(p).map_err(|e| {
-                TransferError::Auth(format!(
+                TransferError::unauthenticated(format!(
                     "cannot read certificate {}: {e}; {hint}",
                     p.display()
                 ))
@@ -49,10 +49,13 @@ impl Credentials {
             let certs: Vec<_> = CertificateDer::pem_slice_iter(&data)
                 .collect::<Result<_, _>>()
                 .map_err(|e| {
-                    TransferError::Auth(format!("{} is not a PEM certificate: {e}", p.display()))
+                    TransferError::unauthenticated(format!(
+                        "{} is not a PEM certificate: {e}",
+                        p.display()
+                    ))
                 })?;
             if certs.is_empty() {
-                return Err(TransferError::Auth(format!(
+                return Err(TransferError::unauthenticated(format!(
                     "{} holds no certificate",
                     p.display()
                 )));
@@ -62,13 +65,13 @@ impl Credentials {
         let chain = read_certs(&paths.cert)?;
         check_own_certificate(&paths.cert, &chain[0], std::time::SystemTime::now())?;
         let key_data = std::fs::read(&paths.key).map_err(|e| {
-            TransferError::Auth(format!(
+            TransferError::unauthenticated(format!(
                 "cannot read key {}: {e}; {hint}",
                 paths.key.display()
             ))
         })?;
         let key = PrivateKeyDer::from_pem_slice(&key_data).map_err(|e| {
-            TransferError::Auth(format!(
+            TransferError::unauthenticated(format!(
                 "{} is not a PEM private key: {e}",
                 paths.key.display()
             ))
@@ -76,7 +79,7 @@ impl Credentials {
         let mut roots = RootCertStore::empty();
         for c in read_certs(&paths.ca)? {
             roots.add(c).map_err(|e| {
-                TransferError::Auth(format!(
+                TransferError::unauthenticated(format!(
                     "CA certificate {} unusable: {e}",
                     paths.ca.display()
                 ))
@@ -113,13 +116,13 @@ fn check_own_certificate(
     now: std::time::SystemTime,
 ) -> Result<(), TransferError> {
     let Ok((_, c)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
-        return Err(TransferError::Auth(format!(
+        return Err(TransferError::unauthenticated(format!(
             "{} is not a valid X.509 certificate",
             path.display()
         )));
     };
     if is_proxy_certificate(cert) {
-        return Err(TransferError::Auth(format!(
+        return Err(TransferError::unauthenticated(format!(
             "{} is an X.509 proxy certificate (RFC 3820); longhaul does not accept proxies: pass your end-entity certificate and its key (e.g. usercert.pem and userkey.pem)",
             path.display()
         )));
@@ -130,14 +133,14 @@ fn check_own_certificate(
         .unwrap_or(0);
     let v = c.validity();
     if now < v.not_before.timestamp() {
-        return Err(TransferError::Auth(format!(
+        return Err(TransferError::unauthenticated(format!(
             "{} is not valid before {} (is this machine's clock right?)",
             path.display(),
             v.not_before
         )));
     }
     if now > v.not_after.timestamp() {
-        return Err(TransferError::Auth(format!(
+        return Err(TransferError::unauthenticated(format!(
             "{} expired on {}; issue a new one with `haul cert issue`",
             path.display(),
             v.not_after
@@ -154,13 +157,17 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub fn server_config(creds: &Credentials) -> Result<Arc<ServerConfig>, TransferError> {
     let verifier = WebPkiClientVerifier::builder_with_provider(creds.roots.clone(), provider())
         .build()
-        .map_err(|e| TransferError::Auth(format!("cannot build certificate verifier: {e}")))?;
+        .map_err(|e| {
+            TransferError::unauthenticated(format!("cannot build certificate verifier: {e}"))
+        })?;
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| TransferError::Auth(e.to_string()))?
+        .map_err(|e| TransferError::unauthenticated(e.to_string()))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(creds.chain.clone(), creds.key.clone_key())
-        .map_err(|e| TransferError::Auth(format!("certificate and key do not match: {e}")))?;
+        .map_err(|e| {
+            TransferError::unauthenticated(format!("certificate and key do not match: {e}"))
+        })?;
     cfg.alpn_protocols = vec![ALPN.to_vec()];
     cfg.send_tls13_tickets = 0;
     Ok(Arc::new(cfg))
@@ -170,10 +177,12 @@ pub fn server_config(creds: &Credentials) -> Result<Arc<ServerConfig>, TransferE
 pub fn client_config(creds: &Credentials) -> Result<Arc<ClientConfig>, TransferError> {
     let mut cfg = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| TransferError::Auth(e.to_string()))?
+        .map_err(|e| TransferError::unauthenticated(e.to_string()))?
         .with_root_certificates(creds.roots.clone())
         .with_client_auth_cert(creds.chain.clone(), creds.key.clone_key())
-        .map_err(|e| TransferError::Auth(format!("certificate and key do not match: {e}")))?;
+        .map_err(|e| {
+            TransferError::unauthenticated(format!("certificate and key do not match: {e}"))
+        })?;
     cfg.alpn_protocols = vec![ALPN.to_vec(), ALPN_GRPC.to_vec()];
     cfg.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(cfg))
@@ -198,7 +207,7 @@ pub fn peer_subject(conn: &rustls::CommonState) -> Option<String> {
 pub fn exporter_nonce<D>(conn: &rustls::ConnectionCommon<D>) -> Result<[u8; 32], TransferError> {
     let mut out = [0u8; 32];
     conn.export_keying_material(&mut out, EXPORTER_LABEL, None)
-        .map_err(|e| TransferError::Protocol(format!("TLS exporter unavailable: {e}")))?;
+        .map_err(|e| TransferError::protocol(format!("TLS exporter unavailable: {e}")))?;
     Ok(out)
 }
 
@@ -241,9 +250,9 @@ impl Mapfile {
 
     pub fn load(path: &Path) -> Result<Self, TransferError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            TransferError::Usage(format!("cannot read mapfile {}: {e}", path.display()))
+            TransferError::usage(format!("cannot read mapfile {}: {e}", path.display()))
         })?;
-        Self::parse(&text).map_err(TransferError::Usage)
+        Self::parse(&text).map_err(TransferError::usage)
     }
 
     /// The local identity of a subject, if mapped.
@@ -325,7 +334,7 @@ pub fn explain_tls_error(peer: &str, e: &std::io::Error) -> TransferError {
             "{peer}: TLS handshake failed: {e} (is the endpoint running with --insecure, or is this not a haul endpoint?)"
         ),
     };
-    TransferError::Auth(msg)
+    TransferError::unauthenticated(msg)
 }
 
 #[cfg(test)]

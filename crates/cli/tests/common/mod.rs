@@ -185,6 +185,22 @@ pub fn assert_ok(out: &Output) {
     );
 }
 
+/// What a failed `--json` command says failed, with the kind asked and the process's own exit
+/// code: its last stdout line, `{"kind", "exit_code", "message"}`, or, for a copy that ended
+/// with failed files, the first of its `failures` (`{"path", "kind", "exit_code", "message"}`).
+#[track_caller]
+pub fn assert_kind(out: &Output, kind: &str) {
+    let j = json(out);
+    let failed = match j["failures"].as_array().and_then(|f| f.first()) {
+        Some(first) => first.clone(),
+        None => j.clone(),
+    };
+    assert_eq!(failed["kind"], kind, "{j}");
+    let code = out.status.code().map(i64::from);
+    assert_eq!(failed["exit_code"].as_i64(), code, "{j}");
+    assert!(!failed["message"].as_str().unwrap_or("").is_empty(), "{j}");
+}
+
 #[track_caller]
 pub fn assert_exit(out: &Output, code: i32, needle: &str) {
     assert_eq!(
