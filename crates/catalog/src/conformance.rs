@@ -1,7 +1,7 @@
 //! The behaviour every catalog backend must have. The tests run it against SQLite (in memory
 //! and on disk) and PostgreSQL; a backend passes when `run` returns.
 
-use crate::{Catalog, CatalogError, CreateItem, CreateKind, Kind, NewEntry, ReplicaState};
+use crate::{Catalog, CatalogError, CreateItem, CreateKind, Inode, Kind, NewEntry, ReplicaState};
 
 fn entry(owner: &str) -> NewEntry {
     NewEntry {
@@ -15,6 +15,7 @@ fn entry(owner: &str) -> NewEntry {
 /// Runs every check against an empty catalog. Panics with the failing check.
 pub async fn run(c: &Catalog) {
     directories(c).await;
+    checked_mkdir_decides_on_what_its_transaction_sees(c).await;
     files_appear_only_when_committed(c).await;
     replacing_and_removing_bury_replicas(c).await;
     rename_rules(c).await;
@@ -260,6 +261,58 @@ async fn directories(c: &Catalog) {
         Err(CatalogError::Invalid(_))
     ));
     assert!(c.remove("/", true).await.is_err());
+}
+
+/// `mkdir_checked` shows `authorize` the entries along the path as they are in its own
+/// transaction, creates nothing it refuses, and creates what it allows with the entry it gives.
+async fn checked_mkdir_decides_on_what_its_transaction_sees(c: &Catalog) {
+    let e = entry("alice");
+    c.mkdir("/chk", &e, false).await.unwrap();
+    let seen = std::sync::Mutex::new(Vec::new());
+    let allow = |owner: &'static str| {
+        let seen = &seen;
+        move |chain: &[Inode], missing: usize| {
+            let names: Vec<String> = chain.iter().map(|i| i.name.clone()).collect();
+            seen.lock().unwrap().push((names, missing));
+            Ok(entry(owner))
+        }
+    };
+    let d = c
+        .mkdir_checked("/chk/a/b", true, allow("bob"))
+        .await
+        .unwrap();
+    assert_eq!(c.path_of(d.id).await.unwrap(), "/chk/a/b");
+    assert_eq!(c.stat("/chk/a").await.unwrap().owner, "bob");
+    assert_eq!(c.stat("/chk/a/b").await.unwrap().owner, "bob");
+    let (names, missing) = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(names.last().map(String::as_str), Some("chk"));
+    assert_eq!(missing, 2);
+    // An existing directory: all of it seen, nothing missing, nothing created.
+    let again = c
+        .mkdir_checked("/chk/a/b", true, allow("carol"))
+        .await
+        .unwrap();
+    assert_eq!((again.id, again.owner.as_str()), (d.id, "bob"));
+    assert_eq!(seen.lock().unwrap().pop().unwrap().1, 0);
+    assert_eq!(
+        c.mkdir_checked("/chk/a/b", false, allow("bob"))
+            .await
+            .unwrap_err(),
+        CatalogError::Exists("/chk/a/b".into())
+    );
+    assert_eq!(
+        c.mkdir_checked("/chk/x/y", false, allow("bob"))
+            .await
+            .unwrap_err(),
+        CatalogError::NotFound("/chk/x".into())
+    );
+    // A refusal creates nothing and is returned as it is.
+    let refuse = |_: &[Inode], _: usize| Err(CatalogError::Denied("no".into()));
+    assert_eq!(
+        c.mkdir_checked("/chk/r/s", true, refuse).await.unwrap_err(),
+        CatalogError::Denied("no".into())
+    );
+    assert!(c.lookup("/chk/r").await.unwrap().is_none());
 }
 
 async fn files_appear_only_when_committed(c: &Catalog) {

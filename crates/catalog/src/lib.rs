@@ -805,6 +805,68 @@ impl Catalog {
         Ok(cur)
     }
 
+    /// Creates directory `path` as [`mkdir`](Self::mkdir) does, if `authorize` approves what
+    /// this same transaction finds along the path. It is given the entries that exist (root
+    /// first; the entry itself last if it exists) and how many components are missing, and it
+    /// returns the entry to create (whose group may follow the parent's). The check and the
+    /// creation see one state of the catalog: no rename, chmod or removal slips between them.
+    pub async fn mkdir_checked(
+        &self,
+        path: &str,
+        parents: bool,
+        authorize: impl FnOnce(&[Inode], usize) -> Result<NewEntry>,
+    ) -> Result<Inode> {
+        let mut w = self.wtx().await?;
+        let r = self
+            .mkdir_checked_in(&mut w, path, parents, authorize)
+            .await;
+        self.done(w, r).await
+    }
+
+    async fn mkdir_checked_in(
+        &self,
+        w: &mut WTx,
+        path: &str,
+        parents: bool,
+        authorize: impl FnOnce(&[Inode], usize) -> Result<NewEntry>,
+    ) -> Result<Inode> {
+        let norm = normalize(path)?;
+        let parts: Vec<&str> = norm.split('/').filter(|p| !p.is_empty()).collect();
+        let mut chain = vec![Self::root(&mut w.tx).await?];
+        for part in &parts {
+            let cur = chain.last().expect("root");
+            if cur.kind != Kind::Dir {
+                return Err(CatalogError::NotADirectory(chain_path(&chain)));
+            }
+            match self
+                .child(&mut w.tx, cur.id, part, Scope::Write(&w.touched))
+                .await?
+            {
+                Some(next) => chain.push(next),
+                None => break,
+            }
+        }
+        let missing = parts.len() + 1 - chain.len();
+        let e = authorize(&chain, missing)?;
+        let mut cur = chain.pop().expect("root");
+        if missing == 0 {
+            return if parents && cur.kind == Kind::Dir {
+                Ok(cur)
+            } else {
+                Err(CatalogError::Exists(norm))
+            };
+        }
+        let first_missing = parts.len() - missing;
+        if missing > 1 && !parents {
+            let so_far = format!("/{}", parts[..=first_missing].join("/"));
+            return Err(CatalogError::NotFound(so_far));
+        }
+        for part in &parts[first_missing..] {
+            cur = Self::insert(w, cur.id, part, Kind::Dir, &e).await?;
+        }
+        Ok(cur)
+    }
+
     /// Starts a file at `path`: a pending entry, invisible until committed. An existing file at
     /// the path stays visible until the commit replaces it.
     pub async fn create_pending(&self, path: &str, e: &NewEntry) -> Result<Inode> {

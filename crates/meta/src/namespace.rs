@@ -8,7 +8,7 @@ use crate::perm::{self, Access};
 use crate::state::{Meta, depth, entry, status};
 use api::meta as pb;
 use api::meta::namespace_server::Namespace;
-use catalog::{Inode, Kind, NewEntry, normalize, parent_and_name};
+use catalog::{CatalogError, Inode, Kind, NewEntry, normalize, parent_and_name};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
@@ -77,42 +77,37 @@ impl Meta {
         mode: u32,
         parents: bool,
     ) -> Result<pb::Entry, Status> {
-        let r = self.resolve(user, path).await?;
-        if let Some(e) = r.entry() {
-            if parents && e.kind == Kind::Dir {
-                return Ok(entry(&r.norm, e));
+        let norm = normalize(path).map_err(status)?;
+        // Checked and created in one catalog transaction, on what it finds along the path.
+        let authorize = |chain: &[Inode], missing: usize| {
+            let denied = |s: Status| CatalogError::Denied(s.message().to_string());
+            // Search permission on every directory before the entry (or, when it does not
+            // exist, on every directory that does).
+            let skip = usize::from(missing == 0);
+            perm::require_traverse(user, chain, skip).map_err(denied)?;
+            // The deepest existing directory is where something gets created.
+            let base = chain.last().expect("root");
+            if missing > 0 {
+                let shown = {
+                    let names: Vec<&str> = chain.iter().skip(1).map(|i| i.name.as_str()).collect();
+                    format!("/{}", names.join("/"))
+                };
+                perm::require(user, base, Access::Write, &shown).map_err(denied)?;
+                perm::require(user, base, Access::Search, &shown).map_err(denied)?;
             }
-            return Err(Status::already_exists(format!(
-                "{}: already exists",
-                r.norm
-            )));
-        }
-        // The deepest existing directory is where something gets created.
-        let base = r.chain.last().expect("root").clone();
-        if base.kind != Kind::Dir {
-            return Err(Status::failed_precondition(format!(
-                "{}: not a directory",
-                base.name
-            )));
-        }
-        let shown = {
-            let names: Vec<&str> = r.chain.iter().skip(1).map(|i| i.name.as_str()).collect();
-            format!("/{}", names.join("/"))
-        };
-        perm::require(user, &base, Access::Write, &shown)?;
-        perm::require(user, &base, Access::Search, &shown)?;
-        let e = NewEntry {
-            owner: user.name.clone(),
-            group: self.new_group(user, &base),
-            mode: if mode == 0 { 0o755 } else { mode & 0o7777 },
-            mtime_ns: now_ns(),
+            Ok(NewEntry {
+                owner: user.name.clone(),
+                group: self.new_group(user, base),
+                mode: if mode == 0 { 0o755 } else { mode & 0o7777 },
+                mtime_ns: now_ns(),
+            })
         };
         let d = self
             .catalog
-            .mkdir(&r.norm, &e, parents)
+            .mkdir_checked(&norm, parents, authorize)
             .await
             .map_err(status)?;
-        Ok(entry(&r.norm, &d))
+        Ok(entry(&norm, &d))
     }
 
     /// The directory `path` must be in: existing, a directory, writable and searchable.
@@ -400,4 +395,87 @@ pub fn now_ns() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0)
+}
+
+/// The namespace's domain methods in process, over an in-memory catalog: no gRPC, no TLS.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Identities;
+    use crate::state::Settings;
+    use wire::error::ErrorKind;
+
+    async fn meta() -> Meta {
+        let catalog = catalog::Catalog::open("sqlite::memory:").await.unwrap();
+        let ids = Identities {
+            mapfile: Default::default(),
+            groups: Default::default(),
+            admins: vec![],
+            nodes: Default::default(),
+        };
+        Meta::new(catalog, ids, Settings::default())
+    }
+
+    fn user(name: &str, groups: &[&str], admin: bool) -> User {
+        User {
+            name: name.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            admin,
+            cert: None,
+        }
+    }
+
+    fn kind(s: &Status) -> ErrorKind {
+        api::errors::kind_of(s)
+    }
+
+    #[tokio::test]
+    async fn mkdir_checks_and_creates_in_one_step_with_the_parents_group() {
+        let m = meta().await;
+        let root = user("root", &["atlas"], true);
+        let alice = user("alice", &["physics", "atlas"], false);
+        let bob = user("bob", &["bob"], false);
+        // A shared directory of group atlas with the set-group-id bit.
+        let shared = m.mkdir_as(&root, "/shared", 0o2775, false).await.unwrap();
+        assert_eq!((shared.group.as_str(), shared.mode), ("atlas", 0o2775));
+
+        // A member creates below it, parents too; the new directories take the group.
+        let d = m
+            .mkdir_as(&alice, "/shared/run1/out", 0, true)
+            .await
+            .unwrap();
+        assert_eq!((d.owner.as_str(), d.group.as_str()), ("alice", "atlas"));
+        assert_eq!(m.catalog.stat("/shared/run1").await.unwrap().group, "atlas");
+        // mkdir -p of what exists returns it; plain mkdir says it exists.
+        let again = m
+            .mkdir_as(&alice, "/shared/run1/out", 0, true)
+            .await
+            .unwrap();
+        assert_eq!(again.path, d.path);
+        let e = m
+            .mkdir_as(&alice, "/shared/run1", 0, false)
+            .await
+            .unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::Exists, "{e:?}");
+
+        // Someone else may not write there: refused, and nothing was created.
+        let e = m
+            .mkdir_as(&bob, "/shared/bobs", 0, false)
+            .await
+            .unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::PermissionDenied, "{e:?}");
+        assert!(m.catalog.lookup("/shared/bobs").await.unwrap().is_none());
+        // Nor pass through a directory they cannot search.
+        m.mkdir_as(&alice, "/private", 0o700, false).await.unwrap();
+        let e = m.mkdir_as(&bob, "/private/x/y", 0, true).await.unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("search"), "{e:?}");
+        assert!(m.catalog.lookup("/private/x").await.unwrap().is_none());
+        // A path with `..` is refused before anything is looked up.
+        let e = m
+            .mkdir_as(&alice, "/shared/run1/out/../x", 0, false)
+            .await
+            .unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::Invalid, "{e:?}");
+    }
 }

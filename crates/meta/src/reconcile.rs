@@ -21,18 +21,6 @@ use tonic::Status;
 /// Name of the policy attribute.
 pub const POLICY_XATTR: &str = "haul.policy";
 
-/// What the reconciler did last.
-#[derive(Clone, Debug, Default)]
-pub struct ReconcilerState {
-    pub under_replicated: u64,
-    pub over_replicated: u64,
-    pub running: u64,
-    pub repairs_done: u64,
-    pub removals_done: u64,
-    pub last_pass_ms: i64,
-    pub last_pass_seconds: f64,
-}
-
 /// Every policy: (path, inode, want), shallowest first.
 pub async fn policies(meta: &Meta) -> Result<Vec<(String, Inode, Want)>, CatalogError> {
     let mut out = Vec::new();

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use transfer::TransferError;
-use transfer::client::{CopyOptions, Peer, SinkRequest, SourceRequest};
+use transfer::client::{Peer, SinkRequest, SourceRequest};
 use transfer::progress::{Counters, Event};
 use wire::control::ListedFile;
 use wire::grant::Operation;
@@ -931,32 +931,6 @@ impl Ending {
         }
         let left = total.saturating_sub(done) as f64;
         left <= self.rate * Self::LEAD.as_secs_f64()
-    }
-}
-
-/// Copy options of the metadata server when it drives node-to-node copies.
-pub fn copy_options(
-    tls: Arc<rustls::ClientConfig>,
-    control_pool: Option<Arc<transfer::control_pool::ControlPool>>,
-) -> CopyOptions {
-    CopyOptions {
-        recursive: false,
-        range: None,
-        session: wire::control::SessionOptions {
-            stall_timeout_ms: 30_000,
-            // Many sessions share the WAN: end-game copies would only take it from the others.
-            shared_path: true,
-            ..Default::default()
-        },
-        retry: wire::retry::RetryPolicy {
-            max_attempts: 1,
-            ..Default::default()
-        },
-        tls: Some(transfer::conn::ClientTls { config: tls }),
-        link_bps: 10_000_000_000,
-        checkpoint_interval: Duration::from_secs(5),
-        control_pool,
-        zero_copy: true,
     }
 }
 

@@ -8,10 +8,11 @@ use api::meta as pb;
 use catalog::{Catalog, CatalogError, Inode, Kind, Node};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tonic::Status;
 use transfer::certid::Fingerprint;
+use transfer::client::CopyOptions;
 use wire::error::ErrorKind;
 use wire::grant::{Grant, Operation};
 
@@ -120,9 +121,47 @@ pub struct Meta {
     /// Delivery rate measured per node in node-to-node copies (bytes/s, smoothed).
     rates: Mutex<HashMap<String, f64>>,
     /// The replica reconciler's state, for `haul status` and the dashboard.
-    pub reconciler: Mutex<crate::reconcile::ReconcilerState>,
+    pub reconciler: Mutex<ReconcilerState>,
     /// Wakes the reconciler early (a policy was set, a node went down).
     pub reconcile_now: tokio::sync::Notify,
+}
+
+/// What the reconciler did last.
+#[derive(Clone, Debug, Default)]
+pub struct ReconcilerState {
+    pub under_replicated: u64,
+    pub over_replicated: u64,
+    pub running: u64,
+    pub repairs_done: u64,
+    pub removals_done: u64,
+    pub last_pass_ms: i64,
+    pub last_pass_seconds: f64,
+}
+
+/// Copy options of the metadata server when it drives node-to-node copies.
+fn copy_options(
+    tls: Arc<rustls::ClientConfig>,
+    control_pool: Option<Arc<transfer::control_pool::ControlPool>>,
+) -> CopyOptions {
+    CopyOptions {
+        recursive: false,
+        range: None,
+        session: wire::control::SessionOptions {
+            stall_timeout_ms: 30_000,
+            // Many sessions share the WAN: end-game copies would only take it from the others.
+            shared_path: true,
+            ..Default::default()
+        },
+        retry: wire::retry::RetryPolicy {
+            max_attempts: 1,
+            ..Default::default()
+        },
+        tls: Some(transfer::conn::ClientTls { config: tls }),
+        link_bps: 10_000_000_000,
+        checkpoint_interval: Duration::from_secs(5),
+        control_pool,
+        zero_copy: true,
+    }
 }
 
 impl Meta {
@@ -173,7 +212,7 @@ impl Meta {
             .read()
             .expect("tls lock")
             .clone()
-            .map(|tls| crate::replication::copy_options(tls, Some(self.control_pool.clone())))
+            .map(|tls| copy_options(tls, Some(self.control_pool.clone())))
     }
 
     /// Keeps a fresh control connection to every live node waiting in the pool (see
