@@ -92,16 +92,16 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
     });
     let bar = Progress::start(progress::wanted(a.progress), counters.clone(), erx);
     let ctx = client::AttemptContext {
-        counters: counters.clone(),
-        events: etx.clone(),
-        cancel: cancel.clone(),
+        counters,
+        events: etx,
+        cancel,
     };
-    let mut result = client::copy(&src, &dst, &opts, ctx).await;
+    let mut result = client::copy(&src, &dst, &opts, ctx.clone()).await;
     if let Err(e) = &result
         && e.kind() == ErrorKind::IsMetadataServer
     {
         // haul://META/path: the grid.
-        result = grid_copy(&a, &src, &dst, opts, counters, etx, cancel).await;
+        result = grid_copy(&a, &src, &dst, opts, ctx).await;
     }
     bar.finish().await;
     match result {
@@ -121,13 +121,8 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
             }
             Ok(code)
         }
-        Err(e) => {
-            if a.json {
-                let v = serde_json::json!({ "error": e.to_string(), "exit_code": e.exit_code() });
-                out!("{v}");
-            }
-            Err(e)
-        }
+        // `main` prints it, with `--json` as {"kind", "exit_code", "message"}.
+        Err(e) => Err(e),
     }
 }
 
@@ -136,9 +131,7 @@ async fn grid_copy(
     src: &Location,
     dst: &Location,
     opts: CopyOptions,
-    counters: Arc<Counters>,
-    events: transfer::progress::EventSender,
-    cancel: CancellationToken,
+    ctx: client::AttemptContext,
 ) -> Result<CopyReport, TransferError> {
     if opts.range.is_some() {
         return Err(TransferError::usage(
@@ -163,7 +156,7 @@ async fn grid_copy(
         overwrite: true,
         max_sessions: a.node_sessions.max(1),
     };
-    grid::copy::copy(&meta, src, dst, &gopts, counters, events, cancel).await
+    grid::copy::copy(&meta, src, dst, &gopts, ctx).await
 }
 
 fn exit_code(r: &CopyReport) -> u8 {

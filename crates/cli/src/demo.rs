@@ -217,19 +217,14 @@ async fn grid_copy(
     dst: &str,
     opts: &grid::copy::GridOptions,
 ) -> Result<CopyReport, TransferError> {
-    let counters = Arc::new(Counters::default());
     let (tx, mut rx) = mpsc::unbounded_channel();
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let r = grid::copy::copy(
-        m,
-        &Location::parse(src)?,
-        &Location::parse(dst)?,
-        opts,
-        counters,
-        tx,
-        CancellationToken::new(),
-    )
-    .await?;
+    let ctx = transfer::client::AttemptContext {
+        counters: Arc::new(Counters::default()),
+        events: tx,
+        cancel: CancellationToken::new(),
+    };
+    let r = grid::copy::copy(m, &Location::parse(src)?, &Location::parse(dst)?, opts, ctx).await?;
     if r.files_failed > 0 {
         return Err(TransferError::integrity(format!(
             "{src} -> {dst}: {} files failed ({})",

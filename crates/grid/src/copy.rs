@@ -483,16 +483,14 @@ pub async fn copy(
     src: &Location,
     dst: &Location,
     opts: &GridOptions,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
 ) -> Result<CopyReport, TransferError> {
     match (src, dst) {
         (Location::Local(l), Location::Remote { path, .. }) => {
-            upload(meta, l, path, opts, counters, events, cancel).await
+            upload(meta, l, path, opts, ctx).await
         }
         (Location::Remote { path, .. }, Location::Local(l)) => {
-            download(meta, path, l, opts, counters, events, cancel).await
+            download(meta, path, l, opts, ctx).await
         }
         (
             Location::Remote {
@@ -511,7 +509,7 @@ pub async fn copy(
                     "copies between two different grids (or a grid and a standalone endpoint) go through a local directory",
                 ));
             }
-            within(meta, a, b, opts, counters, events, cancel).await
+            within(meta, a, b, opts, ctx).await
         }
         _ => Err(TransferError::usage(
             "both sides are local; one of them must be haul://META/path",
@@ -595,10 +593,13 @@ async fn upload(
     local: &Path,
     dest: &str,
     opts: &GridOptions,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
 ) -> Result<CopyReport, TransferError> {
+    let AttemptContext {
+        counters,
+        events,
+        cancel,
+    } = ctx;
     let listing = transfer::client::enumerate_local(local, opts.copy.recursive).await?;
     let entries = listing.entries;
     let source_is_dir = entries.first().is_some_and(|e| e.kind == EntryKind::Dir);
@@ -928,10 +929,13 @@ async fn download(
     src: &str,
     local: &Path,
     opts: &GridOptions,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
 ) -> Result<CopyReport, TransferError> {
+    let AttemptContext {
+        counters,
+        events,
+        cancel,
+    } = ctx;
     let (files, dirs, grants, is_dir) = open_source(meta, src, opts, &[]).await?;
     let wants_dir = local.to_string_lossy().ends_with('/');
     let dest =
@@ -1188,10 +1192,13 @@ async fn within(
     src: &str,
     dst: &str,
     opts: &GridOptions,
-    counters: Arc<Counters>,
-    events: EventSender,
-    cancel: CancellationToken,
+    ctx: AttemptContext,
 ) -> Result<CopyReport, TransferError> {
+    let AttemptContext {
+        counters,
+        events,
+        cancel,
+    } = ctx;
     let (files, dirs, grants, is_dir) = open_source(meta, src, opts, &[]).await?;
     let (base, into_dir) = grid_destination(meta, dst, is_dir).await?;
     if is_dir && !into_dir {

@@ -433,18 +433,18 @@ async fn control(
                             continue;
                         }
                     };
-                sink(
-                    &ep,
-                    &caller,
-                    &mut reader,
-                    &mut writer,
-                    session,
+                let mut ctl = Control {
+                    reader: &mut reader,
+                    writer: &mut writer,
+                };
+                let open = SessionOpen {
+                    id: session,
                     key,
-                    naming,
                     options,
-                )
-                .instrument(session_span(&session))
-                .await?;
+                };
+                sink(&ep, &caller, &mut ctl, open, naming)
+                    .instrument(session_span(&session))
+                    .await?;
             }
             Request::OpenSource {
                 session,
@@ -475,20 +475,19 @@ async fn control(
                         .send_response(&Response::FileFailed { path, error })
                         .await?;
                 }
-                source(
-                    &ep,
-                    &caller.root,
-                    &mut reader,
-                    &mut writer,
-                    session,
+                let mut ctl = Control {
+                    reader: &mut reader,
+                    writer: &mut writer,
+                };
+                let open = SessionOpen {
+                    id: session,
                     key,
-                    list.entries,
-                    range,
                     options,
-                    push.map(|p| *p),
-                )
-                .instrument(session_span(&session))
-                .await?;
+                };
+                let push = push.map(|p| *p);
+                source(&ep, &caller.root, &mut ctl, open, list.entries, range, push)
+                    .instrument(session_span(&session))
+                    .await?;
             }
         }
     }
@@ -523,18 +522,54 @@ impl Drop for Running<'_> {
     }
 }
 
+/// The control connection a session runs on: requests in, responses out.
+struct Control<'a> {
+    reader: &'a mut ControlReader,
+    writer: &'a mut ControlWriter,
+}
+
+/// What every request opening a session carries.
+struct SessionOpen {
+    id: SessionId,
+    key: DataKey,
+    options: SessionOptions,
+}
+
+/// A running session's live state on this endpoint: its counters, the events its machines
+/// send (relayed to the client) and its cancellation.
+struct Live {
+    counters: Arc<Counters>,
+    events: mpsc::UnboundedReceiver<Event>,
+    cancel: CancellationToken,
+}
+
+impl Live {
+    /// A new session's, and the sender its machines report events on.
+    fn new() -> (Self, crate::progress::EventSender) {
+        let (tx, events) = mpsc::unbounded_channel();
+        let live = Live {
+            counters: Arc::default(),
+            events,
+            cancel: CancellationToken::new(),
+        };
+        (live, tx)
+    }
+}
+
 /// Forwards a session's events and progress to the client until it finishes; a closed control
 /// connection or `Cancel` cancels it.
-#[allow(clippy::too_many_arguments)]
 async fn relay<T>(
     stats: &EndpointStats,
-    reader: &mut ControlReader,
-    writer: &mut ControlWriter,
-    counters: &Counters,
-    events: &mut mpsc::UnboundedReceiver<Event>,
-    cancel: &CancellationToken,
+    ctl: &mut Control<'_>,
+    live: &mut Live,
     run: impl Future<Output = Result<T, TransferError>>,
 ) -> Result<Result<T, TransferError>, TransferError> {
+    let Control { reader, writer } = ctl;
+    let Live {
+        counters,
+        events,
+        cancel,
+    } = live;
     tokio::pin!(run);
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut control_open = true;
@@ -604,50 +639,36 @@ async fn finish(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn sink(
     ep: &Arc<Endpoint>,
     caller: &Caller,
-    reader: &mut ControlReader,
-    writer: &mut ControlWriter,
-    session: SessionId,
-    key: DataKey,
+    ctl: &mut Control<'_>,
+    open: SessionOpen,
     naming: Arc<dyn SinkNaming>,
-    options: SessionOptions,
 ) -> Result<(), TransferError> {
-    let conns = match register(ep, session, key, options.protect) {
+    let conns = match register(ep, open.id, open.key, open.options.protect) {
         Ok(c) => c,
-        Err(e) => return writer.send_response(&Response::Error(e)).await,
+        Err(e) => return ctl.writer.send_response(&Response::Error(e)).await,
     };
-    let _guard = SessionGuard { ep, id: session };
-    writer
+    let _guard = SessionGuard { ep, id: open.id };
+    ctl.writer
         .send_response(&Response::SinkReady {
             dest_is_dir: naming.dest_is_dir(),
         })
         .await?;
-    let counters = Arc::new(Counters::default());
-    let (etx, mut erx) = mpsc::unbounded_channel();
-    let cancel = CancellationToken::new();
+    let (mut live, events) = Live::new();
     let spec = SinkSpec {
         root: caller.root.clone(),
         naming,
-        options,
+        options: open.options,
         checkpoint_interval: ep.cfg.checkpoint_interval,
         budget: MemoryBudget::new(ep.cfg.limits.session_buffer, Some(ep.buffers.clone())),
         owner: caller.identity.clone(),
     };
-    let run = run_sink(spec, conns, counters.clone(), etx, cancel.clone());
+    let (counters, cancel) = (live.counters.clone(), live.cancel.clone());
+    let run = run_sink(spec, conns, counters.clone(), events, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
-    let result = relay(
-        &ep.cfg.stats,
-        reader,
-        writer,
-        &counters,
-        &mut erx,
-        &cancel,
-        run,
-    )
-    .await?;
+    let result = relay(&ep.cfg.stats, ctl, &mut live, run).await?;
     let summary = result.map(|o| SessionSummary {
         bytes_moved: o.stats.bytes_written,
         bytes_skipped: o.stats.bytes_resumed,
@@ -657,7 +678,7 @@ async fn sink(
         blocks_resent: o.stats.crc_failures,
         ..Default::default()
     });
-    finish(writer, summary).await
+    finish(ctl.writer, summary).await
 }
 
 /// Fails a session whose first data connection never arrives.
@@ -682,19 +703,21 @@ async fn with_first_stream_deadline<T>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn source(
     ep: &Arc<Endpoint>,
     root: &Arc<Root>,
-    reader: &mut ControlReader,
-    writer: &mut ControlWriter,
-    session: SessionId,
-    key: DataKey,
+    ctl: &mut Control<'_>,
+    open: SessionOpen,
     entries: Vec<SourceEntry>,
     range: Option<(u64, u64)>,
-    options: SessionOptions,
     push: Option<PushTarget>,
 ) -> Result<(), TransferError> {
+    let SessionOpen {
+        id: session,
+        key,
+        options,
+    } = open;
+    let writer = &mut *ctl.writer;
     if range.is_some() && (entries.len() != 1 || entries[0].kind != wire::data::EntryKind::File) {
         let e = ErrorInfo::new(
             ErrorKind::Invalid,
@@ -707,9 +730,8 @@ async fn source(
         Some((_, l)) => l,
         None => entries.iter().map(|e| e.size).sum(),
     };
-    let counters = Arc::new(Counters::default());
-    let (etx, mut erx) = mpsc::unbounded_channel();
-    let cancel = CancellationToken::new();
+    let (mut live, events) = Live::new();
+    let cancel = live.cancel.clone();
     let mut options = options;
     let (conns, _guard, plan_text) = match &push {
         None => {
@@ -801,18 +823,10 @@ async fn source(
         options,
         zero_copy: true,
     };
-    let run = run_source(spec, conns, counters.clone(), etx, cancel.clone());
+    let counters = live.counters.clone();
+    let run = run_source(spec, conns, counters.clone(), events, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
-    let result = relay(
-        &ep.cfg.stats,
-        reader,
-        writer,
-        &counters,
-        &mut erx,
-        &cancel,
-        run,
-    )
-    .await?;
+    let result = relay(&ep.cfg.stats, ctl, &mut live, run).await?;
     let summary = result.map(|o| SessionSummary {
         bytes_moved: o.stats.bytes_sent,
         bytes_skipped: o.stats.bytes_skipped,
@@ -826,7 +840,7 @@ async fn source(
         tcp_retransmits: o.tcp_retransmits,
         cc_decisions: o.cc_decisions,
     });
-    finish(writer, summary).await
+    finish(ctl.writer, summary).await
 }
 
 /// How long a push target, once it proved to be an endpoint of this grid's CA, is trusted
