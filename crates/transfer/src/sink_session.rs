@@ -868,15 +868,17 @@ const WRITERS: usize = 4;
 /// Blocks queued per writer thread before the stream readers wait.
 const WRITE_QUEUE: usize = 8;
 
-/// The next job of a worker pool; `None` once the session is cancelled and the queue is empty.
-fn next_job<T>(rx: &flume::Receiver<T>, cancel: &CancellationToken) -> Option<T> {
-    loop {
-        match rx.recv_timeout(Duration::from_millis(10)) {
-            Ok(job) => return Some(job),
-            Err(flume::RecvTimeoutError::Timeout) if cancel.is_cancelled() => return None,
-            Err(flume::RecvTimeoutError::Timeout) => {}
-            Err(flume::RecvTimeoutError::Disconnected) => return None,
-        }
+/// The next job of a worker pool. A worker sleeps until a job is queued or the session ends
+/// (`ended` disconnects then): no timer wakes it. `None` once the session has ended and the
+/// queue is empty (what was queued before still runs), or when the queue is closed.
+fn next_job<T>(rx: &flume::Receiver<T>, ended: &flume::Receiver<()>) -> Option<T> {
+    let woken = flume::Selector::new()
+        .recv(rx, |job| Some(job.ok()))
+        .recv(ended, |_| None)
+        .wait();
+    match woken {
+        Some(job) => job,
+        None => rx.try_recv().ok(),
     }
 }
 
@@ -929,14 +931,22 @@ pub async fn run_sink(
         live_streams: AtomicU64::new(0),
         changed: Notify::new(),
     });
+    // The worker threads sleep on their queues; the session's end wakes them by closing this
+    // channel (nothing is ever sent on it).
+    let (end_tx, ended) = flume::bounded::<()>(0);
+    let session_over = sh.cancel.clone();
+    tokio::spawn(async move {
+        session_over.cancelled().await;
+        drop(end_tx);
+    });
     let mut threads = Vec::new();
     for (i, rx) in w_rx.into_iter().enumerate() {
-        let sh = sh.clone();
+        let (sh, ended) = (sh.clone(), ended.clone());
         threads.push(
             std::thread::Builder::new()
                 .name(format!("haul-write-{i}"))
                 .spawn(move || {
-                    while let Some(job) = next_job(&rx, &sh.cancel) {
+                    while let Some(job) = next_job(&rx, &ended) {
                         sh.do_write(job);
                     }
                 })
@@ -944,12 +954,12 @@ pub async fn run_sink(
         );
     }
     for i in 0..8 {
-        let (sh, rx) = (sh.clone(), ops_rx.clone());
+        let (sh, rx, ended) = (sh.clone(), ops_rx.clone(), ended.clone());
         threads.push(
             std::thread::Builder::new()
                 .name(format!("haul-fileop-{i}"))
                 .spawn(move || {
-                    while let Some(op) = next_job(&rx, &sh.cancel) {
+                    while let Some(op) = next_job(&rx, &ended) {
                         sh.do_op(op);
                         sh.pending_ops.fetch_sub(1, Ordering::SeqCst);
                         sh.changed.notify_waiters();
@@ -1052,10 +1062,37 @@ pub async fn run_sink(
 
 #[cfg(test)]
 mod tests {
-    use super::{BufReader, ack_due, conn, read_payload};
+    use super::{BufReader, ack_due, conn, next_job, read_payload};
     use std::os::fd::AsRawFd;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A worker takes jobs as they come, sleeps in between with no timer, and when the session
+    /// ends still does what was queued before, then stops.
+    #[test]
+    fn workers_wait_for_jobs_and_drain_the_queue_when_the_session_ends() {
+        let (jobs, rx) = flume::unbounded::<u32>();
+        let (end, ended) = flume::bounded::<()>(0);
+        let worker = std::thread::spawn(move || {
+            let mut done = Vec::new();
+            while let Some(j) = next_job(&rx, &ended) {
+                done.push(j);
+            }
+            done
+        });
+        jobs.send(1).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        jobs.send(2).unwrap();
+        jobs.send(3).unwrap();
+        drop(end);
+        assert_eq!(worker.join().unwrap(), [1, 2, 3]);
+        // A worker with nothing queued wakes at the end and stops.
+        let (_jobs, rx) = flume::unbounded::<u32>();
+        let (end, ended) = flume::bounded::<()>(0);
+        let idle = std::thread::spawn(move || next_job(&rx, &ended));
+        drop(end);
+        assert_eq!(idle.join().unwrap(), None);
+    }
 
     /// With SO_RCVLOWAT batching, a block whose last bytes arrive in pieces, part of it already
     /// buffered, with nothing behind it on the stream, still completes (the low-water mark
