@@ -370,15 +370,19 @@ async fn control(
     let identity = caller.identity.clone();
     tracing::Span::current().record("user", tracing::field::display(&identity));
     tracing::info!(peer = %reader.peer, %identity, "control connection");
+    let ctl = &mut Control {
+        reader: &mut reader,
+        writer: &mut writer,
+    };
     let idle = ep.cfg.limits.idle_timeout;
     loop {
         // A whole request (header and body) must arrive within the idle timeout: a peer that
         // stops talking, or trickles a frame, gives its connection back.
         let req = tokio::select! {
-            r = tokio::time::timeout(idle, reader.request()) => match r {
+            r = tokio::time::timeout(idle, ctl.reader.request()) => match r {
                 Ok(r) => r?,
                 Err(_) => {
-                    tracing::debug!(peer = %reader.peer, ?idle, "idle control connection closed");
+                    tracing::debug!(peer = %ctl.reader.peer, ?idle, "idle control connection closed");
                     return Ok(());
                 }
             },
@@ -394,7 +398,7 @@ async fn control(
                     subject: caller.subject.clone().unwrap_or_default(),
                     limits: ep.limits.clone(),
                 };
-                writer.send_response(&reply).await?;
+                ctl.writer.send_response(&reply).await?;
                 if version != control::PROTOCOL_VERSION {
                     return Ok(());
                 }
@@ -404,13 +408,13 @@ async fn control(
                     Ok(info) => Response::Stat(info),
                     Err(e) => Response::Error(e),
                 };
-                writer.send_response(&reply).await?;
+                ctl.writer.send_response(&reply).await?;
             }
             Request::Cancel => {}
             Request::Service(body) => {
                 ep.cfg
                     .service
-                    .serve(&caller, body, &mut reader, &mut writer)
+                    .serve(&caller, body, ctl.reader, ctl.writer)
                     .await?
             }
             Request::OpenSink {
@@ -429,20 +433,16 @@ async fn control(
                     {
                         Ok(n) => n,
                         Err(e) => {
-                            writer.send_response(&Response::Error(e)).await?;
+                            ctl.writer.send_response(&Response::Error(e)).await?;
                             continue;
                         }
                     };
-                let mut ctl = Control {
-                    reader: &mut reader,
-                    writer: &mut writer,
-                };
                 let open = SessionOpen {
                     id: session,
                     key,
                     options,
                 };
-                sink(&ep, &caller, &mut ctl, open, naming)
+                sink(&ep, &caller, ctl, open, naming)
                     .instrument(session_span(&session))
                     .await?;
             }
@@ -466,26 +466,22 @@ async fn control(
                 let list = match source_list(&ep, &caller, request).await {
                     Ok(l) => l,
                     Err(e) => {
-                        writer.send_response(&Response::Error(e)).await?;
+                        ctl.writer.send_response(&Response::Error(e)).await?;
                         continue;
                     }
                 };
                 for (path, error) in list.unsendable {
-                    writer
+                    ctl.writer
                         .send_response(&Response::FileFailed { path, error })
                         .await?;
                 }
-                let mut ctl = Control {
-                    reader: &mut reader,
-                    writer: &mut writer,
-                };
                 let open = SessionOpen {
                     id: session,
                     key,
                     options,
                 };
                 let push = push.map(|p| *p);
-                source(&ep, &caller.root, &mut ctl, open, list.entries, range, push)
+                source(&ep, &caller.root, ctl, open, list.entries, range, push)
                     .instrument(session_span(&session))
                     .await?;
             }
