@@ -931,6 +931,14 @@ fn serve_logs_carry_connection_session_and_stream_spans() {
     ] {
         assert!(line.contains(part), "{part:?} missing from {line:?}");
     }
+    // Each file's lines are in its own span below the session, whichever thread logs them.
+    let line = text
+        .lines()
+        .find(|l| l.contains("file received"))
+        .unwrap_or_else(|| panic!("no received file logged:\n{text}"));
+    for part in [":session{id=", ":sink{owner=", ":file{path=f.dat}"] {
+        assert!(line.contains(part), "{part:?} missing from {line:?}");
+    }
 }
 
 /// A grid command pointed at a data endpoint is told what it reached: the endpoint refuses the

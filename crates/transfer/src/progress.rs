@@ -75,3 +75,8 @@ pub enum Event {
 }
 
 pub type EventSender = tokio::sync::mpsc::UnboundedSender<Event>;
+
+/// The span of one file of a session (`file{path=...}`), below the session's own.
+pub fn file_span(session: &tracing::Span, path: &str) -> tracing::Span {
+    tracing::debug_span!(parent: session, "file", path = %path)
+}

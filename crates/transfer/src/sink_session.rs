@@ -12,7 +12,7 @@ use crate::conn::{self, Reader, Writer};
 use crate::error::{TransferError, io_info};
 use crate::faults;
 use crate::pool::{BufPool, MemoryBudget, PooledBuf, SharedSlice};
-use crate::progress::{Counters, Event, EventSender};
+use crate::progress::{Counters, Event, EventSender, file_span};
 use crate::service::SinkNaming;
 use crate::store::{self, Opened, Root};
 use std::collections::HashMap;
@@ -102,6 +102,9 @@ struct WriteJob {
 }
 
 struct Shared {
+    /// The session's span (`sink`): each file's log lines are in a `file` span below it,
+    /// whichever thread writes them.
+    span: tracing::Span,
     state: Mutex<Sink<(PooledBuf, u32)>>,
     files: Mutex<HashMap<(FileId, u32), Arc<OpenFile>>>,
     outboxes: Mutex<HashMap<u32, mpsc::UnboundedSender<DataFrame>>>,
@@ -183,6 +186,9 @@ impl Shared {
                     skipped,
                     ..
                 }) => {
+                    file_span(&self.span, &path).in_scope(|| {
+                        tracing::debug!(size, resumed = skipped, "file received");
+                    });
                     let _ = self.events.send(Event::FileDone {
                         path,
                         size,
@@ -191,6 +197,9 @@ impl Shared {
                     });
                 }
                 SinkAction::Event(SinkEvent::FileFailed { path, error, .. }) => {
+                    file_span(&self.span, &path).in_scope(|| {
+                        tracing::info!(kind = error.kind.name(), error = %error.message, "file failed");
+                    });
                     let _ = self.events.send(Event::FileFailed { path, error });
                 }
                 other => {
@@ -900,6 +909,7 @@ pub async fn run_sink(
         .unzip();
     let needs_bytes = opts.checksums.iter().any(|a| *a != Algorithm::Crc32c);
     let sh = Arc::new(Shared {
+        span: tracing::Span::current(),
         state: Mutex::new(Sink::new(SinkConfig {
             checkpoint_interval: spec.checkpoint_interval,
             ..SinkConfig::default()

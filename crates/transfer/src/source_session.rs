@@ -12,7 +12,7 @@ use crate::conn::{self, Io, Reader, Writer};
 use crate::error::{TransferError, io_info};
 use crate::faults;
 use crate::pool::{BufPool, ByteBudget, PooledBuf};
-use crate::progress::{Counters, Event, EventSender};
+use crate::progress::{Counters, Event, EventSender, file_span};
 use crate::store::{OpenMode, Root, SourceEntry};
 use crate::sys;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -81,6 +81,8 @@ impl Drop for Loaded {
 }
 
 struct Shared {
+    /// The session's span (`source`): each file's log lines are in a `file` span below it.
+    span: tracing::Span,
     state: Mutex<Source<Loaded>>,
     readers_cv: Condvar,
     work: Notify,
@@ -152,13 +154,23 @@ impl Shared {
                     digests,
                     skipped,
                     ..
-                } => Event::FileDone {
-                    path,
-                    size,
-                    digests,
-                    skipped,
-                },
-                SourceEvent::FileFailed { path, error, .. } => Event::FileFailed { path, error },
+                } => {
+                    file_span(&self.span, &path).in_scope(|| {
+                        tracing::debug!(size, skipped, "file sent");
+                    });
+                    Event::FileDone {
+                        path,
+                        size,
+                        digests,
+                        skipped,
+                    }
+                }
+                SourceEvent::FileFailed { path, error, .. } => {
+                    file_span(&self.span, &path).in_scope(|| {
+                        tracing::info!(kind = error.kind.name(), error = %error.message, "file failed");
+                    });
+                    Event::FileFailed { path, error }
+                }
                 SourceEvent::FileRestarted {
                     file,
                     attempt,
@@ -729,6 +741,7 @@ pub async fn run_source(
     let concurrency = opts.concurrency.clamp(1, 64) as usize;
     let readahead = (64u64 << 20).max(block * concurrency as u64 * 2);
     let sh = Arc::new(Shared {
+        span: tracing::Span::current(),
         state: Mutex::new(source),
         readers_cv: Condvar::new(),
         work: Notify::new(),
