@@ -7,7 +7,7 @@
 //! `--exit` it stops there; without, the grid and its dashboard stay up until Ctrl-C.
 
 use crate::args::DemoArgs;
-use api::meta as pb;
+use grid::types as pb;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -352,8 +352,6 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
 
     // Replication: node to node, in parallel, bounded per node.
     let mut stream = m
-        .files
-        .clone()
         .replicate(pb::ReplicateRequest {
             paths: vec!["/cmip".into()],
             copies: 2,
@@ -361,11 +359,9 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
             recursive: true,
             private: false,
         })
-        .await
-        .map_err(grid::client::from_status)?
-        .into_inner();
+        .await?;
     let mut rep = None;
-    while let Some(p) = stream.message().await.map_err(grid::client::from_status)? {
+    while let Some(p) = stream.next().await? {
         if p.finished {
             rep = Some(p);
             break;
@@ -388,18 +384,14 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
 
     // Verification where the data is: every replica's checksum recomputed by its node.
     let mut stream = m
-        .files
-        .clone()
         .verify(pb::VerifyRequest {
             paths: vec!["/cmip".into()],
             recursive: true,
             repair: true,
         })
-        .await
-        .map_err(grid::client::from_status)?
-        .into_inner();
+        .await?;
     let mut ver = None;
-    while let Some(p) = stream.message().await.map_err(grid::client::from_status)? {
+    while let Some(p) = stream.next().await? {
         if p.finished {
             ver = Some(p);
             break;

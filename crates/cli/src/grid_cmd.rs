@@ -7,8 +7,8 @@ use crate::args::{
     XattrCommand,
 };
 use crate::creds;
-use api::meta as pb;
 use grid::MetaClient;
+use grid::types as pb;
 use serde_json::json;
 use transfer::TransferError;
 use transfer::client::{Location, Peer};

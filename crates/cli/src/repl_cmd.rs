@@ -4,7 +4,7 @@
 use crate::args::{GridArgs, PolicyCommand, ProtectArg, ReplicateArgs, VerifyArgs};
 use crate::grid_cmd::{connect, one_line, shown, target};
 use crate::progress::{self, Progress};
-use api::meta as pb;
+use grid::types as pb;
 use serde_json::json;
 use std::sync::Arc;
 use transfer::TransferError;
@@ -54,8 +54,6 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
     let (_etx, erx) = tokio::sync::mpsc::unbounded_channel();
     let bar = Progress::start(progress::wanted(a.progress), counters.clone(), erx);
     let mut stream = m
-        .files
-        .clone()
         .replicate(pb::ReplicateRequest {
             paths,
             copies: a.copies,
@@ -63,13 +61,11 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
             recursive: a.recursive,
             private: a.protect == ProtectArg::Private,
         })
-        .await
-        .map_err(grid::client::from_status)?
-        .into_inner();
+        .await?;
     let mut last = None;
     let interrupted = loop {
         tokio::select! {
-            msg = stream.message() => match msg.map_err(grid::client::from_status)? {
+            msg = stream.next() => match msg? {
                 Some(p) => {
                     Counters::set(&counters.total_bytes, p.bytes_needed);
                     Counters::set(&counters.bytes_done, p.bytes_done);
@@ -188,16 +184,9 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
     };
     let m = connect(&peer, &creds).await?;
     let reply = match req {
-        Some(r) => m.files.clone().set_policy(r).await,
-        None => {
-            m.files
-                .clone()
-                .policies(pb::PathRequest { path: "/".into() })
-                .await
-        }
-    }
-    .map_err(grid::client::from_status)?
-    .into_inner();
+        Some(r) => m.set_policy(r).await?,
+        None => m.policies("/").await?,
+    };
     if json_out {
         out!(
             "{}",
@@ -215,18 +204,14 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
     let (peer, paths) = paths_on_one_meta(&a.p.paths)?;
     let m = connect(&peer, &a.p.creds).await?;
     let mut stream = m
-        .files
-        .clone()
         .verify(pb::VerifyRequest {
             paths,
             recursive: a.recursive,
             repair: !a.no_repair,
         })
-        .await
-        .map_err(grid::client::from_status)?
-        .into_inner();
+        .await?;
     let mut last = None;
-    while let Some(p) = stream.message().await.map_err(grid::client::from_status)? {
+    while let Some(p) = stream.next().await? {
         let done = p.finished;
         last = Some(p);
         if done {
@@ -282,13 +267,7 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
         .clone()
         .ok_or_else(|| TransferError::usage("name the metadata server: haul://META"))?;
     let m = connect(&target(&s)?.0, &a.creds).await?;
-    let st = m
-        .files
-        .clone()
-        .status(pb::Empty {})
-        .await
-        .map_err(grid::client::from_status)?
-        .into_inner();
+    let st = m.status().await?;
     if a.json {
         out!(
             "{}",

@@ -209,6 +209,16 @@ fn alert_named(name: &str) -> Option<rustls::AlertDescription> {
     })
 }
 
+/// The progress reports of a long operation the server runs (replication, verification).
+pub struct Reports<T>(tonic::Streaming<T>);
+
+impl<T> Reports<T> {
+    /// The next report; `None` once the server has sent the last one (or stopped).
+    pub async fn next(&mut self) -> Result<Option<T>, TransferError> {
+        self.0.message().await.map_err(from_status)
+    }
+}
+
 /// A per-file error of a batch reply: its code is a kind's name. A code this client does not
 /// know (a newer server's) counts as a destination that cannot take the file.
 pub fn from_file_error(e: &pb::FileError) -> TransferError {
@@ -536,6 +546,49 @@ impl MetaClient {
                 ids,
             })
             .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    /// Starts a replication on the server; its progress comes as a stream of reports.
+    pub async fn replicate(
+        &self,
+        req: pb::ReplicateRequest,
+    ) -> Result<Reports<pb::ReplicateProgress>, TransferError> {
+        let r = self.files.clone().replicate(req).await;
+        Ok(Reports(r.map_err(from_status)?.into_inner()))
+    }
+
+    /// Starts a verification on the server; its progress comes as a stream of reports.
+    pub async fn verify(
+        &self,
+        req: pb::VerifyRequest,
+    ) -> Result<Reports<pb::VerifyProgress>, TransferError> {
+        let r = self.files.clone().verify(req).await;
+        Ok(Reports(r.map_err(from_status)?.into_inner()))
+    }
+
+    /// Sets or clears a replica policy; the policies that apply now.
+    pub async fn set_policy(
+        &self,
+        req: pb::PolicyRequest,
+    ) -> Result<pb::PolicyReply, TransferError> {
+        let r = self.files.clone().set_policy(req).await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    /// The replica policies below `path` the caller may see.
+    pub async fn policies(&self, path: &str) -> Result<pb::PolicyReply, TransferError> {
+        let r = self
+            .files
+            .clone()
+            .policies(pb::PathRequest { path: path.into() })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    /// Policies, the reconciler's figures, nodes and recent events (`haul status`).
+    pub async fn status(&self) -> Result<pb::StatusReply, TransferError> {
+        let r = self.files.clone().status(pb::Empty {}).await;
         Ok(r.map_err(from_status)?.into_inner())
     }
 

@@ -7,3 +7,12 @@ pub mod copy;
 pub mod run;
 
 pub use client::{DEFAULT_META_PORT, MetaClient};
+
+/// The messages of the grid API that its users read and write: requests to the metadata
+/// server and what it answers (generated from `meta.proto`; see the `api` crate).
+pub mod types {
+    pub use api::meta::{
+        Entry, FileError, NodeInfo, OpenReadRequest, Policy, PolicyRequest, ReplicateRequest,
+        VerifyRequest,
+    };
+}

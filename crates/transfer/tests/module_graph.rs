@@ -1,5 +1,6 @@
 //! The layering rules, checked on the source: no two modules of a crate (`wire`, `transfer`,
-//! `node`, `grid`, `meta`) import each other through any chain, the client never imports the endpoint (the
+//! `node`, `grid`, `meta`) import each other through any chain, the command line uses only
+//! library APIs, the client never imports the endpoint (the
 //! server side), and the engine names no storage-node concept. A change that breaks one fails
 //! here with the cycle or the import it made.
 
@@ -135,6 +136,26 @@ fn the_client_does_not_import_the_server_and_the_engine_knows_no_storage_node() 
                 "{}: the engine uses the storage node's {node_only}",
                 m.display()
             );
+        }
+    }
+}
+
+/// The command line talks to library APIs only (`grid`, `meta`, `node`, `transfer`, ...): it
+/// neither speaks gRPC messages of `api` directly nor opens the `catalog`.
+#[test]
+fn the_command_line_uses_library_apis_only() {
+    for e in std::fs::read_dir(src("cli")).unwrap() {
+        let p = e.unwrap().path();
+        let code = code_of(&std::fs::read_to_string(&p).unwrap());
+        for crate_name in ["api", "catalog"] {
+            let used = code
+                .match_indices(&format!("{crate_name}::"))
+                .any(|(i, _)| {
+                    i == 0
+                        || !code[..i]
+                            .ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':')
+                });
+            assert!(!used, "{}: uses {crate_name} directly", p.display());
         }
     }
 }
