@@ -110,6 +110,50 @@ impl Meta {
         Ok(entry(&norm, &d))
     }
 
+    /// Removes `path` for `user` (a directory with `recursive`, everything below it): the
+    /// number of entries removed.
+    pub async fn remove_as(&self, user: &User, path: &str, recursive: bool) -> Result<u64, Status> {
+        let (r, e) = self.existing(user, path).await?;
+        let parent = r
+            .parent()
+            .cloned()
+            .ok_or_else(|| Status::invalid_argument("cannot remove the root"))?;
+        perm::require_unlink(user, &parent, &e, &r.norm)?;
+        if e.kind == Kind::Dir && recursive && !user.admin {
+            // Emptying a directory needs write and search permission on it and on every
+            // directory below it.
+            for (p, d) in self.catalog.dirs_below(&r.norm).await.map_err(status)? {
+                perm::require(user, &d, Access::Write, &p)?;
+                perm::require(user, &d, Access::Search, &p)?;
+            }
+        }
+        self.catalog
+            .remove(&r.norm, recursive)
+            .await
+            .map_err(status)
+    }
+
+    /// Renames `from` to `to` for `user` (an entry at `to` is replaced, as rename(2) does).
+    pub async fn rename_as(&self, user: &User, from: &str, to: &str) -> Result<pb::Entry, Status> {
+        let (from, e) = self.existing(user, from).await?;
+        let from_parent = from
+            .parent()
+            .cloned()
+            .ok_or_else(|| Status::invalid_argument("cannot move the root"))?;
+        perm::require_unlink(user, &from_parent, &e, &from.norm)?;
+        let to_parent = self.writable_parent(user, to).await?;
+        let to = self.resolve(user, to).await?;
+        if let Some(target) = to.entry() {
+            perm::require_unlink(user, &to_parent, target, &to.norm)?;
+        }
+        let moved = self
+            .catalog
+            .rename(&from.norm, &to.norm)
+            .await
+            .map_err(status)?;
+        Ok(entry(&to.norm, &moved))
+    }
+
     /// The directory `path` must be in: existing, a directory, writable and searchable.
     pub async fn writable_parent(&self, user: &User, path: &str) -> Result<Inode, Status> {
         let (parent, _) = parent_and_name(path).map_err(status)?;
@@ -210,25 +254,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::RemoveReply>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("remove"), &req, async |user, q| {
-            let (r, e) = m.existing(&user, &q.path).await?;
-            let parent = r
-                .parent()
-                .cloned()
-                .ok_or_else(|| Status::invalid_argument("cannot remove the root"))?;
-            perm::require_unlink(&user, &parent, &e, &r.norm)?;
-            if e.kind == Kind::Dir && q.recursive && !user.admin {
-                // Emptying a directory needs write and search permission on it and on every
-                // directory below it.
-                for (p, d) in m.catalog.dirs_below(&r.norm).await.map_err(status)? {
-                    perm::require(&user, &d, Access::Write, &p)?;
-                    perm::require(&user, &d, Access::Search, &p)?;
-                }
-            }
-            let removed = m
-                .catalog
-                .remove(&r.norm, q.recursive)
-                .await
-                .map_err(status)?;
+            let removed = m.remove_as(&user, &q.path, q.recursive).await?;
             Ok(pb::RemoveReply { removed })
         })
         .await
@@ -237,23 +263,7 @@ impl Namespace for NamespaceService {
     async fn rename(&self, req: Request<pb::RenameRequest>) -> Result<Response<pb::Entry>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("rename"), &req, async |user, q| {
-            let (from, e) = m.existing(&user, &q.from).await?;
-            let from_parent = from
-                .parent()
-                .cloned()
-                .ok_or_else(|| Status::invalid_argument("cannot move the root"))?;
-            perm::require_unlink(&user, &from_parent, &e, &from.norm)?;
-            let to_parent = m.writable_parent(&user, &q.to).await?;
-            let to = m.resolve(&user, &q.to).await?;
-            if let Some(target) = to.entry() {
-                perm::require_unlink(&user, &to_parent, target, &to.norm)?;
-            }
-            let moved = m
-                .catalog
-                .rename(&from.norm, &to.norm)
-                .await
-                .map_err(status)?;
-            Ok(entry(&to.norm, &moved))
+            m.rename_as(&user, &q.from, &q.to).await
         })
         .await
     }
@@ -477,5 +487,36 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(kind(&e), ErrorKind::Invalid, "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn remove_and_rename_follow_the_directories_permissions() {
+        let m = meta().await;
+        let root = user("root", &["atlas"], true);
+        let alice = user("alice", &["atlas"], false);
+        let bob = user("bob", &["atlas"], false);
+        m.mkdir_as(&root, "/shared", 0o1777, false).await.unwrap();
+        m.mkdir_as(&alice, "/shared/a/b", 0o755, true)
+            .await
+            .unwrap();
+        // Sticky directory: bob may not remove or move what alice owns there.
+        let e = m.remove_as(&bob, "/shared/a", true).await.unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::PermissionDenied, "{e:?}");
+        let e = m
+            .rename_as(&bob, "/shared/a", "/shared/mine")
+            .await
+            .unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::PermissionDenied, "{e:?}");
+        // Not empty without -r; the root never goes.
+        let e = m.remove_as(&alice, "/shared/a", false).await.unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::NotEmpty, "{e:?}");
+        let e = m.remove_as(&root, "/", true).await.unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::Invalid, "{e:?}");
+        // The owner moves and removes; the entry is where the rename put it.
+        let moved = m.rename_as(&alice, "/shared/a", "/shared/c").await.unwrap();
+        assert_eq!(moved.path, "/shared/c");
+        assert!(m.catalog.lookup("/shared/a").await.unwrap().is_none());
+        assert_eq!(m.remove_as(&alice, "/shared/c", true).await.unwrap(), 2);
+        assert!(m.catalog.lookup("/shared/c/b").await.unwrap().is_none());
     }
 }
