@@ -52,19 +52,7 @@ async fn connect_for(
     paths: &[String],
     c: &CredArgs,
 ) -> Result<(MetaClient, Vec<String>), TransferError> {
-    let mut peer = None;
-    let mut out = Vec::new();
-    for p in paths {
-        let (m, path) = target(p)?;
-        if peer.as_ref().is_some_and(|q| *q != m) {
-            return Err(TransferError::usage(
-                "all paths of one command must be on the same metadata server",
-            ));
-        }
-        peer = Some(m);
-        out.push(path);
-    }
-    let peer = peer.ok_or_else(|| TransferError::usage("no path given"))?;
+    let (peer, out) = crate::repl_cmd::paths_on_one_meta(paths)?;
     Ok((connect(&peer, c).await?, out))
 }
 

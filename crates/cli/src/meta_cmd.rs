@@ -79,9 +79,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
     ));
     // The server's own certificate drives node-to-node copies (replication, repairs).
     m.set_credentials(&c)?;
-    let listener = tokio::net::TcpListener::bind(&a.listen)
-        .await
-        .map_err(|e| TransferError::usage(format!("cannot listen on {}: {e}", a.listen)))?;
+    let (listener, addr) = crate::serve::listen(&a.listen).await?;
     let http = if a.http == "off" {
         None
     } else {
@@ -89,9 +87,6 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
             TransferError::usage(format!("cannot listen on {} (--http): {e}", a.http))
         })?)
     };
-    let addr = listener
-        .local_addr()
-        .map_err(|e| TransferError::local(e.to_string()))?;
     let http_addr = http.as_ref().and_then(|h| h.local_addr().ok());
     tracing::info!(%addr, db = %meta::redact_db_url(&url), dashboard = ?http_addr, "metadata server up");
     if a.print_addr {

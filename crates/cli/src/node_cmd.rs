@@ -37,12 +37,7 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
     let (meta_peer, _) = crate::grid_cmd::target(&a.meta)?;
     std::fs::create_dir_all(&a.root)
         .map_err(|e| TransferError::usage(format!("--root {}: {e}", a.root.display())))?;
-    let listener = tokio::net::TcpListener::bind(&a.listen)
-        .await
-        .map_err(|e| TransferError::usage(format!("cannot listen on {}: {e}", a.listen)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| TransferError::local(e.to_string()))?;
+    let (listener, addr) = crate::serve::listen(&a.listen).await?;
     let advertise = match &a.advertise {
         Some(adv) => adv.clone(),
         None if addr.ip().is_unspecified() => format!("{}:{}", name, addr.port()),

@@ -19,7 +19,7 @@ pub(crate) fn paths_on_one_meta(
         let (m, path) = target(p)?;
         if peer.as_ref().is_some_and(|q| *q != m) {
             return Err(TransferError::usage(
-                "all paths must be on the same metadata server",
+                "all paths of one command must be on the same metadata server",
             ));
         }
         peer = Some(m);

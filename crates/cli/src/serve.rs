@@ -54,12 +54,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
             a.root.display()
         )));
     }
-    let listener = tokio::net::TcpListener::bind(&a.listen)
-        .await
-        .map_err(|e| TransferError::usage(format!("cannot listen on {}: {e}", a.listen)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| TransferError::local(e.to_string()))?;
+    let (listener, addr) = listen(&a.listen).await?;
     tracing::info!(%addr, root = %a.root.display(), tls = tls.is_some(), "serving");
     if a.print_addr {
         println!("{addr}");
@@ -78,6 +73,19 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         stats: Default::default(),
     };
     transfer::endpoint::run(cfg, listener, shutdown_signal()).await
+}
+
+/// Listens on `addr` (`host:port`, port 0 for any): the listener and the address it got.
+pub async fn listen(
+    addr: &str,
+) -> Result<(tokio::net::TcpListener, std::net::SocketAddr), TransferError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| TransferError::usage(format!("cannot listen on {addr}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| TransferError::local(e.to_string()))?;
+    Ok((listener, local))
 }
 
 pub async fn shutdown_signal() {

@@ -189,6 +189,31 @@ impl Meta {
     }
 }
 
+/// Runs `run` (the work behind a streaming call) while its client gets `snapshot(false)` every
+/// half second. A client that goes away cancels the work through `cancel` and waits for it to
+/// stop; `false` then (a rerun finishes what is missing). The caller sends the last report.
+pub async fn stream_progress<T>(
+    run: impl std::future::Future,
+    tx: &tokio::sync::mpsc::Sender<Result<T, Status>>,
+    cancel: &tokio_util::sync::CancellationToken,
+    snapshot: impl Fn(bool) -> T,
+) -> bool {
+    tokio::pin!(run);
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = &mut run => return true,
+            _ = tick.tick() => {
+                if tx.send(Ok(snapshot(false))).await.is_err() {
+                    cancel.cancel();
+                    let _ = (&mut run).await;
+                    return false;
+                }
+            }
+        }
+    }
+}
+
 /// A node may only speak for itself.
 pub fn same_node(caller: &str, claimed: &str) -> Result<(), Status> {
     if caller == claimed {

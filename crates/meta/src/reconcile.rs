@@ -256,20 +256,9 @@ impl Meta {
                     .collect(),
             }
         };
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        loop {
-            tokio::select! {
-                _ = &mut run => break,
-                _ = tick.tick() => {
-                    if tx.send(Ok(snapshot(false))).await.is_err() {
-                        // The client went away: stop; a rerun finishes what is missing.
-                        cancel.cancel();
-                        let _ = (&mut run).await;
-                        self.event(format!("{}: replication interrupted", user.name));
-                        return;
-                    }
-                }
-            }
+        if !crate::grpc::stream_progress(&mut run, &tx, &cancel, &snapshot).await {
+            self.event(format!("{}: replication interrupted", user.name));
+            return;
         }
         let last = snapshot(true);
         self.event(format!(

@@ -18,6 +18,7 @@ use transfer::TransferError;
 use transfer::client::{Peer, ServiceChannel};
 use transfer::conn::ClientTls;
 use wire::control::ListedFile;
+use wire::error::ErrorKind;
 use wire::grant::{Operation, SignedGrant};
 use wire::node::{NodeRequest, NodeResponse, VerifyResult};
 
@@ -103,18 +104,22 @@ pub async fn verify_files(
                     break;
                 }
                 let ids: Vec<i64> = meta_chunk.iter().map(|f| f.0).collect();
+                // The node could not be asked: its replicas stay as they are, reported once.
+                let unavailable = |message: String| {
+                    findings
+                        .failures
+                        .lock()
+                        .expect("failures")
+                        .push(pb::FileError {
+                            path: node.clone(),
+                            code: ErrorKind::Unavailable.name().into(),
+                            message,
+                        });
+                };
                 let grant = match meta.own_grant(&entry, Operation::Verify, ids) {
                     Ok(g) => g,
                     Err(s) => {
-                        findings
-                            .failures
-                            .lock()
-                            .expect("failures")
-                            .push(pb::FileError {
-                                path: node.clone(),
-                                code: "unavailable".into(),
-                                message: s.message().to_string(),
-                            });
+                        unavailable(s.message().to_string());
                         break;
                     }
                 };
@@ -136,15 +141,7 @@ pub async fn verify_files(
                 let results = match r {
                     Ok(r) => r,
                     Err(e) => {
-                        findings
-                            .failures
-                            .lock()
-                            .expect("failures")
-                            .push(pb::FileError {
-                                path: node.clone(),
-                                code: "unavailable".into(),
-                                message: format!("node {node}: {e}"),
-                            });
+                        unavailable(format!("node {node}: {e}"));
                         break;
                     }
                 };
@@ -386,18 +383,8 @@ impl Meta {
             seconds: started.elapsed().as_secs_f64(),
             failures: findings.failures.lock().expect("failures").clone(),
         };
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        loop {
-            tokio::select! {
-                _ = &mut run => break,
-                _ = tick.tick() => {
-                    if tx.send(Ok(snapshot(false))).await.is_err() {
-                        cancel.cancel();
-                        let _ = (&mut run).await;
-                        return;
-                    }
-                }
-            }
+        if !crate::grpc::stream_progress(&mut run, &tx, &cancel, &snapshot).await {
+            return;
         }
         let _ = tx.send(Ok(snapshot(true))).await;
     }

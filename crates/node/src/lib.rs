@@ -278,6 +278,24 @@ fn remove(root: &Path, ids: &[i64]) -> Vec<i64> {
         .collect()
 }
 
+/// Removes the replicas the catalog no longer wants and tells the metadata server which went
+/// (it forgets them then; the others are asked for again).
+async fn remove_dead(cfg: &NodeConfig, meta: &MetaClient, ids: &[i64]) {
+    let gone = remove(&cfg.root, ids);
+    if gone.is_empty() {
+        return;
+    }
+    tracing::info!(files = gone.len(), "removed dead replicas");
+    let _ = meta
+        .nodes
+        .clone()
+        .removed(pb::RemovedRequest {
+            node: cfg.name.clone(),
+            ids: gone,
+        })
+        .await;
+}
+
 /// Runs the node until `shutdown` completes.
 pub async fn run(
     cfg: NodeConfig,
@@ -423,16 +441,7 @@ async fn control_loop(
                         continue 'connect;
                     }
                     if !r.delete.is_empty() {
-                        let gone = remove(&cfg.root, &r.delete);
-                        tracing::info!(files = gone.len(), "removed dead replicas");
-                        let _ = meta
-                            .nodes
-                            .clone()
-                            .removed(pb::RemovedRequest {
-                                node: cfg.name.clone(),
-                                ids: gone,
-                            })
-                            .await;
+                        remove_dead(&cfg, &meta, &r.delete).await;
                     }
                 }
                 Err(s) => {
@@ -502,17 +511,7 @@ async fn inventory(
             .into_inner();
     }
     let delete: HashSet<i64> = reply.delete.iter().copied().collect();
-    let gone = remove(&cfg.root, &delete.into_iter().collect::<Vec<_>>());
-    if !gone.is_empty() {
-        let _ = meta
-            .nodes
-            .clone()
-            .removed(pb::RemovedRequest {
-                node: cfg.name.clone(),
-                ids: gone,
-            })
-            .await;
-    }
+    remove_dead(cfg, meta, &delete.into_iter().collect::<Vec<_>>()).await;
     tracing::info!(
         files = n,
         known = reply.known,
