@@ -154,6 +154,41 @@ impl Meta {
         Ok(entry(&to.norm, &moved))
     }
 
+    /// Changes the permission bits of `path` (its owner or an administrator only).
+    pub async fn chmod_as(&self, user: &User, path: &str, mode: u32) -> Result<pb::Entry, Status> {
+        let (r, e) = self.existing(user, path).await?;
+        perm::require_owner(user, &e, &r.norm)?;
+        if mode > 0o7777 {
+            return Err(Status::invalid_argument(format!(
+                "mode {mode:o} is not a permission mode (at most 7777)"
+            )));
+        }
+        let i = self.catalog.set_mode(&r.norm, mode).await.map_err(status)?;
+        Ok(entry(&r.norm, &i))
+    }
+
+    /// Gives `path` another owner and/or group, as `perm::require_chown` allows.
+    pub async fn chown_as(
+        &self,
+        user: &User,
+        path: &str,
+        owner: Option<&str>,
+        group: Option<&str>,
+    ) -> Result<pb::Entry, Status> {
+        let (r, mut e) = self.existing(user, path).await?;
+        if owner.is_none() && group.is_none() {
+            return Err(Status::invalid_argument("give an owner, a group, or both"));
+        }
+        perm::require_chown(user, &e, owner, group, &r.norm)?;
+        if let Some(o) = owner {
+            e = self.catalog.set_owner(&r.norm, o).await.map_err(status)?;
+        }
+        if let Some(g) = group {
+            e = self.catalog.set_group(&r.norm, g).await.map_err(status)?;
+        }
+        Ok(entry(&r.norm, &e))
+    }
+
     /// The directory `path` must be in: existing, a directory, writable and searchable.
     pub async fn writable_parent(&self, user: &User, path: &str) -> Result<Inode, Status> {
         let (parent, _) = parent_and_name(path).map_err(status)?;
@@ -271,16 +306,7 @@ impl Namespace for NamespaceService {
     async fn chmod(&self, req: Request<pb::ChmodRequest>) -> Result<Response<pb::Entry>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("chmod"), &req, async |user, q| {
-            let (r, e) = m.existing(&user, &q.path).await?;
-            perm::require_owner(&user, &e, &r.norm)?;
-            if q.mode > 0o7777 {
-                return Err(Status::invalid_argument(format!(
-                    "mode {:o} is not a permission mode (at most 7777)",
-                    q.mode
-                )));
-            }
-            let i = m.catalog.set_mode(&r.norm, q.mode).await.map_err(status)?;
-            Ok(entry(&r.norm, &i))
+            m.chmod_as(&user, &q.path, q.mode).await
         })
         .await
     }
@@ -288,20 +314,9 @@ impl Namespace for NamespaceService {
     async fn chown(&self, req: Request<pb::ChownRequest>) -> Result<Response<pb::Entry>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("chown"), &req, async |user, q| {
-            let (r, mut e) = m.existing(&user, &q.path).await?;
             let owner = (!q.owner.is_empty()).then_some(q.owner.as_str());
             let group = (!q.group.is_empty()).then_some(q.group.as_str());
-            if owner.is_none() && group.is_none() {
-                return Err(Status::invalid_argument("give an owner, a group, or both"));
-            }
-            perm::require_chown(&user, &e, owner, group, &r.norm)?;
-            if let Some(o) = owner {
-                e = m.catalog.set_owner(&r.norm, o).await.map_err(status)?;
-            }
-            if let Some(g) = group {
-                e = m.catalog.set_group(&r.norm, g).await.map_err(status)?;
-            }
-            Ok(entry(&r.norm, &e))
+            m.chown_as(&user, &q.path, owner, group).await
         })
         .await
     }
@@ -487,6 +502,43 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(kind(&e), ErrorKind::Invalid, "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn only_owners_change_modes_and_only_administrators_give_entries_away() {
+        let m = meta().await;
+        let root = user("root", &["atlas"], true);
+        let alice = user("alice", &["alice", "atlas"], false);
+        let bob = user("bob", &["bob"], false);
+        m.mkdir_as(&root, "/home", 0o755, false).await.unwrap();
+        m.chown_as(&root, "/home", Some("alice"), None)
+            .await
+            .unwrap();
+        let d = m.chmod_as(&alice, "/home", 0o750).await.unwrap();
+        assert_eq!(d.mode, 0o750);
+        let e = m.chmod_as(&bob, "/home", 0o777).await.unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::PermissionDenied, "{e:?}");
+        let e = m.chmod_as(&alice, "/home", 0o17777).await.unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::Invalid, "{e:?}");
+        // An owner may hand an entry to one of their own groups, not to another user.
+        let d = m
+            .chown_as(&alice, "/home", None, Some("atlas"))
+            .await
+            .unwrap();
+        assert_eq!(d.group, "atlas");
+        let e = m
+            .chown_as(&alice, "/home", Some("bob"), None)
+            .await
+            .unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::PermissionDenied, "{e:?}");
+        let e = m
+            .chown_as(&alice, "/home", None, Some("bob"))
+            .await
+            .unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::PermissionDenied, "{e:?}");
+        let e = m.chown_as(&alice, "/home", None, None).await.unwrap_err();
+        assert_eq!(kind(&e), ErrorKind::Invalid, "{e:?}");
+        assert_eq!(m.catalog.stat("/home").await.unwrap().owner, "alice");
     }
 
     #[tokio::test]
