@@ -430,7 +430,7 @@ impl Worker {
                     tokio::time::timeout(Duration::from_millis(200), self.wake.notified()).await;
                 continue;
             }
-            match ch.channel.recv().await.and_then(|b| decode(&b)) {
+            match ch.channel.recv_as(NodeResponse::decode).await {
                 Ok(NodeResponse::TaskDone(r)) => {
                     let f = r.task as usize;
                     if !inflight.remove(&f) {
@@ -461,7 +461,7 @@ impl Worker {
         let _ = ch.channel.send(NodeRequest::RunEnd.encode()).await;
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
             while let Ok(r) = ch.channel.recv().await {
-                if matches!(decode(&r), Ok(NodeResponse::RunDone)) {
+                if matches!(NodeResponse::decode(&r), Ok(NodeResponse::RunDone)) {
                     break;
                 }
             }
@@ -503,7 +503,7 @@ async fn start_run(
     channel
         .send(NodeRequest::Run(Box::new(spec)).encode())
         .await?;
-    match decode(&channel.recv().await?)? {
+    match channel.recv_as(NodeResponse::decode).await? {
         NodeResponse::RunReady { user, slots } => {
             tracing::debug!(node = %peer, %user, slots, "run open");
             Ok(RunChannel { channel, slots })
@@ -512,11 +512,6 @@ async fn start_run(
             "unexpected answer to a run: {other:?}"
         ))),
     }
-}
-
-fn decode(body: &[u8]) -> Result<NodeResponse, TransferError> {
-    NodeResponse::decode(body)
-        .map_err(|e| TransferError::protocol(format!("malformed storage-node answer: {e}")))
 }
 
 #[cfg(test)]

@@ -70,10 +70,7 @@ impl Meta {
         f: impl AsyncFnOnce(User, &Q) -> Result<T, Status>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let r = match self.ids.user(req) {
-            Ok(user) => f(user, req.get_ref()).await,
-            Err(e) => Err(e),
-        };
+        let r = async { f(self.ids.user(req)?, req.get_ref()).await }.await;
         self.finish(op, started, r)
     }
 
@@ -85,10 +82,7 @@ impl Meta {
         f: impl AsyncFnOnce(Caller, &Q) -> Result<T, Status>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let r = match self.ids.of_request(req) {
-            Ok(caller) => f(caller, req.get_ref()).await,
-            Err(e) => Err(e),
-        };
+        let r = async { f(self.ids.of_request(req)?, req.get_ref()).await }.await;
         self.finish(op, started, r)
     }
 
@@ -101,10 +95,7 @@ impl Meta {
         f: impl AsyncFnOnce(User, &Q) -> Result<(T, u64), Status>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let r = match self.ids.user(req) {
-            Ok(user) => f(user, req.get_ref()).await,
-            Err(e) => Err(e),
-        };
+        let r = async { f(self.ids.user(req)?, req.get_ref()).await }.await;
         let items = r.as_ref().map(|(_, n)| *n).unwrap_or(0);
         self.finish(Op::many(name, items), started, r.map(|(reply, _)| reply))
     }
@@ -118,13 +109,12 @@ impl Meta {
         f: impl AsyncFnOnce(Q) -> Result<T, Status>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let r = match self
-            .registered_node(&req)
-            .and_then(|caller| same_node(&caller, req.get_ref().node_name()))
-        {
-            Ok(()) => f(req.into_inner()).await,
-            Err(e) => Err(e),
-        };
+        let r = async {
+            let caller = self.registered_node(&req)?;
+            same_node(&caller, req.get_ref().node_name())?;
+            f(req.into_inner()).await
+        }
+        .await;
         self.finish(op, started, r)
     }
 
@@ -137,15 +127,13 @@ impl Meta {
         f: impl AsyncFnOnce(Arc<CertIdentity>, Q) -> Result<T, Status>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let caller = self
-            .ids
-            .node(&req)
-            .and_then(|caller| same_node(&caller, req.get_ref().node_name()))
-            .and_then(|()| Identities::cert_of(&req));
-        let r = match caller {
-            Ok(cert) => f(cert, req.into_inner()).await,
-            Err(e) => Err(e),
-        };
+        let r = async {
+            let caller = self.ids.node(&req)?;
+            same_node(&caller, req.get_ref().node_name())?;
+            let cert = Identities::cert_of(&req)?;
+            f(cert, req.into_inner()).await
+        }
+        .await;
         self.finish(op, started, r)
     }
 

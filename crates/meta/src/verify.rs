@@ -434,15 +434,12 @@ async fn verify_on_node(
     let mut ch = ServiceChannel::open(peer, tls).await?;
     ch.send(NodeRequest::Verify { files, grant }.encode())
         .await?;
-    let answer = ch.recv().await?;
+    let answer = ch.recv_as(NodeResponse::decode).await?;
     ch.close().await;
-    match NodeResponse::decode(&answer) {
-        Ok(NodeResponse::Verified(r)) => Ok(r),
-        Ok(other) => Err(TransferError::protocol(format!(
+    match answer {
+        NodeResponse::Verified(r) => Ok(r),
+        other => Err(TransferError::protocol(format!(
             "unexpected answer to a verification: {other:?}"
-        ))),
-        Err(e) => Err(TransferError::protocol(format!(
-            "malformed storage-node answer: {e}"
         ))),
     }
 }

@@ -1374,6 +1374,18 @@ impl ServiceChannel {
         }
     }
 
+    /// The next answer, decoded by the personality's `decode` (e.g. `wire::node`'s); a body
+    /// it cannot decode is a protocol error.
+    pub async fn recv_as<T, E: std::fmt::Display>(
+        &mut self,
+        decode: impl FnOnce(&[u8]) -> Result<T, E>,
+    ) -> Result<T, TransferError> {
+        let body = self.recv().await?;
+        decode(&body).map_err(|e| {
+            TransferError::protocol(format!("malformed answer from {}: {e}", self.reader.peer))
+        })
+    }
+
     pub async fn close(mut self) {
         self.writer.shutdown().await;
     }
