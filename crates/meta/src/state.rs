@@ -105,6 +105,10 @@ pub struct Meta {
     pub ids: Identities,
     pub settings: Settings,
     nodes: RwLock<HashMap<String, NodeEntry>>,
+    /// Held through one refresh of `nodes`, from reading the catalog to replacing the snapshot:
+    /// two refreshes that overlapped (nodes registering at once) could otherwise let the one
+    /// that read first write last and drop a node that had just registered.
+    nodes_refresh: tokio::sync::Mutex<()>,
     pub ops: Mutex<BTreeMap<&'static str, std::sync::Arc<OpStats>>>,
     pub started: Instant,
     /// Inventories being uploaded in parts, by node.
@@ -171,6 +175,7 @@ impl Meta {
             ids,
             settings,
             nodes: RwLock::new(HashMap::new()),
+            nodes_refresh: tokio::sync::Mutex::new(()),
             ops: Mutex::new(BTreeMap::new()),
             started: Instant::now(),
             inventories: Mutex::new(HashMap::new()),
@@ -342,6 +347,7 @@ impl Meta {
 
     /// Re-reads the node registry and the capability keys.
     pub async fn refresh_nodes(&self) -> Result<(), CatalogError> {
+        let _one_at_a_time = self.nodes_refresh.lock().await;
         let nodes = self.catalog.nodes().await?;
         let keys = self.catalog.node_keys().await?;
         let certs = self.catalog.node_certs().await?;
@@ -556,4 +562,58 @@ pub fn file_error(path: &str, e: &CatalogError) -> pb::FileError {
 /// Number of components of a normalized path.
 pub fn depth(norm: &str) -> usize {
     norm.split('/').filter(|p| !p.is_empty()).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nodes that register at the same moment are all in the snapshot afterwards (a lost
+    /// update here left a node unlisted until the next periodic refresh).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_registrations_all_reach_the_node_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("c.db").display());
+        let catalog = Catalog::open(&url).await.unwrap();
+        let ids = Identities {
+            mapfile: Default::default(),
+            groups: Default::default(),
+            admins: vec![],
+            nodes: Default::default(),
+        };
+        let m = Arc::new(Meta::new(catalog, ids, Settings::default()));
+        for round in 0..10 {
+            let names: Vec<String> = (0..12).map(|i| format!("n{round}-{i}")).collect();
+            let tasks: Vec<_> = names
+                .iter()
+                .map(|name| {
+                    let m = m.clone();
+                    let name = name.clone();
+                    tokio::spawn(async move {
+                        m.catalog
+                            .register_node_with_key(&catalog::NodeRegistration {
+                                name: &name,
+                                site: "A",
+                                address: "198.18.0.1:1",
+                                capacity: 1,
+                                free: 1,
+                                new_key: &[7u8; 32],
+                                cert: "sha256:00",
+                                may_rotate: false,
+                            })
+                            .await
+                            .unwrap();
+                        m.refresh_nodes().await.unwrap();
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let listed: Vec<String> = m.nodes().into_iter().map(|e| e.node.name).collect();
+            for name in &names {
+                assert!(listed.contains(name), "{name} missing from {listed:?}");
+            }
+        }
+    }
 }
