@@ -1,0 +1,248 @@
+//! Upload: local files into the grid. Each round asks the metadata server to place the files
+//! still to send (avoiding nodes that failed or filled up), sends each node its files with a
+//! write capability, and aborts what did not arrive: nothing is visible in the namespace before
+//! a node has verified it.
+
+use super::rounds::{
+    Planned, Rounds, Runner, SessionResult, Tally, announce_next_round, run_rounds,
+};
+use super::{Cap, GridOptions, grid_destination, map_grid, ns_of, place, renamed};
+use crate::client::MetaClient;
+use api::meta as pb;
+use std::collections::HashMap;
+use std::path::Path;
+use transfer::TransferError;
+use transfer::client::{Attempt, AttemptContext, CopyReport, Peer, SinkRequest};
+use transfer::progress::EventSender;
+use transfer::store::SourceEntry;
+use wire::control::Protect;
+use wire::data::EntryKind;
+
+/// Copies `local` to the grid path `dest`.
+pub(super) async fn upload(
+    meta: &MetaClient,
+    local: &Path,
+    dest: &str,
+    opts: &GridOptions,
+    ctx: AttemptContext,
+) -> Result<CopyReport, TransferError> {
+    let AttemptContext {
+        counters,
+        events,
+        cancel,
+    } = ctx;
+    let listing = transfer::client::enumerate_local(local, opts.copy.recursive).await?;
+    let entries = listing.entries;
+    let source_is_dir = entries.first().is_some_and(|e| e.kind == EntryKind::Dir);
+    let (base, into_dir) = grid_destination(meta, dest, source_is_dir).await?;
+    let mut tally = Tally::new();
+    let unsendable = listing.unsendable.len() as u64;
+    for (rel, error) in listing.unsendable {
+        tally.fail(&map_grid(&base, into_dir, &rel), error.into());
+    }
+    // Directories first, parents before children (enumeration order).
+    for e in entries.iter().filter(|e| e.kind == EntryKind::Dir) {
+        let p = map_grid(&base, into_dir, &e.rel);
+        meta.mkdir(&p, e.mode & 0o7777, true).await?;
+    }
+    let files: Vec<(String, SourceEntry)> = entries
+        .into_iter()
+        .filter(|e| e.kind == EntryKind::File)
+        .map(|e| (map_grid(&base, into_dir, &e.rel), e))
+        .collect();
+    tally.count(
+        files.len() as u64 + unsendable,
+        files.iter().map(|(_, e)| e.size).sum(),
+        &counters,
+    );
+    let runner = Runner::new(counters.clone(), events.clone(), cancel, opts);
+    let todo: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
+    let mut plan = Upload {
+        meta,
+        opts,
+        events: events.clone(),
+        by_path: files.into_iter().collect(),
+        exclude: Vec::new(),
+        abort: Vec::new(),
+    };
+    run_rounds(
+        &mut plan,
+        todo,
+        &runner,
+        tally,
+        (
+            local.display().to_string(),
+            format!("haul://{}{}", meta.addr, dest),
+        ),
+    )
+    .await
+}
+
+struct Upload<'a> {
+    meta: &'a MetaClient,
+    opts: &'a GridOptions,
+    events: EventSender,
+    /// Every file to send, by its grid path.
+    by_path: HashMap<String, SourceEntry>,
+    /// Nodes that failed or filled up: no more files go there.
+    exclude: Vec<String>,
+    /// Files created in the namespace this round whose data did not arrive.
+    abort: Vec<i64>,
+}
+
+/// One node's share of a round: its files, named by their new ids.
+struct Job {
+    node: String,
+    peer: Peer,
+    grant: Cap,
+    ids: Vec<i64>,
+    list: Vec<SourceEntry>,
+    /// A file's id (as the session names it) → its grid path and id.
+    names: HashMap<String, (String, i64)>,
+}
+
+impl Rounds for Upload<'_> {
+    type File = String;
+    type Job = Job;
+
+    fn opts(&self) -> &GridOptions {
+        self.opts
+    }
+
+    async fn plan(
+        &mut self,
+        _round: u32,
+        todo: Vec<String>,
+        tally: &mut Tally,
+    ) -> Result<Vec<Planned<Job>>, TransferError> {
+        let files = todo
+            .iter()
+            .map(|p| {
+                let e = &self.by_path[p];
+                pb::NewFile {
+                    path: p.clone(),
+                    size: e.size,
+                    mode: e.mode & 0o7777,
+                    mtime_ns: ns_of(e.mtime),
+                    // Sent privately: its copies will travel privately too.
+                    private: self.opts.copy.session.protect == Protect::Private,
+                }
+            })
+            .collect();
+        let placements = place(
+            self.meta,
+            self.opts,
+            files,
+            &self.exclude,
+            tally,
+            &self.events,
+        )
+        .await?;
+        let mut jobs = Vec::new();
+        for pl in placements {
+            let peer = Peer::parse(&pl.address)?;
+            let mut names = HashMap::new();
+            let mut list = Vec::new();
+            for (id, path) in pl.ids.iter().zip(&pl.paths) {
+                let mut e = self.by_path[path].clone();
+                e.rel = id.to_string();
+                names.insert(id.to_string(), (path.clone(), *id));
+                list.push(e);
+            }
+            jobs.push(Planned {
+                node: pl.node.clone(),
+                names: names.keys().cloned().collect(),
+                job: Job {
+                    node: pl.node,
+                    peer,
+                    grant: Cap::of(&pl.capability),
+                    ids: pl.ids,
+                    list,
+                    names,
+                },
+            });
+        }
+        Ok(jobs)
+    }
+
+    async fn run(&self, job: &Job, ctx: AttemptContext) -> Result<Attempt, TransferError> {
+        let grant = job
+            .grant
+            .fresh(self.meta, &job.node, "write", job.ids.clone())
+            .await?;
+        let copy = &self.opts.copy;
+        transfer::client::upload(
+            job.list.clone(),
+            &job.peer,
+            SinkRequest {
+                grant,
+                ..Default::default()
+            },
+            copy,
+            copy.session.clone(),
+            ctx,
+        )
+        .await
+    }
+
+    fn settle(
+        &mut self,
+        round: u32,
+        job: Job,
+        r: SessionResult,
+        tally: &mut Tally,
+        todo: &mut Vec<String>,
+    ) {
+        for (name, (size, digests)) in &r.done {
+            if let Some((path, _)) = job.names.get(name) {
+                tally.ok(path, *size, digests, &self.events);
+            }
+        }
+        let node_failed = r.node_unreachable();
+        if node_failed && !self.exclude.contains(&r.node) {
+            let why = r.error().map(|e| e.to_string()).unwrap_or_default();
+            tracing::warn!(node = %r.node, "storage node failed during upload ({why}); placing its files elsewhere");
+            announce_next_round(
+                &self.events,
+                round,
+                format!(
+                    "node {} failed ({why}); its files go to another node",
+                    r.node
+                ),
+            );
+            self.exclude.push(r.node.clone());
+        }
+        // A node whose disk filled (the metadata server learns of it only with the next
+        // heartbeat) gets no more of this upload: its files go to nodes with room.
+        let full = !r.no_space.is_empty();
+        if full && !node_failed && !self.exclude.contains(&r.node) {
+            tracing::warn!(node = %r.node, "storage node has no space left; placing its files elsewhere");
+            announce_next_round(
+                &self.events,
+                round,
+                format!(
+                    "node {} has no space left; its files go to another node",
+                    r.node
+                ),
+            );
+            self.exclude.push(r.node.clone());
+        }
+        for (name, e) in r.failed {
+            let Some((path, id)) = job.names.get(&name) else {
+                continue;
+            };
+            // The node names the file by its id: name it by its grid path.
+            let e = renamed(e, &format!("file {id}"), path);
+            self.abort.push(*id);
+            if e.retryable() || node_failed || r.no_space.contains(&name) {
+                todo.push(path.clone());
+            }
+            tally.fail(path, e);
+        }
+    }
+
+    async fn end_round(&mut self) {
+        // Unfinished uploads leave nothing in the namespace.
+        let _ = self.meta.abort_files(std::mem::take(&mut self.abort)).await;
+    }
+}
