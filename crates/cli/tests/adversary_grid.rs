@@ -198,7 +198,7 @@ fn another_certificate_for_a_registered_node_gets_no_key_until_enrolled() {
     );
     assert_eq!(registered_address(&g, "a1"), Some(before.clone()));
     // The administrator enrols the new certificate: it registers, with a new key.
-    append(&g.pki("nodes"), &line);
+    append(&g.pki("enrolled-nodes"), &line);
     wait_log(twin.proc.as_ref().unwrap(), " registered node=");
     let ok = wait_for(SETTLE, || {
         std::thread::sleep(Duration::from_millis(100));
@@ -233,7 +233,7 @@ fn unlisted_nodes_are_refused_with_the_line_to_add_until_enrolled() {
     assert!(log.contains("not enrolled"), "{log}");
     assert!(log.contains(&format!("add the line `{line}`")), "{log}");
     assert_eq!(registered_address(&g, "c1"), None);
-    append(&g.pki("nodes"), &line);
+    append(&g.pki("enrolled-nodes"), &line);
     let ok = wait_for(SETTLE, || {
         std::thread::sleep(Duration::from_millis(100));
         g.nodes_json()
@@ -248,7 +248,7 @@ fn unlisted_nodes_are_refused_with_the_line_to_add_until_enrolled() {
 #[test]
 fn the_metadata_servers_own_certificate_cannot_join_as_a_node() {
     let g = Grid::start();
-    append(&g.pki("nodes"), "127.0.0.1");
+    append(&g.pki("enrolled-nodes"), "127.0.0.1");
     let mut m = g.new_node("meta-as-node", "A");
     g.start_node_with(&mut m, "meta", &["--name", "127.0.0.1"]);
     let log = wait_log(m.proc.as_ref().unwrap(), "registration refused");
@@ -942,7 +942,7 @@ fn a_full_node_names_the_grid_path() {
         testkit::skip!("mounting a tmpfs needs root");
     };
     let issued = g.issue(&["--host", "c1", "--host", "127.0.0.1", "--out", "c1"]);
-    append(&g.pki("nodes"), &enrolment_line(&issued));
+    append(&g.pki("enrolled-nodes"), &enrolment_line(&issued));
     let mut c1 = g.new_node("c1", "C");
     c1.root = fs.path.join("root");
     g.start_node(&mut c1);

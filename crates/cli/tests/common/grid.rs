@@ -8,12 +8,10 @@
 
 use super::*;
 use serde_json::Value;
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Longest a single client command may take.
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(90);
@@ -43,102 +41,26 @@ pub fn haul_clean() -> Command {
 }
 
 /// Runs `cmd` to completion and returns its output; kills it and fails after `timeout`.
-pub fn run_bounded(mut cmd: Command, timeout: Duration) -> Output {
+pub fn run_bounded(cmd: Command, timeout: Duration) -> Output {
     let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn haul");
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait for haul") {
-            break s;
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            let e = err.join().unwrap_or_default();
-            panic!(
-                "{what} did not finish within {timeout:?}; stderr: {}",
-                String::from_utf8_lossy(&e)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
+    let o = harness::process::run_bounded(cmd, timeout).expect("spawn haul");
+    if o.timed_out() {
+        panic!(
+            "{what} did not finish within {timeout:?}; stderr: {}",
+            o.stderr_text()
+        );
     }
+    o.into_output()
 }
 
 /// A server process (metadata server or storage node); killed when dropped.
-pub struct Proc {
-    pub child: Child,
-    pub log: PathBuf,
-}
+pub use harness::process::Proc;
 
-impl Proc {
-    /// Starts `cmd` with stderr to `log`, waits (bounded) for the first line it prints on stdout
-    /// (`--print-addr`) and returns it. Stdout keeps being drained so later prints cannot fail.
-    pub fn start(mut cmd: Command, log: &Path) -> (Proc, String) {
-        let what = format!("{cmd:?}");
-        let child = cmd
-            .env("HAUL_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(File::create(log).expect("create log"))
-            .spawn()
-            .expect("spawn haul server");
-        let mut p = Proc {
-            child,
-            log: log.to_path_buf(),
-        };
-        let stdout = p.child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            let _ = std::io::copy(&mut r, &mut std::io::sink());
-        });
-        let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
-        if line.trim().is_empty() {
-            p.kill();
-            panic!("{what} did not start:\n{}", p.log_text());
-        }
-        (p, line.trim().to_string())
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// Starts a server `cmd` that prints its address first (`--print-addr`), logging to `log`;
+/// returns it and what it printed. Fails the test when it does not start.
+pub fn start_server(mut cmd: Command, log: &Path) -> (Proc, String) {
+    cmd.env("HAUL_LOG", "info");
+    harness::process::Proc::start(cmd, log, START_TIMEOUT).unwrap_or_else(|e| panic!("{e}"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -165,6 +87,8 @@ pub struct Grid {
     pub meta_addr: String,
     /// The dashboard's address (`127.0.0.1:PORT`) of the running metadata server.
     pub meta_http: String,
+    /// The grid's PKI (in `DIR/pki`).
+    pub pki: harness::pki::Pki,
     pub dir: tempfile::TempDir,
 }
 
@@ -177,8 +101,9 @@ impl Grid {
     pub fn start_with(meta_args: &[&str]) -> Grid {
         let dir = tempfile::tempdir().unwrap();
         let pki = dir.path().join("pki");
-        make_pki(&pki);
+        let pki = make_pki(&pki);
         let mut g = Grid {
+            pki,
             meta_args: meta_args.iter().map(|a| a.to_string()).collect(),
             nodes: Vec::new(),
             meta: None,
@@ -213,21 +138,8 @@ impl Grid {
 
     pub fn start_meta(&mut self, listen: &str) {
         let mut cmd = haul_clean();
-        cmd.args(["meta", "serve", "--data"])
-            .arg(self.path().join("meta-data"))
-            .args(["--listen", listen, "--http", "127.0.0.1:0", "--print-addr"])
-            .arg("--cert")
-            .arg(self.pki("meta.pem"))
-            .arg("--key")
-            .arg(self.pki("meta.key"))
-            .arg("--ca")
-            .arg(self.pki("ca/ca.pem"))
-            .arg("--mapfile")
-            .arg(self.pki("mapfile"))
-            .arg("--groups")
-            .arg(self.pki("groups"))
-            .arg("--nodes")
-            .arg(self.pki("nodes"))
+        harness::daemons::meta_serve(&mut cmd, &self.pki, listen, &self.path().join("meta-data"));
+        cmd.args(["--http", "127.0.0.1:0"])
             .args(["--reconcile-every", "1s"])
             .args(&self.meta_args);
         if !self.meta_args.iter().any(|a| a == "--heartbeat") {
@@ -243,7 +155,7 @@ impl Grid {
                     .starts_with("meta")
             })
             .count();
-        let (p, line) = Proc::start(cmd, &self.path().join(format!("meta{n}.log")));
+        let (p, line) = start_server(cmd, &self.path().join(format!("meta{n}.log")));
         // "ADDR http://HTTP/"
         let addr = line.split_whitespace().next().unwrap().to_string();
         assert!(addr.starts_with("127.0.0.1:"), "meta address: {line:?}");
@@ -266,29 +178,16 @@ impl Grid {
     pub fn start_node_with(&self, n: &mut Node, cert: &str, extra: &[&str]) {
         std::fs::create_dir_all(&n.root).unwrap();
         let mut cmd = haul_clean();
-        cmd.args([
-            "node",
-            "serve",
-            "--meta",
+        harness::daemons::node_serve(
+            &mut cmd,
+            &self.pki,
+            (cert, &n.site),
             &format!("haul://{}", self.meta_addr),
-        ])
-        .args(["--site", &n.site, "--root"])
-        .arg(&n.root)
-        .args([
-            "--listen",
+            &n.root,
             "127.0.0.1:0",
-            "--capacity",
-            "10G",
-            "--print-addr",
-        ])
-        .arg("--cert")
-        .arg(self.pki(&format!("{cert}.pem")))
-        .arg("--key")
-        .arg(self.pki(&format!("{cert}.key")))
-        .arg("--ca")
-        .arg(self.pki("ca/ca.pem"))
-        .args(extra);
-        let (p, addr) = Proc::start(cmd, &self.path().join(format!("{}.log", n.name)));
+        );
+        cmd.args(["--capacity", "10G"]).args(extra);
+        let (p, addr) = start_server(cmd, &self.path().join(format!("{}.log", n.name)));
         assert!(addr.starts_with("127.0.0.1:"), "node address: {addr:?}");
         n.addr = addr;
         n.proc = Some(p);
@@ -562,87 +461,40 @@ pub const TASK_ACCOUNT: &str = "haulrun";
 /// Makes sure [`TASK_ACCOUNT`] exists on this machine (creating it needs root) and returns
 /// its uid, or `None` when it cannot be had.
 pub fn ensure_task_account() -> Option<u32> {
-    let uid = || {
-        let out = Command::new("id")
-            .args(["-u", TASK_ACCOUNT])
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().parse().ok())?
-    };
-    if let Some(u) = uid() {
-        return Some(u);
-    }
-    let _ = Command::new("useradd")
-        .args(["-M", "-N", "-s", "/usr/sbin/nologin", TASK_ACCOUNT])
-        .status();
-    uid()
+    harness::pki::ensure_account(TASK_ACCOUNT)
 }
 
 /// CA, host certificates for the metadata server and each node (name and 127.0.0.1), users
 /// alice, bob, mallory, runner (mapped to the local account [`TASK_ACCOUNT`]) and sysacct
-/// (mapped to the system account `daemon`), the group atlas, and the enrolment file `nodes`
-/// listing each node with its certificate's fingerprint.
-pub fn make_pki(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let run = |args: &[&str]| -> String {
-        let mut c = haul_clean();
-        c.args(args).current_dir(dir);
-        let out = run_bounded(c, CMD_TIMEOUT);
-        assert_ok(&out);
-        String::from_utf8_lossy(&out.stdout).into_owned()
+/// (mapped to the system account `daemon`), the group atlas, and the enrolment file
+/// `enrolled-nodes` listing each node with its certificate's fingerprint.
+pub fn make_pki(dir: &Path) -> harness::pki::Pki {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let spec = harness::pki::PkiSpec {
+        meta_hosts: s(&["127.0.0.1", "localhost"]),
+        nodes: NODES
+            .iter()
+            .map(|(name, _)| (name.to_string(), s(&["127.0.0.1"])))
+            .collect(),
+        users: s(&["alice", "bob", "mallory", "runner", "sysacct"]),
+        mapfile: [
+            ("alice", "alice"),
+            ("bob", "bob"),
+            ("runner", TASK_ACCOUNT),
+            ("sysacct", "daemon"),
+        ]
+        .iter()
+        .map(|(u, a)| (u.to_string(), a.to_string()))
+        .collect(),
+        groups: vec![("atlas".into(), s(&["alice", "bob"]))],
     };
-    run(&["ca", "init", "--dir", "ca"]);
-    run(&[
-        "cert",
-        "issue",
-        "--ca",
-        "ca",
-        "--host",
-        "127.0.0.1",
-        "--host",
-        "localhost",
-        "--out",
-        "meta",
-    ]);
-    let mut enrolment = String::from("# storage nodes allowed to join\n");
-    for (name, _) in NODES {
-        let out = run(&[
-            "cert",
-            "issue",
-            "--ca",
-            "ca",
-            "--host",
-            name,
-            "--host",
-            "127.0.0.1",
-            "--out",
-            name,
-        ]);
-        enrolment += &format!("{}\n", enrolment_line(&out));
-    }
-    std::fs::write(dir.join("nodes"), enrolment).unwrap();
-    for user in ["alice", "bob", "mallory", "runner", "sysacct"] {
-        run(&["cert", "issue", "--ca", "ca", "--user", user, "--out", user]);
-    }
-    std::fs::write(
-        dir.join("mapfile"),
-        "\"/O=longhaul/OU=users/CN=alice\" alice\n\"/O=longhaul/OU=users/CN=bob\" bob\n\
-         \"/O=longhaul/OU=users/CN=runner\" haulrun\n\"/O=longhaul/OU=users/CN=sysacct\" daemon\n",
-    )
-    .unwrap();
-    std::fs::write(dir.join("groups"), "atlas: alice bob\n").unwrap();
+    harness::pki::Pki::create(dir, &spec, &haul_clean).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The enrolment line (`NAME sha256:...`) that `haul cert issue --host` printed.
 pub fn enrolment_line(issue_output: &str) -> String {
-    issue_output
-        .lines()
-        .find_map(|l| l.strip_prefix("enrolment line (haul meta serve --nodes FILE): "))
+    harness::pki::enrolment_line(issue_output)
         .unwrap_or_else(|| panic!("no enrolment line in {issue_output:?}"))
-        .trim()
-        .to_string()
 }
 
 // ---------------------------------------------------------------------------------------------
