@@ -450,7 +450,7 @@ impl<'a> Gfarm<'a> {
                 .lab
                 .hosts()
                 .iter()
-                .filter(|h| o.stdout.contains(&gf_name(h)))
+                .filter(|h| o.stdout_text().contains(&gf_name(h)))
                 .count();
             if o.ok() && up >= want {
                 return Ok(());

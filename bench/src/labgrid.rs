@@ -4,82 +4,28 @@
 //! as the bench's binaries share `data.rs`).
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use harness::pki::{Pki, PkiSpec};
 use serde_json::Value;
 
 pub const META_PORT: u16 = 5811;
 pub const NODE_PORT: u16 = 5812;
 
-/// A child process killed on drop.
-pub struct Proc(pub Child);
+pub use harness::process::{Outcome, Proc};
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// How a bounded command ended.
-pub struct Outcome {
-    pub code: Option<i32>,
-    pub timed_out: bool,
-    pub secs: f64,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Outcome {
-    pub fn ok(&self) -> bool {
-        !self.timed_out && self.code == Some(0)
-    }
-    pub fn why(&self) -> String {
-        let tail: Vec<&str> = self.stderr.lines().rev().take(6).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        if self.timed_out {
-            format!("killed at the time limit after {:.0} s", self.secs)
-        } else {
-            format!("exit {:?}: {}", self.code, tail.join(" | "))
-        }
-    }
-}
-
-/// Runs `cmd` to its end or `limit`, whichever comes first (then kills it); stdout and stderr
-/// go to `<log>.out` / `<log>.err` and are returned.
-pub fn run_bounded(mut cmd: Command, limit: Duration, log: &Path) -> Result<Outcome> {
-    let out_p = log.with_extension("out");
-    let err_p = log.with_extension("err");
-    cmd.stdin(Stdio::null())
-        .stdout(fs::File::create(&out_p)?)
-        .stderr(fs::File::create(&err_p)?);
-    let t = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {:?}", cmd.get_program()))?;
-    let (code, timed_out) = loop {
-        if let Some(st) = child.try_wait()? {
-            break (st.code(), false);
-        }
-        if t.elapsed() >= limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break (None, true);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let secs = t.elapsed().as_secs_f64();
-    Ok(Outcome {
-        code,
-        timed_out,
-        secs,
-        stdout: fs::read_to_string(&out_p).unwrap_or_default(),
-        stderr: fs::read_to_string(&err_p).unwrap_or_default(),
-    })
+/// Runs `cmd` to its end or `limit`, whichever comes first (then kills it); what it printed
+/// is returned and kept in `<log>.out` / `<log>.err`.
+pub fn run_bounded(cmd: Command, limit: Duration, log: &Path) -> Result<Outcome> {
+    let what = format!("{:?}", cmd.get_program());
+    let o =
+        harness::process::run_bounded(cmd, limit).with_context(|| format!("starting {what}"))?;
+    fs::write(log.with_extension("out"), &o.stdout)?;
+    fs::write(log.with_extension("err"), &o.stderr)?;
+    Ok(o)
 }
 
 /// The grid: a metadata server in a0 and one storage node per host.
@@ -89,128 +35,90 @@ pub struct Grid<'a> {
     pub lab: &'a netlab::Lab,
     pub meta_url: String,
     pub procs: Vec<Proc>,
+    pub pki: Pki,
 }
 
-pub fn pki(dir: &Path, haul: &Path, lab: &netlab::Lab) -> Result<()> {
-    let run = |args: &[String]| -> Result<()> {
-        let out = Command::new(haul).args(args).current_dir(dir).output()?;
-        if !out.status.success() {
-            bail!(
-                "haul {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(())
+/// The grid's PKI in `dir`: the metadata server's certificate for a0's address, one host
+/// certificate per lab host (its name and address; every host is enrolled as a node), and
+/// the user `bench` mapped to the local account `bench`.
+pub fn pki(dir: &Path, haul: &Path, lab: &netlab::Lab) -> Result<Pki> {
+    let spec = PkiSpec {
+        meta_hosts: vec!["meta".into(), lab.host("a", 0).addr().to_string()],
+        nodes: lab
+            .hosts()
+            .iter()
+            .map(|h| (h.name().to_string(), vec![h.addr().to_string()]))
+            .collect(),
+        users: vec!["bench".into()],
+        mapfile: vec![("bench".into(), "bench".into())],
+        groups: vec![],
     };
-    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    run(&s(&["ca", "init", "--dir", "ca"]))?;
-    let meta_ip = lab.host("a", 0).addr().to_string();
-    run(&s(&[
-        "cert", "issue", "--ca", "ca", "--out", "meta", "--host", "meta", "--host", &meta_ip,
-    ]))?;
-    for h in lab.hosts() {
-        let ip = h.addr().to_string();
-        run(&s(&[
-            "cert",
-            "issue",
-            "--ca",
-            "ca",
-            "--out",
-            h.name(),
-            "--host",
-            h.name(),
-            "--host",
-            &ip,
-        ]))?;
-    }
-    run(&s(&[
-        "cert", "issue", "--ca", "ca", "--out", "user", "--user", "bench",
-    ]))?;
-    fs::write(
-        dir.join("mapfile"),
-        "\"/O=longhaul/OU=users/CN=bench\" bench\n",
-    )?;
-    // Enrolment: every host may join as a node (by name).
-    let names: Vec<String> = lab.hosts().iter().map(|h| h.name().to_string()).collect();
-    fs::write(dir.join("enrolled-nodes"), names.join("\n") + "\n")?;
-    Ok(())
+    Pki::create(dir, &spec, &|| Command::new(haul)).map_err(|e| anyhow!(e))
 }
 
 impl<'a> Grid<'a> {
     pub fn start(dir: &Path, haul: &Path, lab: &'a netlab::Lab) -> Result<Grid<'a>> {
         fs::create_dir_all(dir)?;
-        pki(dir, haul, lab)?;
+        let pki = pki(dir, haul, lab)?;
         let a0 = lab.host("a", 0);
         let mut cmd = a0.command(haul);
-        cmd.args(["meta", "serve", "--listen"])
-            .arg(format!("{}:{META_PORT}", a0.addr()))
-            .args([
-                "--http",
-                "off",
-                "--data",
-                "meta-data",
-                "--cert",
-                "meta.pem",
-                "--key",
-                "meta.key",
-                "--ca",
-                "ca/ca.pem",
-                "--mapfile",
-                "mapfile",
-                "--nodes",
-                "enrolled-nodes",
-                "--print-addr",
-            ])
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(fs::File::create(dir.join("meta.log"))?);
-        let mut child = cmd.spawn().context("starting haul meta serve")?;
-        let stdout = child.stdout.take().expect("piped");
+        harness::daemons::meta_serve(
+            &mut cmd,
+            &pki,
+            &format!("{}:{META_PORT}", a0.addr()),
+            &dir.join("meta-data"),
+        );
+        cmd.args(["--http", "off"]).current_dir(dir);
+        let (meta, addr) = Proc::start(cmd, &dir.join("meta.log"), Duration::from_secs(60))
+            .map_err(|e| anyhow!(e))?;
         let mut g = Grid {
             dir: dir.to_path_buf(),
             haul: haul.to_path_buf(),
             lab,
-            meta_url: String::new(),
-            procs: vec![Proc(child)],
+            meta_url: format!(
+                "haul://{}",
+                addr.split_whitespace().next().unwrap_or_default()
+            ),
+            procs: vec![meta],
+            pki,
         };
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        reader.read_line(&mut line)?;
-        let addr = line
-            .split_whitespace()
-            .next()
-            .ok_or_else(|| anyhow!("meta printed no address (see {}/meta.log)", dir.display()))?;
-        g.meta_url = format!("haul://{addr}");
-        // Keep reading what else meta prints, so that it never writes into a closed pipe.
-        let mut rest = fs::File::create(dir.join("meta.out"))?;
-        std::thread::spawn(move || std::io::copy(&mut reader, &mut rest));
         for h in lab.hosts() {
-            let site = h.site().to_uppercase();
-            let root = dir.join("nodes").join(h.name());
-            fs::create_dir_all(&root)?;
-            let child = h
-                .command(haul)
-                .args(["node", "serve", "--meta", &g.meta_url, "--site", &site])
-                .arg("--root")
-                .arg(&root)
-                .arg("--listen")
-                .arg(format!("{}:{NODE_PORT}", h.addr()))
-                .args(["--capacity", "50G", "--cert"])
-                .arg(format!("{}.pem", h.name()))
-                .arg("--key")
-                .arg(format!("{}.key", h.name()))
-                .args(["--ca", "ca/ca.pem"])
-                .current_dir(dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(fs::File::create(dir.join(format!("{}.log", h.name())))?)
-                .spawn()
-                .with_context(|| format!("starting node {}", h.name()))?;
-            g.procs.push(Proc(child));
+            let node = g.start_node(h)?;
+            g.procs.push(node);
         }
         g.wait_nodes(lab.hosts().len())?;
         Ok(g)
+    }
+
+    /// Starts (or starts again) the storage node of host `h`: site the host's site, data in
+    /// `DIR/nodes/NAME`, log appended to `DIR/NAME.log`.
+    pub fn start_node(&self, h: &netlab::Host) -> Result<Proc> {
+        let root = self.dir.join("nodes").join(h.name());
+        fs::create_dir_all(&root)?;
+        let mut cmd = h.command(&self.haul);
+        harness::daemons::node_serve(
+            &mut cmd,
+            &self.pki,
+            (h.name(), &h.site().to_uppercase()),
+            &self.meta_url,
+            &root,
+            &format!("{}:{NODE_PORT}", h.addr()),
+        );
+        let log = self.dir.join(format!("{}.log", h.name()));
+        let child = cmd
+            .args(["--capacity", "50G"])
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)?,
+            )
+            .spawn()
+            .with_context(|| format!("starting node {}", h.name()))?;
+        Ok(Proc::adopt(child, &log))
     }
 
     pub fn wait_nodes(&self, want: usize) -> Result<()> {
@@ -243,10 +151,8 @@ impl<'a> Grid<'a> {
         let mut c = self.lab.host("a", 0).command(&self.haul);
         c.args(args)
             .current_dir(&self.dir)
-            .env("HAUL_CERT", self.dir.join("user.pem"))
-            .env("HAUL_KEY", self.dir.join("user.key"))
-            .env("HAUL_CA", self.dir.join("ca/ca.pem"))
             .env("HAUL_META", &self.meta_url);
+        self.pki.as_user(&mut c, "bench");
         c
     }
 
@@ -259,7 +165,7 @@ impl<'a> Grid<'a> {
         if !o.ok() {
             bail!("haul {args:?}: {}", o.why());
         }
-        serde_json::from_str(&o.stdout).with_context(|| format!("haul {args:?}: not JSON"))
+        serde_json::from_slice(&o.stdout).with_context(|| format!("haul {args:?}: not JSON"))
     }
 }
 

@@ -210,7 +210,7 @@ fn serve(haul: &Path, host: &netlab::Host, root: &Path, log: &Path) -> Result<Pr
             })
             .unwrap_or(false);
         if up {
-            return Ok(Proc(child));
+            return Ok(Proc::adopt(child, log));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -506,8 +506,7 @@ fn node_trials(
             let victim = serving_node(&g, &lab);
             if let Some((name, idx)) = victim {
                 let proc_idx = g.procs.len() - lab.hosts().len() + idx;
-                let _ = g.procs[proc_idx].0.kill();
-                let _ = g.procs[proc_idx].0.wait();
+                g.procs[proc_idx].kill();
                 killed = Some((name, idx, proc_idx));
             }
         }
@@ -538,38 +537,9 @@ fn node_trials(
             let _ = fs::remove_dir_all(&local);
         }
         // The node comes back (as a restarted node would) before the next trial.
-        if let Some((name, idx, proc_idx)) = killed {
+        if let Some((_name, idx, proc_idx)) = killed {
             let h = &lab.hosts()[idx];
-            let child = h
-                .command(haul)
-                .args([
-                    "node",
-                    "serve",
-                    "--meta",
-                    &g.meta_url,
-                    "--site",
-                    &h.site().to_uppercase(),
-                ])
-                .arg("--root")
-                .arg(dir.join("nodes").join(&name))
-                .arg("--listen")
-                .arg(format!("{}:{}", h.addr(), labgrid::NODE_PORT))
-                .args(["--capacity", "50G", "--cert"])
-                .arg(format!("{name}.pem"))
-                .arg("--key")
-                .arg(format!("{name}.key"))
-                .args(["--ca", "ca/ca.pem"])
-                .current_dir(&dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(
-                    fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(dir.join(format!("{name}.log")))?,
-                )
-                .spawn()?;
-            g.procs[proc_idx] = Proc(child);
+            g.procs[proc_idx] = g.start_node(h)?;
             g.wait_nodes(lab.hosts().len())?;
         }
     }

@@ -7,10 +7,12 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use harness::pki::{Pki, PkiSpec};
+use harness::process::Proc;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
@@ -36,83 +38,36 @@ struct Args {
 }
 
 /// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct Grid {
     dir: PathBuf,
     haul: PathBuf,
+    pki: Pki,
     meta: Option<Proc>,
     meta_addr: String,
     nodes: Vec<(String, Proc)>,
 }
 
 impl Grid {
-    fn pki(dir: &Path, haul: &Path, nodes: &[&str]) -> Result<()> {
-        let run = |args: &[&str]| -> Result<()> {
-            let st = Command::new(haul)
-                .args(args)
-                .current_dir(dir)
-                .stdout(Stdio::null())
-                .status()?;
-            if !st.success() {
-                bail!("haul {args:?} failed");
-            }
-            Ok(())
+    /// The PKI in `dir`: made once for the nodes `nodes` (then reused), the user `bench`
+    /// mapped to the local account that `haul run` tasks run as.
+    fn pki(dir: &Path, haul: &Path, nodes: &[&str]) -> Result<Pki> {
+        if dir.join("ca/ca.pem").exists() {
+            return Ok(Pki {
+                dir: dir.to_path_buf(),
+            });
+        }
+        harness::pki::ensure_account(TASK_ACCOUNT);
+        let spec = PkiSpec {
+            meta_hosts: vec!["meta".into(), "127.0.0.1".into()],
+            nodes: nodes
+                .iter()
+                .map(|n| (n.to_string(), vec!["127.0.0.1".into()]))
+                .collect(),
+            users: vec!["bench".into()],
+            mapfile: vec![("bench".into(), TASK_ACCOUNT.into())],
+            groups: vec![],
         };
-        run(&["ca", "init", "--dir", "ca"])?;
-        run(&[
-            "cert",
-            "issue",
-            "--ca",
-            "ca",
-            "--out",
-            "meta",
-            "--host",
-            "meta",
-            "--host",
-            "127.0.0.1",
-        ])?;
-        for n in nodes {
-            run(&[
-                "cert",
-                "issue",
-                "--ca",
-                "ca",
-                "--out",
-                n,
-                "--host",
-                n,
-                "--host",
-                "127.0.0.1",
-            ])?;
-        }
-        run(&[
-            "cert", "issue", "--ca", "ca", "--out", "user", "--user", "bench",
-        ])?;
-        // Tasks of `haul run` need an ordinary local account (never a system account such as
-        // `nobody`): `haulrun`, created when missing.
-        if Command::new("id")
-            .arg(TASK_ACCOUNT)
-            .output()
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-        {
-            let _ = Command::new("useradd")
-                .args(["-M", "-N", "-s", "/usr/sbin/nologin", TASK_ACCOUNT])
-                .status();
-        }
-        std::fs::write(
-            dir.join("mapfile"),
-            format!("\"/O=longhaul/OU=users/CN=bench\" {TASK_ACCOUNT}\n"),
-        )?;
-        Ok(())
+        Pki::create(dir, &spec, &|| Command::new(haul)).map_err(|e| anyhow::anyhow!(e))
     }
 
     fn start(
@@ -123,31 +78,12 @@ impl Grid {
         extra: &[&str],
     ) -> Result<Self> {
         let names: Vec<&str> = nodes.iter().map(|n| n.0).collect();
-        if !dir.join("ca/ca.pem").exists() {
-            std::fs::create_dir_all(dir)?;
-            Self::pki(dir, haul, &names)?;
-        }
-        // Enrolment: the nodes may join (by name; each keeps the certificate it first used).
-        std::fs::write(dir.join("enrolled-nodes"), names.join("\n") + "\n")?;
+        let pki = Self::pki(dir, haul, &names)?;
         let mut cmd = Command::new(haul);
+        harness::daemons::meta_serve(&mut cmd, &pki, "127.0.0.1:0", &dir.join("meta-data"));
         cmd.args([
-            "meta",
-            "serve",
-            "--nodes",
-            "enrolled-nodes",
-            "--listen",
-            "127.0.0.1:0",
             "--http",
             "127.0.0.1:0",
-            "--cert",
-            "meta.pem",
-            "--key",
-            "meta.key",
-            "--ca",
-            "ca/ca.pem",
-            "--mapfile",
-            "mapfile",
-            "--print-addr",
             "--heartbeat",
             "500ms",
             "--node-timeout",
@@ -156,16 +92,12 @@ impl Grid {
             "1s",
         ])
         .args(extra)
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("meta.log"))?);
-        match db {
-            Some(url) => cmd.args(["--db", url]),
-            None => cmd.args(["--data", "meta-data"]),
-        };
-        let mut child = cmd.spawn().context("starting haul meta serve")?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        .current_dir(dir);
+        if let Some(url) = db {
+            cmd.args(["--db", url]);
+        }
+        let (meta, line) = Proc::start(cmd, &dir.join("meta.log"), Duration::from_secs(60))
+            .map_err(|e| anyhow::anyhow!(e))?;
         let meta_addr = line
             .split_whitespace()
             .next()
@@ -174,7 +106,8 @@ impl Grid {
         let mut g = Grid {
             dir: dir.to_path_buf(),
             haul: haul.to_path_buf(),
-            meta: Some(Proc(child)),
+            pki,
+            meta: Some(meta),
             meta_addr,
             nodes: Vec::new(),
         };
@@ -190,21 +123,18 @@ impl Grid {
     fn start_node(&mut self, n: &str, site: &str) -> Result<()> {
         let root = self.dir.join("nodes").join(n);
         std::fs::create_dir_all(&root)?;
-        let child = Command::new(&self.haul)
-            .args(["node", "serve", "--meta"])
-            .arg(format!("haul://{}", self.meta_addr))
-            .args(["--site", site, "--root"])
-            .arg(&root)
-            .args(["--listen", "127.0.0.1:0", "--capacity", "50G", "--cert"])
-            .arg(format!("{n}.pem"))
-            .arg("--key")
-            .arg(format!("{n}.key"))
-            .args(["--ca", "ca/ca.pem"])
-            .current_dir(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.dir.join(format!("{n}.log")))?)
-            .spawn()?;
-        self.nodes.push((n.to_string(), Proc(child)));
+        let mut cmd = Command::new(&self.haul);
+        harness::daemons::node_serve(
+            &mut cmd,
+            &self.pki,
+            (n, site),
+            &format!("haul://{}", self.meta_addr),
+            &root,
+            "127.0.0.1:0",
+        );
+        cmd.args(["--capacity", "50G"]).current_dir(&self.dir);
+        let node = Proc::spawn(cmd, &self.dir.join(format!("{n}.log")))?;
+        self.nodes.push((n.to_string(), node));
         Ok(())
     }
 
@@ -231,10 +161,8 @@ impl Grid {
         let mut c = Command::new(&self.haul);
         c.args(args)
             .current_dir(&self.dir)
-            .env("HAUL_CERT", self.dir.join("user.pem"))
-            .env("HAUL_KEY", self.dir.join("user.key"))
-            .env("HAUL_CA", self.dir.join("ca/ca.pem"))
             .env("HAUL_META", format!("haul://{}", self.meta_addr));
+        self.pki.as_user(&mut c, "bench");
         c
     }
 
@@ -254,7 +182,7 @@ impl Grid {
     }
 
     fn meta_rss_mib(&self) -> f64 {
-        let pid = self.meta.as_ref().map(|p| p.0.id()).unwrap_or(0);
+        let pid = self.meta.as_ref().map(|p| p.id()).unwrap_or(0);
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .ok()
             .and_then(|s| {
@@ -268,9 +196,9 @@ impl Grid {
 
     async fn client(&self) -> Result<grid::MetaClient> {
         let creds = transfer::tls::Credentials::load(&transfer::tls::CredentialPaths {
-            cert: self.dir.join("user.pem"),
-            key: self.dir.join("user.key"),
-            ca: self.dir.join("ca/ca.pem"),
+            cert: self.pki.cert("bench"),
+            key: self.pki.key("bench"),
+            ca: self.pki.ca(),
         })?;
         let peer = transfer::client::Peer::parse(&self.meta_addr)?;
         Ok(grid::MetaClient::connect(&peer, transfer::tls::client_config(&creds)?).await?)

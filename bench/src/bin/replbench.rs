@@ -292,7 +292,10 @@ fn globus(
         .stdin(Stdio::null())
         .stdout(fs::File::create(scratch.join("server.out"))?)
         .stderr(fs::File::create(scratch.join("server.err"))?);
-    let _server = Proc(c.spawn().context("starting globus-gridftp-server")?);
+    let _server = Proc::adopt(
+        c.spawn().context("starting globus-gridftp-server")?,
+        &scratch.join("server.err"),
+    );
     let t = Instant::now();
     while !listening(server, GRIDFTP_PORT) {
         if t.elapsed() > Duration::from_secs(15) {
@@ -370,7 +373,7 @@ fn gfprep_run(
         Duration::from_secs(120),
         "gfwhere0",
     )?;
-    let before = parse_gfwhere(&w0.stdout);
+    let before = parse_gfwhere(&w0.stdout_text());
     let mut spread = serde_json::Map::new();
     for (p, hs) in &before {
         if hs.len() != 1 || !hs[0].ends_with(".sitea") {
@@ -403,7 +406,7 @@ fn gfprep_run(
         Duration::from_secs(120),
         "gfwhere1",
     )?;
-    let after = parse_gfwhere(&w1.stdout);
+    let after = parse_gfwhere(&w1.stdout_text());
     let mut per_node = serde_json::Map::new();
     let mut on_b: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     let mut replicas_b_total = 0;
@@ -465,7 +468,7 @@ fn gfprep_run(
         "replicas_at_b": replicas_b_total,
         "files_checksum_ok_at_b": cksum_ok,
         "replicas_per_node": per_node,
-        "stderr_tail": o.stderr.lines().rev().take(6).collect::<Vec<_>>(),
+        "stderr_tail": o.stderr_text().lines().rev().take(6).collect::<Vec<_>>(),
     });
     Ok(with_measurement(row, n, "gfprep", ds.bytes, &p, rate))
 }
@@ -636,7 +639,7 @@ fn haul_run(
     ];
     let (ro, rp) = measured(lab, || g.run(&repl_args, limit, "replicate"))?;
     let switches: Vec<String> = cc_switches(&g.dir, lab).split_off(switches0);
-    let report = last_json(&ro.stdout);
+    let report = last_json(&ro.stdout_text());
     if !ro.ok() {
         problems.push(format!("haul replicate: {}", ro.why()));
     }
@@ -649,7 +652,7 @@ fn haul_run(
         limit,
         "verify",
     )?;
-    let verify = last_json(&v.stdout);
+    let verify = last_json(&v.stdout_text());
     if !v.ok() {
         problems.push(format!("haul verify -r --no-repair: {}", v.why()));
     }
@@ -665,7 +668,7 @@ fn haul_run(
         "ok": ok,
         "problems": problems,
         "upload_seconds": up.secs,
-        "upload_report_bytes_moved": last_json(&up.stdout)["bytes_moved"],
+        "upload_report_bytes_moved": last_json(&up.stdout_text())["bytes_moved"],
         "cc_switches": switches,
         "report": report,
         "placement": placement,
@@ -711,7 +714,7 @@ fn globus_run(
                 "ok": problems.is_empty(),
                 "problems": problems,
                 "copy_identical": copy.is_ok(),
-                "stderr_tail": o.stderr.lines().rev().take(6).collect::<Vec<_>>(),
+                "stderr_tail": o.stderr_text().lines().rev().take(6).collect::<Vec<_>>(),
             });
             with_measurement(row, n, "globus-url-copy", ds.bytes, &p, rate)
         }
