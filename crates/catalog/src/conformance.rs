@@ -1,7 +1,9 @@
 //! The behaviour every catalog backend must have. The tests run it against SQLite (in memory
 //! and on disk) and PostgreSQL; a backend passes when `run` returns.
 
-use crate::{Catalog, CatalogError, CreateItem, CreateKind, Inode, Kind, NewEntry, ReplicaState};
+use crate::{
+    Catalog, CatalogError, Checked, CreateItem, CreateKind, Inode, Kind, NewEntry, ReplicaState,
+};
 
 fn entry(owner: &str) -> NewEntry {
     NewEntry {
@@ -16,6 +18,7 @@ fn entry(owner: &str) -> NewEntry {
 pub async fn run(c: &Catalog) {
     directories(c).await;
     checked_mkdir_decides_on_what_its_transaction_sees(c).await;
+    checked_remove_and_rename_decide_on_what_their_transaction_sees(c).await;
     files_appear_only_when_committed(c).await;
     replacing_and_removing_bury_replicas(c).await;
     rename_rules(c).await;
@@ -313,6 +316,107 @@ async fn checked_mkdir_decides_on_what_its_transaction_sees(c: &Catalog) {
         CatalogError::Denied("no".into())
     );
     assert!(c.lookup("/chk/r").await.unwrap().is_none());
+}
+
+/// `remove_checked` and `rename_checked` show `authorize` the entries as their own
+/// transaction sees them (for a recursive removal every directory below, with its path),
+/// change nothing they refuse, and change what they allow.
+async fn checked_remove_and_rename_decide_on_what_their_transaction_sees(c: &Catalog) {
+    let e = entry("alice");
+    c.mkdir("/rm/t/u/v", &e, true).await.unwrap();
+    c.mkdir("/rm/t/w", &e, true).await.unwrap();
+    let f = c.create_pending("/rm/t/u/file", &e).await.unwrap();
+    c.commit_file(f.id, 0, "crc32c:00000000", 0).await.unwrap();
+    // A refusal removes nothing and comes back as it is.
+    let seen = std::sync::Mutex::new(None);
+    let r = c
+        .remove_checked(
+            "/rm/t",
+            true,
+            |chain: &[Inode], below: &[(String, Inode)]| {
+                let names: Vec<String> = chain.iter().map(|i| i.name.clone()).collect();
+                let paths: Vec<String> = below.iter().map(|(p, _)| p.clone()).collect();
+                *seen.lock().unwrap() = Some((names, paths));
+                Err("not yours")
+            },
+        )
+        .await;
+    assert!(matches!(r, Err(Checked::Refused("not yours"))));
+    let (names, paths) = seen.lock().unwrap().take().unwrap();
+    assert_eq!(names.last().map(String::as_str), Some("t"));
+    assert_eq!(paths, ["/rm/t/u", "/rm/t/u/v", "/rm/t/w"]);
+    assert!(c.lookup("/rm/t/u/file").await.unwrap().is_some());
+    // Allowed: the tree goes (t, u, v, w and the file).
+    let n = c
+        .remove_checked("/rm/t", true, |_: &[Inode], _: &[(String, Inode)]| {
+            Ok::<(), ()>(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 5);
+    assert!(c.lookup("/rm/t").await.unwrap().is_none());
+    // A missing path is shown as far as it exists; the catalog's own error follows.
+    let r = c
+        .remove_checked(
+            "/rm/gone",
+            false,
+            |chain: &[Inode], below: &[(String, Inode)]| {
+                assert_eq!(chain.last().map(|i| i.name.as_str()), Some("rm"));
+                assert!(below.is_empty());
+                Ok::<(), ()>(())
+            },
+        )
+        .await;
+    assert!(matches!(
+        r,
+        Err(Checked::Catalog(CatalogError::NotFound(_)))
+    ));
+    // Rename: the source's chain, the destination's parent chain and what it replaces.
+    c.mkdir("/rm/dst", &e, false).await.unwrap();
+    for p in ["/rm/a", "/rm/dst/b"] {
+        let f = c.create_pending(p, &e).await.unwrap();
+        c.commit_file(f.id, 0, "crc32c:00000000", 0).await.unwrap();
+    }
+    let r = c
+        .rename_checked(
+            "/rm/a",
+            "/rm/dst/b",
+            |from: &[Inode], to: &[Inode], target: Option<&Inode>| {
+                assert_eq!(from.last().map(|i| i.name.as_str()), Some("a"));
+                assert_eq!(to.last().map(|i| i.name.as_str()), Some("dst"));
+                assert_eq!(target.map(|i| i.name.as_str()), Some("b"));
+                Err("no")
+            },
+        )
+        .await;
+    assert!(matches!(r, Err(Checked::Refused("no"))));
+    assert!(c.lookup("/rm/a").await.unwrap().is_some());
+    let moved = c
+        .rename_checked(
+            "/rm/a",
+            "/rm/dst/b",
+            |_: &[Inode], _: &[Inode], _: Option<&Inode>| Ok::<(), ()>(()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(c.path_of(moved.id).await.unwrap(), "/rm/dst/b");
+    assert!(c.lookup("/rm/a").await.unwrap().is_none());
+    // A destination below a file: its parent chain ends at the file, with no target.
+    let r = c
+        .rename_checked(
+            "/rm/dst/b",
+            "/rm/dst/b/c",
+            |_: &[Inode], to: &[Inode], target: Option<&Inode>| {
+                assert_eq!(
+                    to.last().map(|i| (i.name.as_str(), i.kind)),
+                    Some(("b", Kind::File))
+                );
+                assert!(target.is_none());
+                Err("not a directory")
+            },
+        )
+        .await;
+    assert!(matches!(r, Err(Checked::Refused("not a directory"))));
 }
 
 async fn files_appear_only_when_committed(c: &Catalog) {

@@ -175,6 +175,29 @@ pub struct NodeRegistration<'a> {
     pub may_rotate: bool,
 }
 
+/// The outcome of a checked change that failed: refused by its authorization (with the
+/// caller's reason), or failed in the catalog.
+#[derive(Debug)]
+pub enum Checked<E> {
+    Refused(E),
+    Catalog(CatalogError),
+}
+
+impl<E> From<CatalogError> for Checked<E> {
+    fn from(e: CatalogError) -> Self {
+        Checked::Catalog(e)
+    }
+}
+
+/// A checked change's result: a refusal wins over the rollback error it caused.
+fn checked<T, E>(r: Result<T>, refused: Option<E>) -> std::result::Result<T, Checked<E>> {
+    match (r, refused) {
+        (_, Some(e)) => Err(Checked::Refused(e)),
+        (Ok(v), None) => Ok(v),
+        (Err(e), None) => Err(Checked::Catalog(e)),
+    }
+}
+
 /// Which backend a catalog runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -568,20 +591,26 @@ impl Catalog {
         let norm = normalize(path)?;
         let scope = Scope::Read(self.read_scope());
         let mut c = self.pool.acquire().await?;
-        let mut cur = self
-            .resolve(&mut c, "/", scope)
-            .await?
-            .expect("root exists");
-        let mut chain = vec![cur.clone()];
+        self.chain_on(&mut c, &norm, scope).await
+    }
+
+    /// The entries along the normalized path `norm` on connection `c` (a transaction's, for
+    /// a check and the change it guards to see the same entries): root first, as far as
+    /// they exist. A file before the last component is an error.
+    async fn chain_on(
+        &self,
+        c: &mut AnyConnection,
+        norm: &str,
+        scope: Scope<'_>,
+    ) -> Result<Vec<Inode>> {
+        let mut chain = vec![Self::root(c).await?];
         for part in norm.split('/').filter(|p| !p.is_empty()) {
+            let cur = chain.last().expect("root");
             if cur.kind != Kind::Dir {
                 return Err(CatalogError::NotADirectory(chain_path(&chain)));
             }
-            match self.child(&mut c, cur.id, part, scope).await? {
-                Some(next) => {
-                    chain.push(next.clone());
-                    cur = next;
-                }
+            match self.child(c, cur.id, part, scope).await? {
+                Some(next) => chain.push(next),
                 None => break,
             }
         }
@@ -832,20 +861,9 @@ impl Catalog {
     ) -> Result<Inode> {
         let norm = normalize(path)?;
         let parts: Vec<&str> = norm.split('/').filter(|p| !p.is_empty()).collect();
-        let mut chain = vec![Self::root(&mut w.tx).await?];
-        for part in &parts {
-            let cur = chain.last().expect("root");
-            if cur.kind != Kind::Dir {
-                return Err(CatalogError::NotADirectory(chain_path(&chain)));
-            }
-            match self
-                .child(&mut w.tx, cur.id, part, Scope::Write(&w.touched))
-                .await?
-            {
-                Some(next) => chain.push(next),
-                None => break,
-            }
-        }
+        let mut chain = self
+            .chain_on(&mut w.tx, &norm, Scope::Write(&w.touched))
+            .await?;
         let missing = parts.len() + 1 - chain.len();
         let e = authorize(&chain, missing)?;
         let mut cur = chain.pop().expect("root");
@@ -1171,7 +1189,50 @@ impl Catalog {
     /// Renames or moves an entry. A file may replace a file; nothing replaces a directory.
     pub async fn rename(&self, from: &str, to: &str) -> Result<Inode> {
         let mut w = self.wtx().await?;
+        let r = self.rename_in(&mut w, from, to).await;
+        self.done(w, r).await
+    }
+
+    /// [`Catalog::rename`] after `authorize` approved it on what the same transaction sees:
+    /// the entries along `from` (root first, as far as they exist), along the parent
+    /// directory of `to`, and the entry at `to` if there is one.
+    pub async fn rename_checked<E>(
+        &self,
+        from: &str,
+        to: &str,
+        authorize: impl FnOnce(&[Inode], &[Inode], Option<&Inode>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Inode, Checked<E>> {
+        let mut w = self.wtx().await?;
+        let mut refused = None;
         let r = async {
+            let from_chain = self
+                .chain_on(&mut w.tx, &normalize(from)?, Scope::Write(&w.touched))
+                .await?;
+            let (to_parent, to_name) = parent_and_name(&normalize(to)?)?;
+            let to_chain = self
+                .chain_on(&mut w.tx, &to_parent, Scope::Write(&w.touched))
+                .await?;
+            let parent_exists =
+                to_chain.len() == to_parent.split('/').filter(|p| !p.is_empty()).count() + 1;
+            let target = match to_chain.last() {
+                Some(d) if parent_exists && d.kind == Kind::Dir => {
+                    self.child(&mut w.tx, d.id, &to_name, Scope::Write(&w.touched))
+                        .await?
+                }
+                _ => None,
+            };
+            if let Err(e) = authorize(&from_chain, &to_chain, target.as_ref()) {
+                refused = Some(e);
+                return Err(CatalogError::Denied("refused".into()));
+            }
+            self.rename_in(&mut w, from, to).await
+        }
+        .await;
+        checked(self.done(w, r).await, refused)
+    }
+
+    async fn rename_in(&self, w: &mut WTx, from: &str, to: &str) -> Result<Inode> {
+        {
             let src = self
                 .resolve(&mut w.tx, from, Scope::Write(&w.touched))
                 .await?
@@ -1207,7 +1268,7 @@ impl Catalog {
                     return Err(CatalogError::Exists(normalize(to)?));
                 }
                 Self::bury(&mut w.tx, &[existing.id]).await?;
-                Self::delete_inode(&mut w, &existing).await?;
+                Self::delete_inode(w, &existing).await?;
             }
             let q = format!(
                 "UPDATE inodes SET parent = $1, name = $2 WHERE id = $3 RETURNING {INODE_COLS}"
@@ -1222,15 +1283,79 @@ impl Catalog {
             w.touch(dir.id, &name);
             inode_from(&row)
         }
-        .await;
-        self.done(w, r).await
     }
 
     /// Removes a file or an empty directory; with `recursive` a whole tree. Returns the number
     /// of entries removed. Their replicas become dead.
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<u64> {
         let mut w = self.wtx().await?;
+        let r = self.remove_in(&mut w, path, recursive).await;
+        self.done(w, r).await
+    }
+
+    /// [`Catalog::remove`] after `authorize` approved it on what the same transaction sees:
+    /// the entries along `path` (root first, as far as they exist) and, when a directory is
+    /// removed with everything below it, every directory below it (path, entry).
+    pub async fn remove_checked<E>(
+        &self,
+        path: &str,
+        recursive: bool,
+        authorize: impl FnOnce(&[Inode], &[(String, Inode)]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<u64, Checked<E>> {
+        let mut w = self.wtx().await?;
+        let mut refused = None;
         let r = async {
+            let norm = normalize(path)?;
+            let chain = self
+                .chain_on(&mut w.tx, &norm, Scope::Write(&w.touched))
+                .await?;
+            let exists = chain.len() == norm.split('/').filter(|p| !p.is_empty()).count() + 1;
+            let below = match chain.last() {
+                Some(top) if exists && recursive && top.kind == Kind::Dir && top.id != ROOT => {
+                    Self::dirs_below_on(&mut w.tx, top, &norm).await?
+                }
+                _ => Vec::new(),
+            };
+            if let Err(e) = authorize(&chain, &below) {
+                refused = Some(e);
+                return Err(CatalogError::Denied("refused".into()));
+            }
+            self.remove_in(&mut w, path, recursive).await
+        }
+        .await;
+        checked(self.done(w, r).await, refused)
+    }
+
+    /// Every directory below directory `top` (at `base`), with its path, parents first.
+    async fn dirs_below_on(
+        c: &mut AnyConnection,
+        top: &Inode,
+        base: &str,
+    ) -> Result<Vec<(String, Inode)>> {
+        let q = format!(
+            "WITH RECURSIVE t(id) AS (SELECT $1 UNION ALL SELECT i.id FROM inodes i JOIN t ON i.parent = t.id WHERE i.kind = 0) \
+             SELECT {INODE_COLS} FROM inodes WHERE id IN (SELECT id FROM t) AND id <> $1"
+        );
+        let rows = sqlx::query(&q).bind(top.id).fetch_all(&mut *c).await?;
+        let dirs: Vec<Inode> = rows.iter().map(inode_from).collect::<Result<_>>()?;
+        let by_id: HashMap<i64, &Inode> = dirs.iter().map(|d| (d.id, d)).collect();
+        let path_of = |d: &Inode| {
+            let mut names = vec![d.name.as_str()];
+            let mut up = d.parent;
+            while let Some(p) = by_id.get(&up) {
+                names.push(p.name.as_str());
+                up = p.parent;
+            }
+            names.reverse();
+            join(base, &names.join("/"))
+        };
+        let mut out: Vec<(String, Inode)> = dirs.iter().map(|d| (path_of(d), d.clone())).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    async fn remove_in(&self, w: &mut WTx, path: &str, recursive: bool) -> Result<u64> {
+        {
             let target = self
                 .resolve(&mut w.tx, path, Scope::Write(&w.touched))
                 .await?
@@ -1268,8 +1393,6 @@ impl Catalog {
             w.touch(target.parent, &target.name);
             Ok(ids.len() as u64)
         }
-        .await;
-        self.done(w, r).await
     }
 
     async fn update_attr(&self, path: &str, sql: &str, value: AttrValue<'_>) -> Result<Inode> {

@@ -8,9 +8,17 @@ use crate::perm::{self, Access};
 use crate::state::{Meta, depth, entry, status};
 use api::meta as pb;
 use api::meta::namespace_server::Namespace;
-use catalog::{CatalogError, Inode, Kind, NewEntry, normalize, parent_and_name};
+use catalog::{CatalogError, Checked, Inode, Kind, NewEntry, normalize, parent_and_name};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
+
+/// A checked change's error as the caller sees it: the refusal, or the catalog's error.
+fn refused_or_status(e: Checked<Status>) -> Status {
+    match e {
+        Checked::Refused(s) => s,
+        Checked::Catalog(e) => status(e),
+    }
+}
 
 /// The namespace service.
 pub struct NamespaceService {
@@ -32,6 +40,35 @@ impl Resolved {
         self.exists().then(|| self.chain.last().expect("root"))
     }
 
+    /// Checks `user`'s search permission on every directory before the entry (or, when the
+    /// path does not exist, on every directory that does).
+    pub fn check_traverse(&self, user: &User) -> Result<(), Status> {
+        let skip = if self.exists() { 1 } else { 0 };
+        perm::require_traverse(user, &self.chain, skip)
+    }
+
+    /// The entry, or why there is none.
+    pub fn existing(&self) -> Result<&Inode, Status> {
+        self.entry()
+            .ok_or_else(|| Status::not_found(format!("{}: no such file or directory", self.norm)))
+    }
+
+    /// The entry as a directory `user` may create and remove entries in: existing, a
+    /// directory, writable and searchable.
+    pub fn writable_dir(&self, user: &User) -> Result<&Inode, Status> {
+        self.check_traverse(user)?;
+        let dir = self.existing()?;
+        if dir.kind != Kind::Dir {
+            return Err(Status::failed_precondition(format!(
+                "{}: not a directory",
+                self.norm
+            )));
+        }
+        perm::require(user, dir, Access::Write, &self.norm)?;
+        perm::require(user, dir, Access::Search, &self.norm)?;
+        Ok(dir)
+    }
+
     /// The parent directory, when it exists.
     pub fn parent(&self) -> Option<&Inode> {
         let d = depth(&self.norm);
@@ -49,23 +86,15 @@ impl Meta {
         let norm = normalize(path).map_err(status)?;
         let chain = self.catalog.lookup_chain(&norm).await.map_err(status)?;
         let r = Resolved { norm, chain };
-        // Search permission on every directory before the final entry (or, when the path
-        // does not exist, on every directory that does).
-        let skip = if r.exists() { 1 } else { 0 };
-        perm::require_traverse(user, &r.chain, skip)?;
+        r.check_traverse(user)?;
         Ok(r)
     }
 
     /// The existing entry at `path`.
     pub async fn existing(&self, user: &User, path: &str) -> Result<(Resolved, Inode), Status> {
         let r = self.resolve(user, path).await?;
-        match r.entry().cloned() {
-            Some(e) => Ok((r, e)),
-            None => Err(Status::not_found(format!(
-                "{}: no such file or directory",
-                r.norm
-            ))),
-        }
+        let e = r.existing()?.clone();
+        Ok((r, e))
     }
 
     /// Creates directory `path` for `user` (with `parents`, missing parents too; an existing
@@ -113,45 +142,70 @@ impl Meta {
     /// Removes `path` for `user` (a directory with `recursive`, everything below it): the
     /// number of entries removed.
     pub async fn remove_as(&self, user: &User, path: &str, recursive: bool) -> Result<u64, Status> {
-        let (r, e) = self.existing(user, path).await?;
-        let parent = r
-            .parent()
-            .cloned()
-            .ok_or_else(|| Status::invalid_argument("cannot remove the root"))?;
-        perm::require_unlink(user, &parent, &e, &r.norm)?;
-        if e.kind == Kind::Dir && recursive && !user.admin {
-            // Emptying a directory needs write and search permission on it and on every
-            // directory below it.
-            for (p, d) in self.catalog.dirs_below(&r.norm).await.map_err(status)? {
-                perm::require(user, &d, Access::Write, &p)?;
-                perm::require(user, &d, Access::Search, &p)?;
+        let norm = normalize(path).map_err(status)?;
+        // Checked and removed in one catalog transaction, on what it finds.
+        let authorize = |chain: &[Inode], below: &[(String, Inode)]| {
+            let r = Resolved {
+                norm: norm.clone(),
+                chain: chain.to_vec(),
+            };
+            r.check_traverse(user)?;
+            let e = r.existing()?;
+            let parent = r
+                .parent()
+                .ok_or_else(|| Status::invalid_argument("cannot remove the root"))?;
+            perm::require_unlink(user, parent, e, &r.norm)?;
+            if e.kind == Kind::Dir && recursive && !user.admin {
+                // Emptying a directory needs write and search permission on it and on every
+                // directory below it.
+                perm::require(user, e, Access::Write, &r.norm)?;
+                perm::require(user, e, Access::Search, &r.norm)?;
+                for (p, d) in below {
+                    perm::require(user, d, Access::Write, p)?;
+                    perm::require(user, d, Access::Search, p)?;
+                }
             }
-        }
+            Ok(())
+        };
         self.catalog
-            .remove(&r.norm, recursive)
+            .remove_checked(&norm, recursive, authorize)
             .await
-            .map_err(status)
+            .map_err(refused_or_status)
     }
 
     /// Renames `from` to `to` for `user` (an entry at `to` is replaced, as rename(2) does).
     pub async fn rename_as(&self, user: &User, from: &str, to: &str) -> Result<pb::Entry, Status> {
-        let (from, e) = self.existing(user, from).await?;
-        let from_parent = from
-            .parent()
-            .cloned()
-            .ok_or_else(|| Status::invalid_argument("cannot move the root"))?;
-        perm::require_unlink(user, &from_parent, &e, &from.norm)?;
-        let to_parent = self.writable_parent(user, to).await?;
-        let to = self.resolve(user, to).await?;
-        if let Some(target) = to.entry() {
-            perm::require_unlink(user, &to_parent, target, &to.norm)?;
-        }
+        let from = normalize(from).map_err(status)?;
+        let to = normalize(to).map_err(status)?;
+        let (to_parent, _) = parent_and_name(&to).map_err(status)?;
+        // Checked and moved in one catalog transaction, on what it finds.
+        let authorize = |from_chain: &[Inode], to_chain: &[Inode], target: Option<&Inode>| {
+            let source = Resolved {
+                norm: from.clone(),
+                chain: from_chain.to_vec(),
+            };
+            source.check_traverse(user)?;
+            let e = source.existing()?;
+            let from_parent = source
+                .parent()
+                .ok_or_else(|| Status::invalid_argument("cannot move the root"))?;
+            perm::require_unlink(user, from_parent, e, &from)?;
+            let parent = Resolved {
+                norm: to_parent.clone(),
+                chain: to_chain.to_vec(),
+            };
+            let dir = parent.writable_dir(user)?;
+            if let Some(target) = target {
+                perm::require_unlink(user, dir, target, &to)?;
+            }
+            Ok(())
+        };
         let moved = self
             .catalog
-            .rename(&from.norm, &to.norm)
+            .rename_checked(&from, &to, authorize)
             .await
-            .map_err(status)?;
-        Ok(entry(&to.norm, &moved))
+            .map_err(refused_or_status)?;
+        Ok(entry(&to, &moved))
     }
 
     /// Changes the permission bits of `path` (its owner or an administrator only).
@@ -192,15 +246,8 @@ impl Meta {
     /// The directory `path` must be in: existing, a directory, writable and searchable.
     pub async fn writable_parent(&self, user: &User, path: &str) -> Result<Inode, Status> {
         let (parent, _) = parent_and_name(path).map_err(status)?;
-        let (_, dir) = self.existing(user, &parent).await?;
-        if dir.kind != Kind::Dir {
-            return Err(Status::failed_precondition(format!(
-                "{parent}: not a directory"
-            )));
-        }
-        perm::require(user, &dir, Access::Write, &parent)?;
-        perm::require(user, &dir, Access::Search, &parent)?;
-        Ok(dir)
+        let r = self.resolve(user, &parent).await?;
+        r.writable_dir(user).cloned()
     }
 }
 
