@@ -521,6 +521,19 @@ impl Catalog {
             .ok_or_else(|| CatalogError::Database("root directory missing".into()))
     }
 
+    /// The root directory, from the cache when there is one.
+    async fn root_cached(&self, c: &mut AnyConnection) -> Result<Inode> {
+        let Some(cache) = &self.cache else {
+            return Self::root(c).await;
+        };
+        if let Some(r) = cache.get(0, "") {
+            return Ok(r);
+        }
+        let r = Self::root(c).await?;
+        cache.insert(cache.generation(), &r);
+        Ok(r)
+    }
+
     /// Resolves a path (no pending files); `Ok(None)` when a component does not exist.
     async fn resolve(
         &self,
@@ -529,17 +542,7 @@ impl Catalog {
         scope: Scope<'_>,
     ) -> Result<Option<Inode>> {
         let norm = normalize(path)?;
-        let mut cur = match &self.cache {
-            Some(cache) => match cache.get(0, "") {
-                Some(r) => r,
-                None => {
-                    let r = Self::root(c).await?;
-                    cache.insert(cache.generation(), &r);
-                    r
-                }
-            },
-            None => Self::root(c).await?,
-        };
+        let mut cur = self.root_cached(c).await?;
         for part in norm.split('/').filter(|p| !p.is_empty()) {
             if cur.kind != Kind::Dir {
                 return Err(CatalogError::NotADirectory(path.to_string()));
@@ -603,7 +606,7 @@ impl Catalog {
         norm: &str,
         scope: Scope<'_>,
     ) -> Result<Vec<Inode>> {
-        let mut chain = vec![Self::root(c).await?];
+        let mut chain = vec![self.root_cached(c).await?];
         for part in norm.split('/').filter(|p| !p.is_empty()) {
             let cur = chain.last().expect("root");
             if cur.kind != Kind::Dir {
