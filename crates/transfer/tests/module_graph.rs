@@ -7,15 +7,29 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Modules of `crate_src` (one file each) and the modules of the same crate each one's code
-/// (not its comments, not its `#[cfg(test)] mod tests`) refers to as `crate::name`.
+/// Modules of `crate_src` (a file `name.rs`, and a directory `name/` of submodules, count as
+/// the one module `name`) and the modules of the same crate each one's code (not its comments,
+/// not its `#[cfg(test)] mod tests`) refers to as `crate::name`.
 fn graph(crate_src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut files = BTreeMap::new();
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
     for e in std::fs::read_dir(crate_src).unwrap() {
         let p = e.unwrap().path();
         let name = p.file_stem().unwrap().to_string_lossy().into_owned();
-        if p.extension().is_some_and(|x| x == "rs") && name != "lib" {
-            files.insert(name, code_of(&std::fs::read_to_string(&p).unwrap()));
+        if name == "lib" {
+            continue;
+        }
+        if p.extension().is_some_and(|x| x == "rs") {
+            files
+                .entry(name)
+                .or_default()
+                .push_str(&code_of(&std::fs::read_to_string(&p).unwrap()));
+        } else if p.is_dir() {
+            for f in rust_files(&p) {
+                files
+                    .entry(name.clone())
+                    .or_default()
+                    .push_str(&code_of(&std::fs::read_to_string(&f).unwrap()));
+            }
         }
     }
     let names: BTreeSet<String> = files.keys().cloned().collect();
@@ -37,6 +51,20 @@ fn graph(crate_src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             (m.clone(), deps)
         })
         .collect()
+}
+
+/// Every `.rs` file below `dir`.
+fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(rust_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out
 }
 
 fn ident(s: &str) -> String {
