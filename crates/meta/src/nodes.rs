@@ -111,7 +111,14 @@ impl NodeService for NodeServiceImpl {
             } else {
                 0.0
             };
-            let node = match m.catalog.heartbeat(&q.name, q.capacity, q.free, load).await {
+            let node = match m
+                .record_heartbeat(
+                    &q.name,
+                    (q.capacity, q.free, load),
+                    (q.bytes_per_s, q.sessions),
+                )
+                .await
+            {
                 Ok(n) => n,
                 Err(CatalogError::NotFound(_)) => {
                     return Ok(pb::HeartbeatReply {
@@ -124,7 +131,6 @@ impl NodeService for NodeServiceImpl {
             if was_up == Some(false) {
                 m.event(format!("node {} is back", node.name));
             }
-            m.update_node(node, Some((q.bytes_per_s, q.sessions)));
             let delete = m.catalog.dead_replicas(&q.name).await.map_err(status)?;
             Ok(pb::HeartbeatReply {
                 delete,

@@ -105,9 +105,10 @@ pub struct Meta {
     pub ids: Identities,
     pub settings: Settings,
     nodes: RwLock<HashMap<String, NodeEntry>>,
-    /// Held through one refresh of `nodes`, from reading the catalog to replacing the snapshot:
-    /// two refreshes that overlapped (nodes registering at once) could otherwise let the one
-    /// that read first write last and drop a node that had just registered.
+    /// Held through one refresh of `nodes`, from reading the catalog to replacing the snapshot,
+    /// and through a heartbeat's write of both: two refreshes that overlapped (nodes
+    /// registering at once) could otherwise let the one that read first write last and drop a
+    /// node that had just registered, and a refresh could put back a node's older figures.
     nodes_refresh: tokio::sync::Mutex<()>,
     pub ops: Mutex<BTreeMap<&'static str, std::sync::Arc<OpStats>>>,
     pub started: Instant,
@@ -375,8 +376,22 @@ impl Meta {
         Ok(())
     }
 
+    /// Records node `name`'s heartbeat (capacity, free bytes, load; its delivery rate and
+    /// sessions) in the catalog and in the snapshot, in turn with refreshes.
+    pub async fn record_heartbeat(
+        &self,
+        name: &str,
+        (capacity, free, load): (u64, u64, f64),
+        rate: (u64, u32),
+    ) -> Result<Node, CatalogError> {
+        let _one_at_a_time = self.nodes_refresh.lock().await;
+        let node = self.catalog.heartbeat(name, capacity, free, load).await?;
+        self.update_node(node.clone(), Some(rate));
+        Ok(node)
+    }
+
     /// Updates one node in the snapshot (after its heartbeat).
-    pub fn update_node(&self, node: Node, rate: Option<(u64, u32)>) {
+    fn update_node(&self, node: Node, rate: Option<(u64, u32)>) {
         let mut map = self.nodes.write().expect("nodes lock");
         match map.get_mut(&node.name) {
             Some(e) => {
@@ -613,6 +628,36 @@ mod tests {
             let listed: Vec<String> = m.nodes().into_iter().map(|e| e.node.name).collect();
             for name in &names {
                 assert!(listed.contains(name), "{name} missing from {listed:?}");
+            }
+            // Heartbeats beside refreshes: the snapshot ends with each node's latest figures.
+            let tasks: Vec<_> = names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    let m = m.clone();
+                    let name = name.clone();
+                    tokio::spawn(async move {
+                        let free = 1000 + i as u64;
+                        m.record_heartbeat(&name, (5000, free, 0.5), (0, 0))
+                            .await
+                            .unwrap();
+                        m.refresh_nodes().await.unwrap();
+                        m.record_heartbeat(&name, (5000, free + 1, 0.5), (0, 0))
+                            .await
+                            .unwrap();
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            for (i, name) in names.iter().enumerate() {
+                let seen = m.node(name).expect("listed").node.free;
+                assert_eq!(
+                    seen,
+                    1001 + i as u64,
+                    "{name}: the snapshot kept older figures"
+                );
             }
         }
     }
