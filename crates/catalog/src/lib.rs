@@ -189,6 +189,15 @@ impl<E> From<CatalogError> for Checked<E> {
     }
 }
 
+/// An authorization's decision inside a checked change: a refusal is kept in `slot` for the
+/// caller, and the change's transaction is rolled back.
+fn keep_refusal<E>(slot: &mut Option<E>, decision: std::result::Result<(), E>) -> Result<()> {
+    decision.map_err(|e| {
+        *slot = Some(e);
+        CatalogError::Denied("refused".into())
+    })
+}
+
 /// A checked change's result: a refusal wins over the rollback error it caused.
 fn checked<T, E>(r: Result<T>, refused: Option<E>) -> std::result::Result<T, Checked<E>> {
     match (r, refused) {
@@ -741,27 +750,9 @@ impl Catalog {
         if top.kind != Kind::Dir {
             return Ok(Vec::new());
         }
-        let mut out = vec![(base, top)];
-        let mut i = 0;
-        while i < out.len() {
-            let (p, d) = out[i].clone();
-            let mut after: Option<String> = None;
-            loop {
-                let page = self.list(&p, after.as_deref(), 10_000).await?;
-                let n = page.len();
-                for e in page {
-                    after = Some(e.name.clone());
-                    if e.kind == Kind::Dir && e.id != d.id {
-                        out.push((join(&p, &e.name), e));
-                    }
-                }
-                if n < 10_000 {
-                    break;
-                }
-            }
-            i += 1;
-        }
-        Ok(out)
+        let mut c = self.pool.acquire().await?;
+        let below = Self::dirs_below_on(&mut c, &top, &base).await?;
+        Ok(std::iter::once((base, top)).chain(below).collect())
     }
 
     async fn insert(
@@ -1224,10 +1215,10 @@ impl Catalog {
                 }
                 _ => None,
             };
-            if let Err(e) = authorize(&from_chain, &to_chain, target.as_ref()) {
-                refused = Some(e);
-                return Err(CatalogError::Denied("refused".into()));
-            }
+            keep_refusal(
+                &mut refused,
+                authorize(&from_chain, &to_chain, target.as_ref()),
+            )?;
             self.rename_in(&mut w, from, to).await
         }
         .await;
@@ -1319,17 +1310,16 @@ impl Catalog {
                 }
                 _ => Vec::new(),
             };
-            if let Err(e) = authorize(&chain, &below) {
-                refused = Some(e);
-                return Err(CatalogError::Denied("refused".into()));
-            }
+            keep_refusal(&mut refused, authorize(&chain, &below))?;
             self.remove_in(&mut w, path, recursive).await
         }
         .await;
         checked(self.done(w, r).await, refused)
     }
 
-    /// Every directory below directory `top` (at `base`), with its path, parents first.
+    /// Every directory below directory `top` (at `base`, not included), with its path, parents
+    /// first, in one query on connection `c` (a transaction's, for a check to see what the
+    /// change it guards will see).
     async fn dirs_below_on(
         c: &mut AnyConnection,
         top: &Inode,
