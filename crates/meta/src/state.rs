@@ -386,26 +386,12 @@ impl Meta {
     ) -> Result<Node, CatalogError> {
         let _one_at_a_time = self.nodes_refresh.lock().await;
         let node = self.catalog.heartbeat(name, capacity, free, load).await?;
-        self.update_node(node.clone(), Some(rate));
-        Ok(node)
-    }
-
-    /// Updates one node in the snapshot (after its heartbeat).
-    fn update_node(&self, node: Node, rate: Option<(u64, u32)>) {
-        let mut map = self.nodes.write().expect("nodes lock");
-        match map.get_mut(&node.name) {
-            Some(e) => {
-                e.node = node;
-                if let Some((r, s)) = rate {
-                    e.rate = r;
-                    e.sessions = s;
-                }
-            }
-            None => {
-                drop(map);
-                // Picked up, key included, at the next refresh.
-            }
+        // A node not in the snapshot yet is picked up, key included, at the next refresh.
+        if let Some(e) = self.nodes.write().expect("nodes lock").get_mut(name) {
+            e.node = node.clone();
+            (e.rate, e.sessions) = rate;
         }
+        Ok(node)
     }
 
     pub fn nodes(&self) -> Vec<NodeEntry> {
