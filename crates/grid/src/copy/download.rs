@@ -103,7 +103,6 @@ struct Download<'a> {
 
 /// Files read from one node in one session.
 struct Job {
-    node: String,
     peer: Peer,
     grant: Option<Cap>,
     chunk: Vec<ReadFile>,
@@ -145,7 +144,6 @@ impl Rounds for Download<'_> {
                     node: node.clone(),
                     names: chunk.iter().map(|f| f.rel.clone()).collect(),
                     job: Job {
-                        node: node.clone(),
                         peer: peer.clone(),
                         grant: grant.clone(),
                         chunk: chunk.to_vec(),
@@ -157,10 +155,15 @@ impl Rounds for Download<'_> {
         Ok(jobs)
     }
 
-    async fn run(&self, job: &Job, ctx: AttemptContext) -> Result<Attempt, TransferError> {
+    async fn run(
+        &self,
+        node: &str,
+        job: &Job,
+        ctx: AttemptContext,
+    ) -> Result<Attempt, TransferError> {
         let ids: Vec<i64> = job.chunk.iter().map(|f| f.source.id).collect();
         let grant = match &job.grant {
-            Some(g) => g.fresh(self.meta, &job.node, "read", ids).await?,
+            Some(g) => g.fresh(self.meta, node, "read", ids).await?,
             None => None,
         };
         let copy = &self.opts.copy;

@@ -77,8 +77,13 @@ pub(super) trait Rounds {
         tally: &mut Tally,
     ) -> Result<Vec<Planned<Self::Job>>, TransferError>;
 
-    /// Runs one planned session.
-    async fn run(&self, job: &Self::Job, ctx: AttemptContext) -> Result<Attempt, TransferError>;
+    /// Runs one planned session, with `node` (as planned).
+    async fn run(
+        &self,
+        node: &str,
+        job: &Self::Job,
+        ctx: AttemptContext,
+    ) -> Result<Attempt, TransferError>;
 
     /// Settles what one session did: files done into `tally`, files to try again into `todo`.
     fn settle(
@@ -126,7 +131,9 @@ pub(super) async fn run_rounds<P: Rounds>(
                     .enumerate()
                     .map(|(i, s)| async move {
                         let r = runner
-                            .session(s.node.clone(), s.names.clone(), |ctx| plan.run(&s.job, ctx))
+                            .session(s.node.clone(), s.names.clone(), |ctx| {
+                                plan.run(&s.node, &s.job, ctx)
+                            })
                             .await;
                         (i, r)
                     })
@@ -603,9 +610,11 @@ mod tests {
 
         async fn run(
             &self,
+            node: &str,
             job: &Self::Job,
             ctx: AttemptContext,
         ) -> Result<Attempt, TransferError> {
+            assert_eq!(node, job.0, "the node a session was planned for");
             if self.down.contains(job.0) {
                 return Err(TransferError::connect(format!("{} is down", job.0)));
             }

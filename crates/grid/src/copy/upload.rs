@@ -92,7 +92,6 @@ struct Upload<'a> {
 
 /// One node's share of a round: its files, named by their new ids.
 struct Job {
-    node: String,
     peer: Peer,
     grant: Cap,
     ids: Vec<i64>,
@@ -150,10 +149,9 @@ impl Rounds for Upload<'_> {
                 list.push(e);
             }
             jobs.push(Planned {
-                node: pl.node.clone(),
+                node: pl.node,
                 names: names.keys().cloned().collect(),
                 job: Job {
-                    node: pl.node,
                     peer,
                     grant: Cap::of(&pl.capability),
                     ids: pl.ids,
@@ -165,10 +163,15 @@ impl Rounds for Upload<'_> {
         Ok(jobs)
     }
 
-    async fn run(&self, job: &Job, ctx: AttemptContext) -> Result<Attempt, TransferError> {
+    async fn run(
+        &self,
+        node: &str,
+        job: &Job,
+        ctx: AttemptContext,
+    ) -> Result<Attempt, TransferError> {
         let grant = job
             .grant
-            .fresh(self.meta, &job.node, "write", job.ids.clone())
+            .fresh(self.meta, node, "write", job.ids.clone())
             .await?;
         let copy = &self.opts.copy;
         transfer::client::upload(

@@ -171,7 +171,13 @@ impl Rounds for Within<'_> {
         Ok(jobs)
     }
 
-    async fn run(&self, job: &Job, ctx: AttemptContext) -> Result<Attempt, TransferError> {
+    /// `_node` is the pair `from->to`; the job names both ends.
+    async fn run(
+        &self,
+        _node: &str,
+        job: &Job,
+        ctx: AttemptContext,
+    ) -> Result<Attempt, TransferError> {
         let old_ids: Vec<i64> = job.list.iter().map(|(_, _, f)| f.source.id).collect();
         let new_ids: Vec<i64> = job.list.iter().map(|(id, _, _)| *id).collect();
         let read = match self.grants.get(&job.src_node) {
