@@ -265,10 +265,8 @@ impl Grid {
     /// A client command as `user`, with `HAUL_META` set so grid paths can be written `/path`.
     pub fn cmd(&self, user: &str, args: &[&str]) -> Command {
         let mut c = haul_clean();
-        c.env("HAUL_CERT", self.pki(&format!("{user}.pem")))
-            .env("HAUL_KEY", self.pki(&format!("{user}.key")))
-            .env("HAUL_CA", self.pki("ca/ca.pem"))
-            .env("HAUL_META", format!("haul://{}", self.meta_addr))
+        self.pki.as_user(&mut c, user);
+        c.env("HAUL_META", format!("haul://{}", self.meta_addr))
             .current_dir(self.path())
             .args(args);
         c
