@@ -381,7 +381,6 @@ where
         );
         tokio::pin!(run);
         let mut stall = StallDetector::new(stall_timeout, Instant::now());
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
         let result = loop {
             tokio::select! {
                 r = &mut run => break r,
@@ -389,7 +388,7 @@ where
                     record(&ev, &mut done_files, &mut failed_files);
                     let _ = events.send(ev);
                 }
-                _ = tick.tick() => {
+                _ = tokio::time::sleep_until(stall.poll_timeout().into()) => {
                     let progress = Counters::get(&counters.bytes_done) + Counters::get(&counters.bytes_sent);
                     if stall.observe(Instant::now(), progress) {
                         attempt_cancel.cancel();

@@ -3,7 +3,6 @@
 //! data is read ahead of the network, so a side's memory stays flat whatever the dataset size.
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A pool of reusable byte buffers.
@@ -192,11 +191,8 @@ impl ByteBudget {
             if cancelled() {
                 return false;
             }
-            used = self
-                .cv
-                .wait_timeout(used, Duration::from_millis(100))
-                .expect("budget lock")
-                .0;
+            // Woken by `release`, or by `wake_all` after a cancellation: no timer.
+            used = self.cv.wait(used).expect("budget lock");
         }
         *used += n;
         true
@@ -208,6 +204,13 @@ impl ByteBudget {
         self.cv.notify_all();
     }
 
+    /// Wakes every waiter to look at its cancellation again. Taken under the lock, so a waiter
+    /// that has just found itself not cancelled is already waiting when this wakes it.
+    pub fn wake_all(&self) {
+        let _used = self.used.lock().expect("budget lock");
+        self.cv.notify_all();
+    }
+
     pub fn used(&self) -> u64 {
         *self.used.lock().expect("budget lock")
     }
@@ -216,6 +219,7 @@ impl ByteBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn buffers_come_back() {
@@ -275,6 +279,17 @@ mod tests {
         assert_eq!(budget.used(), 80);
         budget.release(80);
         assert!(t.join().unwrap());
+        assert_eq!(budget.used(), 50);
+        // A waiter sees its cancellation when woken.
+        let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (b3, c3) = (budget.clone(), cancelled.clone());
+        let t = std::thread::spawn(move || {
+            b3.acquire(80, &|| c3.load(std::sync::atomic::Ordering::SeqCst))
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
+        budget.wake_all();
+        assert!(!t.join().unwrap(), "woken and cancelled");
         assert_eq!(budget.used(), 50);
         // Oversized requests pass alone; cancellation unblocks.
         assert!(!budget.acquire(1000, &|| true));

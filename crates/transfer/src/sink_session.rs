@@ -785,6 +785,9 @@ async fn stream_reader(
     sh.changed.notify_waiters();
 }
 
+/// A session receiving nothing for this long logs what it waits for (at debug level).
+const SINK_IDLE_REPORT: Duration = Duration::from_secs(2);
+
 /// Most bytes a block read waits for before waking (SO_RCVLOWAT).
 const LOWAT_CHUNK: usize = 256 << 10;
 
@@ -985,11 +988,15 @@ pub async fn run_sink(
     let mut stops = Vec::new();
     let mut last_activity = (Counters::get(&sh.counters.activity), Instant::now());
     let outcome: Result<(), TransferError> = loop {
+        // Registered before the checks: a change between them and the wait is not lost.
+        let changed = sh.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
         // Diagnostics: a session receiving nothing for a while says what it waits for.
         let activity = Counters::get(&sh.counters.activity);
         if activity != last_activity.0 {
             last_activity = (activity, Instant::now());
-        } else if last_activity.1.elapsed() >= Duration::from_secs(2) && streams > 0 {
+        } else if last_activity.1.elapsed() >= SINK_IDLE_REPORT && streams > 0 {
             tracing::debug!(
                 pending_ops = sh.pending_ops.load(Ordering::SeqCst),
                 writes_queued = sh.writes.iter().map(|w| w.len()).sum::<usize>(),
@@ -1012,7 +1019,9 @@ pub async fn run_sink(
                 "the sender closed every data stream before the transfer finished",
             ));
         }
-        let changed = sh.changed.notified();
+        // The only timer: the next look for the idle diagnostic. Everything else wakes the loop
+        // through `changed`.
+        let idle_look = (streams > 0).then(|| last_activity.1 + SINK_IDLE_REPORT);
         tokio::select! {
             c = conns.recv(), if conns_open => match c {
                 Some(conn::DataConn { stream: idx, io, await_bind }) => {
@@ -1031,11 +1040,16 @@ pub async fn run_sink(
                 }
                 None => conns_open = false,
             },
-            _ = changed => {}
+            _ = &mut changed => {}
             _ = sh.cancel.cancelled() => {
                 break Err(sh.failure.lock().expect("failure lock").take().unwrap_or(TransferError::interrupted()));
             }
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = async {
+                match idle_look {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
     };
     // Give the final acknowledgements a moment to leave, then close everything.

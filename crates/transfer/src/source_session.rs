@@ -84,9 +84,15 @@ struct Shared {
     /// The session's span (`source`): each file's log lines are in a `file` span below it.
     span: tracing::Span,
     state: Mutex<Source<Loaded>>,
+    /// Reader threads wait here for files to read or blocks to read again.
     readers_cv: Condvar,
+    /// Stream writers wait here for something to send.
     work: Notify,
+    /// The session loop waits here (with its timer): finished, failed, a stream lost, or the
+    /// state machine's timer moved earlier than the one armed.
     changed: Notify,
+    /// The state machine's deadline the session loop sleeps until (`None`: no timer).
+    armed: Mutex<Option<Instant>>,
     locators: Vec<PathBuf>,
     /// Per file: checksums it must have (from a catalog), checked when it has been read.
     expects: Vec<Vec<Digest>>,
@@ -121,6 +127,18 @@ impl Shared {
         self.state.lock().expect("source state lock")
     }
 
+    /// A data stream's connection is gone: its frames go to the other streams, and the session
+    /// loop looks whether any stream is left.
+    fn stream_lost(&self, idx: u32) {
+        let mut st = self.lock();
+        if !st.is_finished() {
+            st.on_stream_lost(idx);
+        }
+        self.after_change(&mut st);
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
     fn fail(&self, e: TransferError) {
         let mut f = self.failure.lock().expect("failure lock");
         if f.is_none() {
@@ -137,6 +155,13 @@ impl Shared {
         self.work.notify_waiters();
         if st.has_reader_work() {
             self.readers_cv.notify_all();
+        }
+        // An acknowledgement can bring a stream's loss deadline forward (another stream
+        // progressed): the session loop re-arms its timer.
+        if let Some(t) = st.poll_timeout()
+            && self.armed.lock().expect("armed lock").is_none_or(|a| t < a)
+        {
+            self.changed.notify_waiters();
         }
         let stats = st.stats();
         Counters::set(
@@ -484,11 +509,8 @@ fn reader_thread(sh: Arc<Shared>) {
             st = sh.lock();
             continue;
         }
-        st = sh
-            .readers_cv
-            .wait_timeout(st, Duration::from_millis(200))
-            .expect("source state lock")
-            .0;
+        // Woken by `after_change` when there is reader work, and at the end: no timer.
+        st = sh.readers_cv.wait(st).expect("source state lock");
     }
 }
 
@@ -590,10 +612,11 @@ async fn stream_writer(
                     let _ = w.flush().await;
                     // Nothing to send for now: what is queued (a corked hello, a frame) goes.
                     let _ = sys::set_cork(&sock, false);
+                    // Woken by `after_change` (a block read, an acknowledgement, the end-game
+                    // timer): no timer of its own.
                     tokio::select! {
                         _ = &mut notified => {}
                         _ = stop.cancelled() => return Ok(()),
-                        _ = tokio::time::sleep(Duration::from_millis(250)) => {}
                     }
                 }
             }
@@ -614,9 +637,7 @@ async fn stream_writer(
     }
     if let Err(e) = result {
         tracing::debug!(stream = idx, error = %e, "data stream write failed");
-        let mut st = sh.lock();
-        st.on_stream_lost(idx);
-        sh.after_change(&mut st);
+        sh.stream_lost(idx);
     }
     let _ = w.shutdown().await;
 }
@@ -658,11 +679,7 @@ async fn stream_reader(
                 sh.after_change(&mut st);
             }
             Ok(None) | Err(_) => {
-                let mut st = sh.lock();
-                if !st.is_finished() {
-                    st.on_stream_lost(idx);
-                }
-                sh.after_change(&mut st);
+                sh.stream_lost(idx);
                 stop.cancel();
                 return;
             }
@@ -674,9 +691,7 @@ async fn stream_reader(
 /// the stream.
 fn bind_failed(sh: &Shared, idx: u32, e: TransferError, stop: &CancellationToken) {
     if e.kind() == ErrorKind::Connect {
-        let mut st = sh.lock();
-        st.on_stream_lost(idx);
-        sh.after_change(&mut st);
+        sh.stream_lost(idx);
         stop.cancel();
     } else {
         sh.fail(e);
@@ -746,6 +761,7 @@ pub async fn run_source(
         readers_cv: Condvar::new(),
         work: Notify::new(),
         changed: Notify::new(),
+        armed: Mutex::new(None),
         locators,
         expects,
         root: spec.root.clone(),
@@ -786,31 +802,30 @@ pub async fn run_source(
     let mut stream_stops: Vec<CancellationToken> = Vec::new();
     let mut conns_open = true;
     let mut streams = 0u32;
-    let mut last_tick = Instant::now();
     let mut detector = LossDetector::new(opts.congestion.is_none());
+    // When the state machine's timeout was last handled (timers closer than TIMER_SLACK are
+    // coalesced).
+    let mut handled_at: Option<Instant> = None;
     let outcome = loop {
+        // Registered before the checks: a change between them and the wait is not lost.
+        let changed = sh.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
         if let Some(e) = sh.failure.lock().expect("failure lock").take() {
             break Err(e);
         }
-        {
+        let machine_timer = {
             let mut st = sh.lock();
             if st.is_finished() {
                 break Ok(());
             }
-            if last_tick.elapsed() >= Duration::from_millis(200) {
-                st.handle_timeout(Instant::now());
-                last_tick = Instant::now();
-                // Streams the state machine declared lost are stopped here.
+            let now = Instant::now();
+            if st.poll_timeout().is_some_and(|t| t <= now) {
+                st.handle_timeout(now);
+                handled_at = Some(now);
+                // Streams the state machine declared lost are stopped here; idle writers
+                // poll again (the end game may have frames for them).
                 sh.after_change(&mut st);
-                drop(st);
-                if let Some(note) = detector.sample(&sh) {
-                    tracing::info!("{note}");
-                    let _ = sh.events.send(Event::Plan {
-                        streams,
-                        explanation: note,
-                    });
-                }
-                st = sh.lock();
             }
             if streams > 0 && st.live_streams() == 0 && !conns_open {
                 let unfinished = st.unfinished();
@@ -818,8 +833,25 @@ pub async fn run_source(
                     "all {streams} data streams were lost with {unfinished} files unfinished"
                 )));
             }
+            let timer = st
+                .poll_timeout()
+                .map(|t| handled_at.map_or(t, |h| t.max(h + TIMER_SLACK)));
+            *sh.armed.lock().expect("armed lock") = timer;
+            timer
+        };
+        if detector.poll_timeout().is_some_and(|t| t <= Instant::now())
+            && let Some(note) = detector.sample(&sh)
+        {
+            tracing::info!("{note}");
+            let _ = sh.events.send(Event::Plan {
+                streams,
+                explanation: note,
+            });
         }
-        let changed = sh.changed.notified();
+        let timer = machine_timer
+            .into_iter()
+            .chain(detector.poll_timeout())
+            .min();
         tokio::select! {
             c = conns.recv(), if conns_open => match c {
                 Some(conn::DataConn { stream: idx, io, await_bind }) => {
@@ -856,14 +888,14 @@ pub async fn run_source(
                 }
                 None => conns_open = false,
             },
-            _ = changed => {}
+            _ = &mut changed => {}
             _ = sh.cancel.cancelled() => {
                 if let Some(e) = sh.failure.lock().expect("failure lock").take() {
                     break Err(e);
                 }
                 break Err(TransferError::interrupted());
             }
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = sleep_until(timer) => {}
         }
     };
     // On success the writers send StreamEnd and finish by themselves.
@@ -877,7 +909,13 @@ pub async fn run_source(
         }
     }
     sh.cancel.cancel();
-    sh.readers_cv.notify_all();
+    // Readers wait with no timer: they are woken to see the cancellation, under their locks so
+    // that none is between its check and its wait.
+    {
+        let _st = sh.lock();
+        sh.readers_cv.notify_all();
+    }
+    sh.budget.wake_all();
     for t in readers {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
@@ -893,6 +931,17 @@ pub async fn run_source(
         tcp_retransmits: sh.retransmits.load(Ordering::Relaxed),
         zero_copy: sh.zero_copy,
     })
+}
+
+/// Timers of the session loop closer together than this are handled as one.
+const TIMER_SLACK: Duration = Duration::from_millis(10);
+
+/// Sleeps until `deadline`; forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
@@ -945,6 +994,11 @@ impl LossDetector {
             started: Instant::now(),
             initial: None,
         }
+    }
+
+    /// When to sample next (`None`: the classifier wants no more samples).
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.classifier.poll_timeout().map(|d| self.started + d)
     }
 
     /// The algorithm a stream should use now, when it differs from its default.

@@ -77,6 +77,8 @@ pub const BBR_MIN_GAIN: f64 = 1.0;
 pub const BBR_MAX_RETRANS: f64 = 0.01;
 /// Switches in either direction, per transfer.
 pub const MAX_SWITCHES: u32 = 3;
+/// How often the driver samples the streams while a decision may still come.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(200);
 
 /// `TCP_INFO` of one data stream at one instant: the fields the machine reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -141,7 +143,8 @@ struct Totals {
     retrans: u64,
 }
 
-/// The state machine. Feed it `sample` every few hundred milliseconds.
+/// The state machine. Feed it `sample` when [`poll_timeout`](LossClassifier::poll_timeout)
+/// says (every [`SAMPLE_INTERVAL`] while it may still decide).
 #[derive(Debug)]
 pub struct LossClassifier {
     enabled: bool,
@@ -166,6 +169,8 @@ pub struct LossClassifier {
     /// Running per-stream totals (streams come and go).
     acked: HashMap<u32, (u64, u32, u32)>,
     base_rtt_us: u32,
+    /// When `sample` last ran (time since the session started).
+    last_sample: Option<Duration>,
 }
 
 impl LossClassifier {
@@ -185,7 +190,20 @@ impl LossClassifier {
             bbr_review: None,
             acked: HashMap::new(),
             base_rtt_us: 0,
+            last_sample: None,
         }
+    }
+
+    /// When `sample` should next run (time since the session started); `None` once nothing
+    /// more can be decided: disabled, or out of switches.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        if !self.enabled || self.switches >= MAX_SWITCHES {
+            return None;
+        }
+        Some(
+            self.last_sample
+                .map_or(Duration::ZERO, |t| t + SAMPLE_INTERVAL),
+        )
     }
 
     /// The family the streams should use now (new streams too).
@@ -207,6 +225,7 @@ impl LossClassifier {
         path_base_us: u32,
         streams: &[StreamInfo],
     ) -> Option<Decision> {
+        self.last_sample = Some(now);
         let own_min = streams
             .iter()
             .map(|s| s.min_rtt_us)
@@ -636,6 +655,7 @@ mod tests {
     #[test]
     fn disabled_or_window_limited_streams_never_switch() {
         let mut off = LossClassifier::new(false);
+        assert_eq!(off.poll_timeout(), None, "disabled: no samples wanted");
         let mut sim = Sim::new(8);
         for i in 0..100u32 {
             assert!(sim.step(&mut off, 1.0, &[i % 8], 100_000, 0).is_none());
@@ -651,7 +671,14 @@ mod tests {
     #[test]
     fn switches_are_bounded() {
         let mut c = LossClassifier::new(true);
+        assert_eq!(
+            c.poll_timeout(),
+            Some(Duration::ZERO),
+            "a first sample at once"
+        );
         let mut sim = Sim::new(16);
+        sim.step(&mut c, 1.0, &[], 100_000, 0);
+        assert_eq!(c.poll_timeout(), Some(sim.t + SAMPLE_INTERVAL));
         let mut n = 0;
         for i in 0..2000u32 {
             let on_bbr = c.family() == Family::Bbr;
@@ -663,5 +690,10 @@ mod tests {
             n += usize::from(d.is_some());
         }
         assert_eq!(n, MAX_SWITCHES as usize);
+        assert_eq!(
+            c.poll_timeout(),
+            None,
+            "out of switches: no more samples wanted"
+        );
     }
 }

@@ -45,7 +45,11 @@ pub struct StallDetector {
     timeout: Duration,
     last_value: u64,
     last_change: Instant,
+    last_observed: Instant,
 }
+
+/// Shortest time between two looks at a stall detector's counter.
+const STALL_LOOK_MIN: Duration = Duration::from_millis(100);
 
 impl StallDetector {
     pub fn new(timeout: Duration, now: Instant) -> Self {
@@ -53,11 +57,13 @@ impl StallDetector {
             timeout,
             last_value: 0,
             last_change: now,
+            last_observed: now,
         }
     }
 
     /// Records the counter's value at `now`; true when it has not changed for the timeout.
     pub fn observe(&mut self, now: Instant, value: u64) -> bool {
+        self.last_observed = now;
         if value != self.last_value {
             self.last_value = value;
             self.last_change = now;
@@ -69,6 +75,14 @@ impl StallDetector {
     /// When the stall would be declared if nothing moves.
     pub fn deadline(&self) -> Instant {
         self.last_change + self.timeout
+    }
+
+    /// When to look at the counter next. A change is seen only when looked at, so the
+    /// detector looks every eighth of the timeout (at least 100 ms apart): a stall is declared
+    /// at most that late, with one timer instead of a fixed tick.
+    pub fn poll_timeout(&self) -> Instant {
+        let step = (self.timeout / 8).max(STALL_LOOK_MIN);
+        (self.last_observed + step).min(self.deadline().max(self.last_observed))
     }
 
     pub fn timeout(&self) -> Duration {
@@ -111,5 +125,26 @@ mod tests {
         assert!(!s.observe(t0 + Duration::from_secs(18), 100));
         assert!(s.observe(t0 + Duration::from_secs(19), 100));
         assert_eq!(s.deadline(), t0 + Duration::from_secs(19));
+    }
+
+    /// One timer: the next look is an eighth of the timeout after the last (100 ms at least),
+    /// and never after the deadline.
+    #[test]
+    fn stall_detector_looks_an_eighth_of_the_timeout_apart_and_at_the_deadline() {
+        let t0 = Instant::now();
+        let s8 = Duration::from_secs(8);
+        let mut s = StallDetector::new(s8, t0);
+        assert_eq!(s.poll_timeout(), t0 + Duration::from_secs(1));
+        assert!(!s.observe(t0 + Duration::from_secs(1), 5));
+        assert_eq!(s.poll_timeout(), t0 + Duration::from_secs(2));
+        assert!(!s.observe(t0 + Duration::from_millis(8500), 5));
+        assert_eq!(
+            s.poll_timeout(),
+            t0 + Duration::from_secs(9),
+            "the deadline itself"
+        );
+        assert!(s.observe(s.poll_timeout(), 5));
+        let short = StallDetector::new(Duration::from_millis(200), t0);
+        assert_eq!(short.poll_timeout(), t0 + Duration::from_millis(100));
     }
 }

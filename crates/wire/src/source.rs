@@ -791,23 +791,14 @@ impl<P> Source<P> {
     /// drops whichever copy arrives second.
     /// Returns true when a frame was queued for immediate sending.
     fn end_game(&mut self, stream: u32, now: Instant) -> bool {
-        // Only at the end: every file read, nothing queued. (Mid-transfer the queue is often
-        // empty for a moment; hedging then would only send duplicates.)
-        if !self.adding_done
-            || self.unread > 0
-            || !self.rereads.is_empty()
-            || !self.queue.is_empty()
-        {
+        if !self.in_end_game() {
             return false;
         }
         // Hedge from a stream that is stuck (no acknowledgement for a while), or, when the
         // session's delivery has fallen below half of its peak (the path has room again), from
         // the stream that will take longest to drain. Streams merely sharing a busy path are
         // left alone: duplicates would only take capacity from them.
-        let stall = self
-            .cfg
-            .hedge_after
-            .max(self.ack_latency.map(|l| l * 4).unwrap_or_default());
+        let stall = self.hedge_stall();
         let active_rate: f64 = self
             .streams
             .iter()
@@ -842,41 +833,52 @@ impl<P> Source<P> {
                 victim = Some((score, i));
             }
         }
-        let mut best: Option<(Duration, Sent)> = None;
-        if let Some((_, i)) = victim {
-            for sent in &self.streams[i].sent {
-                let key = match sent {
-                    Sent::Block(d, _) => (d.file, d.attempt, d.offset),
-                    Sent::Begin(f, a) => (*f, *a, HEDGED_BEGIN),
-                    Sent::End(f, a, _) => (*f, *a, HEDGED_END),
-                    Sent::Other => continue,
-                };
-                if self.hedged.contains_key(&key) || !self.is_current(key.0, key.1) {
-                    continue;
-                }
-                best = Some((Duration::ZERO, sent.clone()));
-                break;
-            }
-        }
+        let best = victim.and_then(|(_, i)| self.first_unhedged(&self.streams[i]).cloned());
         match best {
-            Some((_, Sent::Block(d, _))) => {
+            Some(Sent::Block(d, _)) => {
                 self.hedged.insert((d.file, d.attempt, d.offset), false);
                 self.stats.blocks_hedged += 1;
                 self.rereads.push_back(d);
                 false
             }
-            Some((_, Sent::Begin(f, a))) => {
+            Some(Sent::Begin(f, a)) => {
                 self.hedged.insert((f, a, HEDGED_BEGIN), false);
                 self.queue.push_back(Item::Begin(f, a));
                 true
             }
-            Some((_, Sent::End(f, a, digests))) => {
+            Some(Sent::End(f, a, digests)) => {
                 self.hedged.insert((f, a, HEDGED_END), false);
                 self.queue.push_back(Item::End(f, a, digests));
                 true
             }
             _ => false,
         }
+    }
+
+    /// The end game: every file read, nothing queued. (Mid-transfer the queue is often empty
+    /// for a moment; hedging then would only send duplicates.)
+    fn in_end_game(&self) -> bool {
+        self.adding_done && self.unread == 0 && self.rereads.is_empty() && self.queue.is_empty()
+    }
+
+    /// How long a stream may hold frames unacknowledged before it counts as stuck.
+    fn hedge_stall(&self) -> Duration {
+        self.cfg
+            .hedge_after
+            .max(self.ack_latency.map(|l| l * 4).unwrap_or_default())
+    }
+
+    /// The oldest frame of `s` that has not been sent again yet and still matters.
+    fn first_unhedged<'a>(&self, s: &'a StreamState) -> Option<&'a Sent> {
+        s.sent.iter().find(|sent| {
+            let key = match sent {
+                Sent::Block(d, _) => (d.file, d.attempt, d.offset),
+                Sent::Begin(f, a) => (*f, *a, HEDGED_BEGIN),
+                Sent::End(f, a, _) => (*f, *a, HEDGED_END),
+                Sent::Other => return false,
+            };
+            !self.hedged.contains_key(&key) && self.is_current(key.0, key.1)
+        })
     }
 
     fn restart_file(&mut self, file: FileId, reason: String) {
@@ -946,13 +948,36 @@ impl<P> Source<P> {
         }
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) should next be called.
+    /// When the driver should next call [`handle_timeout`](Self::handle_timeout) and let its
+    /// idle streams poll again: the first moment at which time alone changes a decision. That
+    /// is a silent stream becoming lost while another progresses, or, in the end game, a stuck
+    /// stream's frames becoming due to be sent again by an idle one. `None` when only an event
+    /// (an acknowledgement, a block read, a stream added or lost) can change anything.
+    ///
+    /// After `handle_timeout(now)` the loss deadlines all lie after `now`. A hedge deadline
+    /// stays in the past until the idle streams have taken the stuck frames over, one per
+    /// [`poll_transmit`](Self::poll_transmit): a driver coalesces timers, it does not spin.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.streams
-            .iter()
-            .filter(|s| s.alive && !s.sent.is_empty())
-            .map(|s| s.last_progress + self.cfg.stream_timeout)
-            .min()
+        let timeout = self.cfg.stream_timeout;
+        let alive = || self.streams.iter().filter(|s| s.alive);
+        let freshest = alive().map(|s| s.last_progress).max()?;
+        // A silent stream is lost only while another progressed more recently (see
+        // handle_timeout): without such progress, time alone declares nothing.
+        let lost = alive()
+            .filter(|s| !s.sent.is_empty() && freshest > s.last_progress + timeout / 2)
+            .map(|s| s.last_progress + timeout)
+            .min();
+        // Only another stream can take a stuck stream's frames over.
+        let hedge = if self.in_end_game() && alive().count() > 1 {
+            let stall = self.hedge_stall();
+            alive()
+                .filter(|s| self.first_unhedged(s).is_some())
+                .map(|s| s.last_progress + stall)
+                .min()
+        } else {
+            None
+        };
+        lost.into_iter().chain(hedge).min()
     }
 
     /// Declares lost the streams that have had frames outstanding without acknowledgement for

@@ -246,12 +246,11 @@ impl Runner {
         let mut failed = HashMap::new();
         let mut no_space = HashSet::new();
         let mut stall = StallDetector::new(self.stall, Instant::now());
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
         let result = loop {
             tokio::select! {
                 r = &mut fut => break r,
                 Some(ev) = rx.recv() => self.note(ev, &mut done, &mut failed, &mut no_space),
-                _ = tick.tick() => {
+                _ = tokio::time::sleep_until(stall.poll_timeout().into()) => {
                     let progress = Counters::get(&counters.bytes_done)
                         + Counters::get(&counters.bytes_sent)
                         + Counters::get(&counters.activity);

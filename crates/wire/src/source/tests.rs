@@ -393,19 +393,61 @@ fn silent_stream_is_lost_only_while_another_progresses() {
     read_job(&mut src, &job, 1000);
     frames_n(&mut src, 0, 2, now);
     frames_n(&mut src, 1, 2, now);
-    // Nobody acks: a stall of the whole session, not of a stream.
+    // Nobody acks: a stall of the whole session, not of a stream. Time alone decides nothing,
+    // so the driver gets no timer for it.
+    assert_eq!(src.poll_timeout(), None);
     src.handle_timeout(now + Duration::from_secs(30));
     assert_eq!(src.live_streams(), 2);
-    // Stream 1 acks at 25 s; stream 0 stays silent.
+    // Stream 1 acks at 25 s; stream 0 stays silent and is due at its own timeout.
     src.on_frame(1, DataFrame::Ack(2), now + Duration::from_secs(25))
         .unwrap();
-    assert!(src.poll_timeout().is_some());
+    assert_eq!(src.poll_timeout(), Some(now + Duration::from_secs(10)));
     src.handle_timeout(now + Duration::from_secs(30));
     assert_eq!(src.live_streams(), 1);
     assert_eq!(
         src.poll_event(),
         Some(SourceEvent::StreamLost { stream: 0 })
     );
+    // Decided: stream 1 has nothing outstanding, nothing is left to time.
+    assert_eq!(src.poll_timeout(), None);
+}
+
+/// The driver sleeps until `poll_timeout`: in the end game the timer fires when a stuck
+/// stream's frames become due, and is gone once an idle stream has taken them all over (a
+/// deadline left in the past would make the driver spin).
+#[test]
+fn the_end_game_timer_fires_when_frames_are_due_and_ends_when_they_are_taken_over() {
+    let t = t0();
+    let cfg = SourceConfig {
+        hedge_after: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let mut src = Source::new(cfg);
+    src.add_stream(0, t);
+    src.add_stream(1, t);
+    assert_eq!(src.poll_timeout(), None, "nothing sent, nothing to time");
+    src.add_file(spec("a", 2000));
+    src.finish_adding();
+    let a = src.claim().unwrap();
+    read_job(&mut src, &a, 1000);
+    assert_eq!(frames(&mut src, 0, t).len(), 4);
+    let due = t + Duration::from_millis(100);
+    assert_eq!(src.poll_timeout(), Some(due));
+    // Before the deadline the idle stream has nothing to do; at it, it takes over.
+    assert!(frames(&mut src, 1, t).is_empty());
+    src.handle_timeout(due);
+    let mut resent = frames(&mut src, 1, due);
+    while let Some(d) = src.poll_reread() {
+        // Frames of stream 0 are still to be taken over: still due.
+        assert_eq!(src.poll_timeout(), Some(due));
+        src.push_resend(d, 0, vec![0; d.len as usize]);
+        resent.extend(frames(&mut src, 1, due));
+    }
+    assert_eq!(
+        resent,
+        ["begin 0", "block 0 0+1000", "block 0 1000+1000", "end 0"]
+    );
+    assert_eq!(src.poll_timeout(), None, "every stuck frame was taken over");
 }
 
 #[test]
