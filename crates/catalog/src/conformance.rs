@@ -277,7 +277,7 @@ async fn checked_mkdir_decides_on_what_its_transaction_sees(c: &Catalog) {
         move |chain: &[Inode], missing: usize| {
             let names: Vec<String> = chain.iter().map(|i| i.name.clone()).collect();
             seen.lock().unwrap().push((names, missing));
-            Ok(entry(owner))
+            Ok::<_, &str>(entry(owner))
         }
     };
     let d = c
@@ -301,19 +301,19 @@ async fn checked_mkdir_decides_on_what_its_transaction_sees(c: &Catalog) {
         c.mkdir_checked("/chk/a/b", false, allow("bob"))
             .await
             .unwrap_err(),
-        CatalogError::Exists("/chk/a/b".into())
+        Checked::Catalog(CatalogError::Exists("/chk/a/b".into()))
     );
     assert_eq!(
         c.mkdir_checked("/chk/x/y", false, allow("bob"))
             .await
             .unwrap_err(),
-        CatalogError::NotFound("/chk/x".into())
+        Checked::Catalog(CatalogError::NotFound("/chk/x".into()))
     );
     // A refusal creates nothing and is returned as it is.
-    let refuse = |_: &[Inode], _: usize| Err(CatalogError::Denied("no".into()));
+    let refuse = |_: &[Inode], _: usize| Err("no");
     assert_eq!(
         c.mkdir_checked("/chk/r/s", true, refuse).await.unwrap_err(),
-        CatalogError::Denied("no".into())
+        Checked::Refused("no")
     );
     assert!(c.lookup("/chk/r").await.unwrap().is_none());
 }

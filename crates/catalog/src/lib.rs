@@ -177,7 +177,7 @@ pub struct NodeRegistration<'a> {
 
 /// The outcome of a checked change that failed: refused by its authorization (with the
 /// caller's reason), or failed in the catalog.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Checked<E> {
     Refused(E),
     Catalog(CatalogError),
@@ -191,7 +191,7 @@ impl<E> From<CatalogError> for Checked<E> {
 
 /// An authorization's decision inside a checked change: a refusal is kept in `slot` for the
 /// caller, and the change's transaction is rolled back.
-fn keep_refusal<E>(slot: &mut Option<E>, decision: std::result::Result<(), E>) -> Result<()> {
+fn keep_refusal<T, E>(slot: &mut Option<E>, decision: std::result::Result<T, E>) -> Result<T> {
     decision.map_err(|e| {
         *slot = Some(e);
         CatalogError::Denied("refused".into())
@@ -833,17 +833,20 @@ impl Catalog {
     /// first; the entry itself last if it exists) and how many components are missing, and it
     /// returns the entry to create (whose group may follow the parent's). The check and the
     /// creation see one state of the catalog: no rename, chmod or removal slips between them.
-    pub async fn mkdir_checked(
+    pub async fn mkdir_checked<E>(
         &self,
         path: &str,
         parents: bool,
-        authorize: impl FnOnce(&[Inode], usize) -> Result<NewEntry>,
-    ) -> Result<Inode> {
+        authorize: impl FnOnce(&[Inode], usize) -> std::result::Result<NewEntry, E>,
+    ) -> std::result::Result<Inode, Checked<E>> {
         let mut w = self.wtx().await?;
+        let mut refused = None;
         let r = self
-            .mkdir_checked_in(&mut w, path, parents, authorize)
+            .mkdir_checked_in(&mut w, path, parents, |chain, missing| {
+                keep_refusal(&mut refused, authorize(chain, missing))
+            })
             .await;
-        self.done(w, r).await
+        checked(self.done(w, r).await, refused)
     }
 
     async fn mkdir_checked_in(

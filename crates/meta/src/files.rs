@@ -3,16 +3,18 @@
 //! and the node registry as users see it (`nodes`, `df`).
 
 use crate::auth::User;
+use crate::error::Error;
 use crate::grpc::Op;
 use crate::perm::{self, Access};
 use crate::placement::{self, NodeView, PlaceError};
-use crate::state::{Meta, NodeEntry, code_of_status, entry, file_error, node_info, status};
+use crate::state::{Meta, NodeEntry, entry, file_error, node_info};
 use api::meta as pb;
 use api::meta::files_server::Files;
 use catalog::{CreateItem, CreateKind, Inode, Kind, NewEntry, ReplicaState, normalize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
+use wire::error::ErrorKind;
 use wire::grant::Operation;
 
 /// The files service.
@@ -38,7 +40,7 @@ impl Meta {
         &self,
         user: &User,
         req: &pb::CreateFilesRequest,
-    ) -> Result<pb::CreateFilesReply, Status> {
+    ) -> Result<pb::CreateFilesReply, Error> {
         self.create_files_on(user, req, None).await
     }
 
@@ -49,15 +51,15 @@ impl Meta {
         user: &User,
         req: &pb::CreateFilesRequest,
         pin: Option<&str>,
-    ) -> Result<pb::CreateFilesReply, Status> {
+    ) -> Result<pb::CreateFilesReply, Error> {
         if req.files.len() > MAX_BATCH {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid(format!(
                 "at most {MAX_BATCH} files per request"
             )));
         }
         let mut reply = pb::CreateFilesReply::default();
         // Permission on each parent directory (and on files being replaced), once per parent.
-        let mut parents: HashMap<String, Result<Inode, Status>> = HashMap::new();
+        let mut parents: HashMap<String, Result<Inode, Error>> = HashMap::new();
         let mut items = Vec::with_capacity(req.files.len());
         let mut sizes = Vec::with_capacity(req.files.len());
         for f in &req.files {
@@ -84,7 +86,7 @@ impl Meta {
                 Err(s) => {
                     reply.errors.push(pb::FileError {
                         path: norm,
-                        code: code_of_status(s).into(),
+                        code: s.kind.name().into(),
                         message: s.message().into(),
                     });
                     continue;
@@ -122,11 +124,7 @@ impl Meta {
             });
             sizes.push(f.size);
         }
-        let results = self
-            .catalog
-            .create_files(&items, req.overwrite)
-            .await
-            .map_err(status)?;
+        let results = self.catalog.create_files(&items, req.overwrite).await?;
         let mut pending: Vec<(String, Inode, u64)> = Vec::new();
         for ((it, r), size) in items.iter().zip(results).zip(sizes) {
             match r {
@@ -180,7 +178,7 @@ impl Meta {
             for (_, i, _) in &pending {
                 let _ = self.catalog.abort_pending(i.id).await;
             }
-            return Err(status(e));
+            return Err(e.into());
         }
         for (n, files) in by_node {
             let node = &nodes[n];
@@ -202,17 +200,14 @@ impl Meta {
         &self,
         user: &User,
         req: &pb::OpenReadRequest,
-    ) -> Result<pb::OpenReadReply, Status> {
+    ) -> Result<pb::OpenReadReply, Error> {
         let mut reply = pb::OpenReadReply::default();
         let op = if req.run {
             if !req.output.is_empty() {
                 // Outputs will be created there: fail before anything runs.
                 let (r, dir) = self.existing(user, &req.output).await?;
                 if dir.kind != Kind::Dir {
-                    return Err(Status::failed_precondition(format!(
-                        "{}: not a directory",
-                        r.norm
-                    )));
+                    return Err(Error::not_a_directory(&r.norm));
                 }
                 perm::require(user, &dir, Access::Write, &r.norm)?;
                 perm::require(user, &dir, Access::Search, &r.norm)?;
@@ -228,7 +223,7 @@ impl Meta {
                 Err(s) => {
                     reply.errors.push(pb::FileError {
                         path: p.clone(),
-                        code: code_of_status(&s).into(),
+                        code: s.kind.name().into(),
                         message: s.message().into(),
                     });
                     continue;
@@ -247,7 +242,7 @@ impl Meta {
                 continue;
             }
             // Reading a tree: list and search permission on every directory in it.
-            let dirs = self.catalog.dirs_below(&r.norm).await.map_err(status)?;
+            let dirs = self.catalog.dirs_below(&r.norm).await?;
             let mut readable: HashSet<i64> = HashSet::new();
             for (dp, d) in &dirs {
                 if perm::allows(user, d, Access::Read) && perm::allows(user, d, Access::Search) {
@@ -264,14 +259,14 @@ impl Meta {
                     });
                 }
             }
-            for (fp, f) in self.catalog.files_below(&r.norm).await.map_err(status)? {
+            for (fp, f) in self.catalog.files_below(&r.norm).await? {
                 if readable.contains(&f.parent) {
                     files.push((fp, f));
                 }
             }
         }
         if files.len() > MAX_BATCH * 10 {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid(format!(
                 "{} files in one request; open at most {} at a time",
                 files.len(),
                 MAX_BATCH * 10
@@ -279,7 +274,7 @@ impl Meta {
         }
         let exclude: HashSet<&str> = req.exclude_nodes.iter().map(|s| s.as_str()).collect();
         let ids: Vec<i64> = files.iter().map(|(_, f)| f.id).collect();
-        let replicas = self.catalog.replicas_of(&ids).await.map_err(status)?;
+        let replicas = self.catalog.replicas_of(&ids).await?;
         let nodes: HashMap<String, NodeEntry> = self
             .nodes()
             .into_iter()
@@ -373,37 +368,37 @@ impl Meta {
         &self,
         user: &User,
         req: &pb::RenewRequest,
-    ) -> Result<pb::Capability, Status> {
+    ) -> Result<pb::Capability, Error> {
         if req.ids.len() > MAX_BATCH {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid(format!(
                 "at most {MAX_BATCH} files per request"
             )));
         }
         let node = self
             .node(&req.node)
-            .ok_or_else(|| Status::not_found(format!("node {}: not registered", req.node)))?;
+            .ok_or_else(|| Error::not_found(format!("node {}: not registered", req.node)))?;
         let (op, want) = match req.op.as_str() {
             "read" => (Operation::Read, ReplicaState::Complete),
             "write" => (Operation::Write, ReplicaState::Writing),
             other => {
-                return Err(Status::invalid_argument(format!(
+                return Err(Error::invalid(format!(
                     "cannot renew a {other:?} capability (read or write)"
                 )));
             }
         };
-        let replicas = self.catalog.replicas_of(&req.ids).await.map_err(status)?;
+        let replicas = self.catalog.replicas_of(&req.ids).await?;
         for id in &req.ids {
-            let i = self.catalog.inode(*id).await.map_err(status)?;
-            let path = self.catalog.path_of(*id).await.map_err(status)?;
+            let i = self.catalog.inode(*id).await?;
+            let path = self.catalog.path_of(*id).await?;
             let denied = || {
-                Status::permission_denied(format!(
+                Error::permission_denied(format!(
                     "{path}: permission denied ({} may no longer {} it)",
                     user.name, req.op
                 ))
             };
             if op == Operation::Read {
                 if i.pending || i.kind != Kind::File {
-                    return Err(Status::not_found(format!("{path}: no such file")));
+                    return Err(Error::not_found(format!("{path}: no such file")));
                 }
                 // Search permission on the way, read permission on the file.
                 let (_, e) = self.existing(user, &path).await?;
@@ -417,22 +412,25 @@ impl Meta {
                 .get(id)
                 .is_some_and(|v| v.iter().any(|r| r.node == req.node && r.state == want));
             if !held {
-                return Err(Status::failed_precondition(format!(
-                    "{path}: node {} holds no {} replica of it",
-                    req.node,
-                    if op == Operation::Read {
-                        "complete"
-                    } else {
-                        "pending"
-                    }
-                )));
+                return Err(Error::new(
+                    ErrorKind::NotWritable,
+                    format!(
+                        "{path}: node {} holds no {} replica of it",
+                        req.node,
+                        if op == Operation::Read {
+                            "complete"
+                        } else {
+                            "pending"
+                        }
+                    ),
+                ));
             }
         }
         self.user_grant(&node, op, req.ids.clone(), user)
     }
 
     /// Every replica of a file, with its node.
-    pub async fn where_is(&self, user: &User, path: &str) -> Result<pb::WhereReply, Status> {
+    pub async fn where_is(&self, user: &User, path: &str) -> Result<pb::WhereReply, Error> {
         let (r, e) = self.existing(user, path).await?;
         let nodes: HashMap<String, NodeEntry> = self
             .nodes()
@@ -440,7 +438,7 @@ impl Meta {
             .map(|n| (n.node.name.clone(), n))
             .collect();
         let replicas = if e.kind == Kind::File {
-            self.catalog.replicas(e.id).await.map_err(status)?
+            self.catalog.replicas(e.id).await?
         } else {
             Vec::new()
         };
@@ -464,8 +462,51 @@ impl Meta {
     }
 
     /// The registry with each node's number of complete replicas.
-    pub async fn node_infos(&self) -> Result<Vec<pb::NodeInfo>, Status> {
-        let counts = self.catalog.replica_counts().await.map_err(status)?;
+    /// Drops files `user` started and has not committed (an administrator's too): the ones
+    /// committed meanwhile or already gone are left alone; another user's is refused.
+    pub async fn abort_files_as(&self, user: &User, ids: &[i64]) -> Result<(), Error> {
+        for id in ids {
+            match self.catalog.inode(*id).await {
+                Ok(i) if i.pending && (i.owner == user.name || user.admin) => {
+                    self.catalog.abort_pending(*id).await?;
+                }
+                Ok(i) if i.pending => {
+                    return Err(Error::permission_denied(format!(
+                        "file {id} is being written by {}",
+                        i.owner
+                    )));
+                }
+                // Committed meanwhile, or already gone: nothing to abort.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Capacity and free space per node and per site.
+    pub async fn df(&self) -> Result<pb::DfReply, Error> {
+        let nodes = self.node_infos().await?;
+        let mut sites: BTreeMap<String, pb::SiteUsage> = BTreeMap::new();
+        for n in &nodes {
+            let s = sites
+                .entry(n.site.clone())
+                .or_insert_with(|| pb::SiteUsage {
+                    site: n.site.clone(),
+                    ..Default::default()
+                });
+            s.capacity += n.capacity;
+            s.free += n.free;
+            s.nodes += 1;
+            s.up += n.up as u32;
+        }
+        Ok(pb::DfReply {
+            nodes,
+            sites: sites.into_values().collect(),
+        })
+    }
+
+    pub async fn node_infos(&self) -> Result<Vec<pb::NodeInfo>, Error> {
+        let counts = self.catalog.replica_counts().await?;
         let mut complete: HashMap<String, u64> = HashMap::new();
         for (n, s, c) in counts {
             if s == ReplicaState::Complete {
@@ -501,21 +542,7 @@ impl Files for FilesService {
         let m = &self.meta;
         let items = req.get_ref().ids.len() as u64;
         m.user_call(Op::many("abort_files", items), &req, async |user, q| {
-            for id in &q.ids {
-                match m.catalog.inode(*id).await {
-                    Ok(i) if i.pending && (i.owner == user.name || user.admin) => {
-                        m.catalog.abort_pending(*id).await.map_err(status)?;
-                    }
-                    Ok(i) if i.pending => {
-                        return Err(Status::permission_denied(format!(
-                            "file {id} is being written by {}",
-                            i.owner
-                        )));
-                    }
-                    // Committed meanwhile, or already gone: nothing to abort.
-                    _ => {}
-                }
-            }
+            m.abort_files_as(&user, &q.ids).await?;
             Ok(pb::Empty {})
         })
         .await
@@ -557,27 +584,8 @@ impl Files for FilesService {
 
     async fn df(&self, req: Request<pb::Empty>) -> Result<Response<pb::DfReply>, Status> {
         let m = &self.meta;
-        m.caller_call(Op::one("df"), &req, async |_, _| {
-            let nodes = m.node_infos().await?;
-            let mut sites: BTreeMap<String, pb::SiteUsage> = BTreeMap::new();
-            for n in &nodes {
-                let s = sites
-                    .entry(n.site.clone())
-                    .or_insert_with(|| pb::SiteUsage {
-                        site: n.site.clone(),
-                        ..Default::default()
-                    });
-                s.capacity += n.capacity;
-                s.free += n.free;
-                s.nodes += 1;
-                s.up += n.up as u32;
-            }
-            Ok(pb::DfReply {
-                nodes,
-                sites: sites.into_values().collect(),
-            })
-        })
-        .await
+        m.caller_call(Op::one("df"), &req, async |_, _| m.df().await)
+            .await
     }
 
     type ReplicateStream =

@@ -11,6 +11,7 @@
 //! methods of [`Meta`].
 
 use crate::auth::{Caller, Identities, User};
+use crate::error::Error;
 use crate::state::Meta;
 use std::sync::Arc;
 use std::time::Instant;
@@ -67,7 +68,7 @@ impl Meta {
         &self,
         op: Op,
         req: &Request<Q>,
-        f: impl AsyncFnOnce(User, &Q) -> Result<T, Status>,
+        f: impl AsyncFnOnce(User, &Q) -> Result<T, Error>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
         let r = async { f(self.ids.user(req)?, req.get_ref()).await }.await;
@@ -79,7 +80,7 @@ impl Meta {
         &self,
         op: Op,
         req: &Request<Q>,
-        f: impl AsyncFnOnce(Caller, &Q) -> Result<T, Status>,
+        f: impl AsyncFnOnce(Caller, &Q) -> Result<T, Error>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
         let r = async { f(self.ids.of_request(req)?, req.get_ref()).await }.await;
@@ -92,7 +93,7 @@ impl Meta {
         &self,
         name: &'static str,
         req: &Request<Q>,
-        f: impl AsyncFnOnce(User, &Q) -> Result<(T, u64), Status>,
+        f: impl AsyncFnOnce(User, &Q) -> Result<(T, u64), Error>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
         let r = async { f(self.ids.user(req)?, req.get_ref()).await }.await;
@@ -106,7 +107,7 @@ impl Meta {
         &self,
         op: Op,
         req: Request<Q>,
-        f: impl AsyncFnOnce(Q) -> Result<T, Status>,
+        f: impl AsyncFnOnce(Q) -> Result<T, Error>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
         let r = async {
@@ -124,7 +125,7 @@ impl Meta {
         &self,
         op: Op,
         req: Request<Q>,
-        f: impl AsyncFnOnce(Arc<CertIdentity>, Q) -> Result<T, Status>,
+        f: impl AsyncFnOnce(Arc<CertIdentity>, Q) -> Result<T, Error>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
         let r = async {
@@ -137,15 +138,15 @@ impl Meta {
         self.finish(op, started, r)
     }
 
+    /// The one place a domain error becomes a status: its kind named beside the code.
     fn finish<T>(
         &self,
         op: Op,
         started: Instant,
-        r: Result<T, Status>,
+        r: Result<T, Error>,
     ) -> Result<Response<T>, Status> {
         self.record(op.name, started, op.items, r.is_ok());
-        // Every status leaving the server names its kind.
-        r.map(Response::new).map_err(api::errors::with_kind)
+        r.map(Response::new).map_err(Status::from)
     }
 
     /// The node a request comes from, for every call but `Register`. It must come with a host

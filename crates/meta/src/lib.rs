@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod enrol;
+pub mod error;
 mod files;
 mod grpc;
 pub mod http;

@@ -3,22 +3,15 @@
 //! transaction.
 
 use crate::auth::User;
+use crate::error::{Error, Result};
 use crate::grpc::Op;
 use crate::perm::{self, Access};
-use crate::state::{Meta, depth, entry, status};
+use crate::state::{Meta, depth, entry};
 use api::meta as pb;
 use api::meta::namespace_server::Namespace;
-use catalog::{CatalogError, Checked, Inode, Kind, NewEntry, normalize, parent_and_name};
+use catalog::{Inode, Kind, NewEntry, normalize, parent_and_name};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
-
-/// A checked change's error as the caller sees it: the refusal, or the catalog's error.
-fn refused_or_status(e: Checked<Status>) -> Status {
-    match e {
-        Checked::Refused(s) => s,
-        Checked::Catalog(e) => status(e),
-    }
-}
 
 /// The namespace service.
 pub struct NamespaceService {
@@ -42,27 +35,24 @@ impl Resolved {
 
     /// Checks `user`'s search permission on every directory before the entry (or, when the
     /// path does not exist, on every directory that does).
-    pub fn check_traverse(&self, user: &User) -> Result<(), Status> {
+    pub fn check_traverse(&self, user: &User) -> Result<()> {
         let skip = if self.exists() { 1 } else { 0 };
         perm::require_traverse(user, &self.chain, skip)
     }
 
     /// The entry, or why there is none.
-    pub fn existing(&self) -> Result<&Inode, Status> {
+    pub fn existing(&self) -> Result<&Inode> {
         self.entry()
-            .ok_or_else(|| Status::not_found(format!("{}: no such file or directory", self.norm)))
+            .ok_or_else(|| Error::not_found(format!("{}: no such file or directory", self.norm)))
     }
 
     /// The entry as a directory `user` may create and remove entries in: existing, a
     /// directory, writable and searchable.
-    pub fn writable_dir(&self, user: &User) -> Result<&Inode, Status> {
+    pub fn writable_dir(&self, user: &User) -> Result<&Inode> {
         self.check_traverse(user)?;
         let dir = self.existing()?;
         if dir.kind != Kind::Dir {
-            return Err(Status::failed_precondition(format!(
-                "{}: not a directory",
-                self.norm
-            )));
+            return Err(Error::not_a_directory(&self.norm));
         }
         perm::require(user, dir, Access::Write, &self.norm)?;
         perm::require(user, dir, Access::Search, &self.norm)?;
@@ -82,16 +72,16 @@ impl Resolved {
 impl Meta {
     /// Resolves `path` and checks search permission on the directories leading to its last
     /// existing component.
-    pub async fn resolve(&self, user: &User, path: &str) -> Result<Resolved, Status> {
-        let norm = normalize(path).map_err(status)?;
-        let chain = self.catalog.lookup_chain(&norm).await.map_err(status)?;
+    pub async fn resolve(&self, user: &User, path: &str) -> Result<Resolved> {
+        let norm = normalize(path)?;
+        let chain = self.catalog.lookup_chain(&norm).await?;
         let r = Resolved { norm, chain };
         r.check_traverse(user)?;
         Ok(r)
     }
 
     /// The existing entry at `path`.
-    pub async fn existing(&self, user: &User, path: &str) -> Result<(Resolved, Inode), Status> {
+    pub async fn existing(&self, user: &User, path: &str) -> Result<(Resolved, Inode)> {
         let r = self.resolve(user, path).await?;
         let e = r.existing()?.clone();
         Ok((r, e))
@@ -105,15 +95,14 @@ impl Meta {
         path: &str,
         mode: u32,
         parents: bool,
-    ) -> Result<pb::Entry, Status> {
-        let norm = normalize(path).map_err(status)?;
+    ) -> Result<pb::Entry> {
+        let norm = normalize(path)?;
         // Checked and created in one catalog transaction, on what it finds along the path.
         let authorize = |chain: &[Inode], missing: usize| {
-            let denied = |s: Status| CatalogError::Denied(s.message().to_string());
             // Search permission on every directory before the entry (or, when it does not
             // exist, on every directory that does).
             let skip = usize::from(missing == 0);
-            perm::require_traverse(user, chain, skip).map_err(denied)?;
+            perm::require_traverse(user, chain, skip)?;
             // The deepest existing directory is where something gets created.
             let base = chain.last().expect("root");
             if missing > 0 {
@@ -121,10 +110,10 @@ impl Meta {
                     let names: Vec<&str> = chain.iter().skip(1).map(|i| i.name.as_str()).collect();
                     format!("/{}", names.join("/"))
                 };
-                perm::require(user, base, Access::Write, &shown).map_err(denied)?;
-                perm::require(user, base, Access::Search, &shown).map_err(denied)?;
+                perm::require(user, base, Access::Write, &shown)?;
+                perm::require(user, base, Access::Search, &shown)?;
             }
-            Ok(NewEntry {
+            Ok::<_, Error>(NewEntry {
                 owner: user.name.clone(),
                 group: self.new_group(user, base),
                 mode: if mode == 0 { 0o755 } else { mode & 0o7777 },
@@ -134,15 +123,14 @@ impl Meta {
         let d = self
             .catalog
             .mkdir_checked(&norm, parents, authorize)
-            .await
-            .map_err(status)?;
+            .await?;
         Ok(entry(&norm, &d))
     }
 
     /// Removes `path` for `user` (a directory with `recursive`, everything below it): the
     /// number of entries removed.
-    pub async fn remove_as(&self, user: &User, path: &str, recursive: bool) -> Result<u64, Status> {
-        let norm = normalize(path).map_err(status)?;
+    pub async fn remove_as(&self, user: &User, path: &str, recursive: bool) -> Result<u64> {
+        let norm = normalize(path)?;
         // Checked and removed in one catalog transaction, on what it finds.
         let authorize = |chain: &[Inode], below: &[(String, Inode)]| {
             let r = Resolved {
@@ -153,7 +141,7 @@ impl Meta {
             let e = r.existing()?;
             let parent = r
                 .parent()
-                .ok_or_else(|| Status::invalid_argument("cannot remove the root"))?;
+                .ok_or_else(|| Error::invalid("cannot remove the root"))?;
             perm::require_unlink(user, parent, e, &r.norm)?;
             if e.kind == Kind::Dir && recursive && !user.admin {
                 // Emptying a directory needs write and search permission on it and on every
@@ -165,19 +153,19 @@ impl Meta {
                     perm::require(user, d, Access::Search, p)?;
                 }
             }
-            Ok(())
+            Ok::<_, Error>(())
         };
-        self.catalog
+        Ok(self
+            .catalog
             .remove_checked(&norm, recursive, authorize)
-            .await
-            .map_err(refused_or_status)
+            .await?)
     }
 
     /// Renames `from` to `to` for `user` (an entry at `to` is replaced, as rename(2) does).
-    pub async fn rename_as(&self, user: &User, from: &str, to: &str) -> Result<pb::Entry, Status> {
-        let from = normalize(from).map_err(status)?;
-        let to = normalize(to).map_err(status)?;
-        let (to_parent, _) = parent_and_name(&to).map_err(status)?;
+    pub async fn rename_as(&self, user: &User, from: &str, to: &str) -> Result<pb::Entry> {
+        let from = normalize(from)?;
+        let to = normalize(to)?;
+        let (to_parent, _) = parent_and_name(&to)?;
         // Checked and moved in one catalog transaction, on what it finds.
         let authorize = |from_chain: &[Inode], to_chain: &[Inode], target: Option<&Inode>| {
             let source = Resolved {
@@ -188,7 +176,7 @@ impl Meta {
             let e = source.existing()?;
             let from_parent = source
                 .parent()
-                .ok_or_else(|| Status::invalid_argument("cannot move the root"))?;
+                .ok_or_else(|| Error::invalid("cannot move the root"))?;
             perm::require_unlink(user, from_parent, e, &from)?;
             let parent = Resolved {
                 norm: to_parent.clone(),
@@ -198,26 +186,22 @@ impl Meta {
             if let Some(target) = target {
                 perm::require_unlink(user, dir, target, &to)?;
             }
-            Ok(())
+            Ok::<_, Error>(())
         };
-        let moved = self
-            .catalog
-            .rename_checked(&from, &to, authorize)
-            .await
-            .map_err(refused_or_status)?;
+        let moved = self.catalog.rename_checked(&from, &to, authorize).await?;
         Ok(entry(&to, &moved))
     }
 
     /// Changes the permission bits of `path` (its owner or an administrator only).
-    pub async fn chmod_as(&self, user: &User, path: &str, mode: u32) -> Result<pb::Entry, Status> {
+    pub async fn chmod_as(&self, user: &User, path: &str, mode: u32) -> Result<pb::Entry> {
         let (r, e) = self.existing(user, path).await?;
         perm::require_owner(user, &e, &r.norm)?;
         if mode > 0o7777 {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid(format!(
                 "mode {mode:o} is not a permission mode (at most 7777)"
             )));
         }
-        let i = self.catalog.set_mode(&r.norm, mode).await.map_err(status)?;
+        let i = self.catalog.set_mode(&r.norm, mode).await?;
         Ok(entry(&r.norm, &i))
     }
 
@@ -228,24 +212,122 @@ impl Meta {
         path: &str,
         owner: Option<&str>,
         group: Option<&str>,
-    ) -> Result<pb::Entry, Status> {
+    ) -> Result<pb::Entry> {
         let (r, mut e) = self.existing(user, path).await?;
         if owner.is_none() && group.is_none() {
-            return Err(Status::invalid_argument("give an owner, a group, or both"));
+            return Err(Error::invalid("give an owner, a group, or both"));
         }
         perm::require_chown(user, &e, owner, group, &r.norm)?;
         if let Some(o) = owner {
-            e = self.catalog.set_owner(&r.norm, o).await.map_err(status)?;
+            e = self.catalog.set_owner(&r.norm, o).await?;
         }
         if let Some(g) = group {
-            e = self.catalog.set_group(&r.norm, g).await.map_err(status)?;
+            e = self.catalog.set_group(&r.norm, g).await?;
         }
         Ok(entry(&r.norm, &e))
     }
 
+    /// Stats each of `paths`; a path that fails has its error's message instead of an entry.
+    pub async fn stat_many_as(&self, user: &User, paths: &[String]) -> pb::StatManyReply {
+        let mut results = Vec::with_capacity(paths.len());
+        for p in paths {
+            results.push(match self.existing(user, p).await {
+                Ok((r, e)) => pb::StatResult {
+                    entry: Some(entry(&r.norm, &e)),
+                    error: String::new(),
+                },
+                Err(e) => pb::StatResult {
+                    entry: None,
+                    error: e.message,
+                },
+            });
+        }
+        pb::StatManyReply { results }
+    }
+
+    /// Lists directory `path` for `user` (a file lists as itself): up to `limit` entries
+    /// (1,000 when 0, at most 10,000) after the name `after`, and whether more follow.
+    pub async fn list_as(
+        &self,
+        user: &User,
+        path: &str,
+        after: &str,
+        limit: u32,
+    ) -> Result<pb::ListReply> {
+        let (r, dir) = self.existing(user, path).await?;
+        if dir.kind == Kind::Dir {
+            perm::require(user, &dir, Access::Read, &r.norm)?;
+            perm::require(user, &dir, Access::Search, &r.norm)?;
+        }
+        let limit = match limit {
+            0 => 1000,
+            n => n.min(10_000),
+        };
+        let after = (!after.is_empty()).then_some(after);
+        let items = self.catalog.list(&r.norm, after, limit).await?;
+        let more = items.len() as u32 == limit && dir.kind == Kind::Dir;
+        let entries = items
+            .iter()
+            .map(|i| {
+                let p = if dir.kind == Kind::Dir {
+                    catalog::join(&r.norm, &i.name)
+                } else {
+                    r.norm.clone()
+                };
+                entry(&p, i)
+            })
+            .collect();
+        Ok(pb::ListReply { entries, more })
+    }
+
+    /// The value of extended attribute `name` of `path` (read permission on it).
+    pub async fn xattr_get_as(
+        &self,
+        user: &User,
+        path: &str,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let (r, e) = self.existing(user, path).await?;
+        perm::require(user, &e, Access::Read, &r.norm)?;
+        Ok(self.catalog.xattr_get(&r.norm, name).await?)
+    }
+
+    /// Every extended attribute of `path` (read permission on it).
+    pub async fn xattr_list_as(&self, user: &User, path: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let (r, e) = self.existing(user, path).await?;
+        perm::require(user, &e, Access::Read, &r.norm)?;
+        Ok(self.catalog.xattr_list(&r.norm).await?)
+    }
+
+    /// Sets extended attribute `name` of `path` (see `check_xattr_write`).
+    pub async fn xattr_set_as(
+        &self,
+        user: &User,
+        path: &str,
+        name: &str,
+        value: &[u8],
+    ) -> Result<()> {
+        let (r, e) = self.existing(user, path).await?;
+        check_xattr_write(user, &e, name, &r.norm)?;
+        Ok(self.catalog.xattr_set(&r.norm, name, value).await?)
+    }
+
+    /// Removes extended attribute `name` of `path`; not found when it has none of that name.
+    pub async fn xattr_remove_as(&self, user: &User, path: &str, name: &str) -> Result<()> {
+        let (r, e) = self.existing(user, path).await?;
+        check_xattr_write(user, &e, name, &r.norm)?;
+        if !self.catalog.xattr_remove(&r.norm, name).await? {
+            return Err(Error::not_found(format!(
+                "{}: no attribute {name:?}",
+                r.norm
+            )));
+        }
+        Ok(())
+    }
+
     /// The directory `path` must be in: existing, a directory, writable and searchable.
-    pub async fn writable_parent(&self, user: &User, path: &str) -> Result<Inode, Status> {
-        let (parent, _) = parent_and_name(path).map_err(status)?;
+    pub async fn writable_parent(&self, user: &User, path: &str) -> Result<Inode> {
+        let (parent, _) = parent_and_name(path)?;
         let r = self.resolve(user, &parent).await?;
         r.writable_dir(user).cloned()
     }
@@ -269,20 +351,7 @@ impl Namespace for NamespaceService {
         let m = &self.meta;
         let items = req.get_ref().paths.len() as u64;
         m.user_call(Op::many("stat_many", items), &req, async |user, q| {
-            let mut results = Vec::with_capacity(q.paths.len());
-            for p in &q.paths {
-                results.push(match m.existing(&user, p).await {
-                    Ok((r, e)) => pb::StatResult {
-                        entry: Some(entry(&r.norm, &e)),
-                        error: String::new(),
-                    },
-                    Err(s) => pb::StatResult {
-                        entry: None,
-                        error: s.message().to_string(),
-                    },
-                });
-            }
-            Ok(pb::StatManyReply { results })
+            Ok(m.stat_many_as(&user, &q.paths).await)
         })
         .await
     }
@@ -290,34 +359,7 @@ impl Namespace for NamespaceService {
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("list"), &req, async |user, q| {
-            let (r, dir) = m.existing(&user, &q.path).await?;
-            if dir.kind == Kind::Dir {
-                perm::require(&user, &dir, Access::Read, &r.norm)?;
-                perm::require(&user, &dir, Access::Search, &r.norm)?;
-            }
-            let limit = match q.limit {
-                0 => 1000,
-                n => n.min(10_000),
-            };
-            let after = (!q.after.is_empty()).then_some(q.after.as_str());
-            let items = m
-                .catalog
-                .list(&r.norm, after, limit)
-                .await
-                .map_err(status)?;
-            let more = items.len() as u32 == limit && dir.kind == Kind::Dir;
-            let entries = items
-                .iter()
-                .map(|i| {
-                    let p = if dir.kind == Kind::Dir {
-                        catalog::join(&r.norm, &i.name)
-                    } else {
-                        r.norm.clone()
-                    };
-                    entry(&p, i)
-                })
-                .collect();
-            Ok(pb::ListReply { entries, more })
+            m.list_as(&user, &q.path, &q.after, q.limit).await
         })
         .await
     }
@@ -374,13 +416,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::XattrReply>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("xattr_get"), &req, async |user, q| {
-            let (r, e) = m.existing(&user, &q.path).await?;
-            perm::require(&user, &e, Access::Read, &r.norm)?;
-            let v = m
-                .catalog
-                .xattr_get(&r.norm, &q.name)
-                .await
-                .map_err(status)?;
+            let v = m.xattr_get_as(&user, &q.path, &q.name).await?;
             Ok(pb::XattrReply {
                 found: v.is_some(),
                 value: v.unwrap_or_default(),
@@ -395,12 +431,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::Empty>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("xattr_set"), &req, async |user, q| {
-            let (r, e) = m.existing(&user, &q.path).await?;
-            check_xattr_write(&user, &e, &q.name, &r.norm)?;
-            m.catalog
-                .xattr_set(&r.norm, &q.name, &q.value)
-                .await
-                .map_err(status)?;
+            m.xattr_set_as(&user, &q.path, &q.name, &q.value).await?;
             Ok(pb::Empty {})
         })
         .await
@@ -412,13 +443,9 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::XattrListReply>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("xattr_list"), &req, async |user, q| {
-            let (r, e) = m.existing(&user, &q.path).await?;
-            perm::require(&user, &e, Access::Read, &r.norm)?;
             let attrs = m
-                .catalog
-                .xattr_list(&r.norm)
-                .await
-                .map_err(status)?
+                .xattr_list_as(&user, &q.path)
+                .await?
                 .into_iter()
                 .map(|(name, value)| pb::Xattr { name, value })
                 .collect();
@@ -433,19 +460,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::Empty>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("xattr_remove"), &req, async |user, q| {
-            let (r, e) = m.existing(&user, &q.path).await?;
-            check_xattr_write(&user, &e, &q.name, &r.norm)?;
-            let found = m
-                .catalog
-                .xattr_remove(&r.norm, &q.name)
-                .await
-                .map_err(status)?;
-            if !found {
-                return Err(Status::not_found(format!(
-                    "{}: no attribute {:?}",
-                    r.norm, q.name
-                )));
-            }
+            m.xattr_remove_as(&user, &q.path, &q.name).await?;
             Ok(pb::Empty {})
         })
         .await
@@ -454,7 +469,7 @@ impl Namespace for NamespaceService {
 
 /// Attributes under `haul.` steer the grid (replica policies): only the entry's owner sets
 /// them. Other attributes need write permission.
-fn check_xattr_write(user: &User, e: &Inode, name: &str, path: &str) -> Result<(), Status> {
+fn check_xattr_write(user: &User, e: &Inode, name: &str, path: &str) -> Result<()> {
     if name.starts_with("haul.") {
         perm::require_owner(user, e, path)
     } else {
@@ -497,8 +512,8 @@ mod tests {
         }
     }
 
-    fn kind(s: &Status) -> ErrorKind {
-        api::errors::kind_of(s)
+    fn kind(e: &Error) -> ErrorKind {
+        e.kind
     }
 
     #[tokio::test]

@@ -5,8 +5,8 @@
 //! Pure functions, so every rule is unit-tested.
 
 use crate::auth::User;
+use crate::error::Error;
 use catalog::{Inode, Kind};
-use tonic::Status;
 
 /// What is wanted of an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,8 +38,8 @@ pub fn allows(user: &User, inode: &Inode, access: Access) -> bool {
     (inode.mode >> shift) & bit != 0
 }
 
-fn denied(user: &User, what: &str, path: &str) -> Status {
-    Status::permission_denied(format!(
+fn denied(user: &User, what: &str, path: &str) -> Error {
+    Error::permission_denied(format!(
         "{path}: permission denied ({} may not {what})",
         user.name
     ))
@@ -67,7 +67,7 @@ pub fn anonymous() -> User {
     }
 }
 
-pub fn require(user: &User, inode: &Inode, access: Access, path: &str) -> Result<(), Status> {
+pub fn require(user: &User, inode: &Inode, access: Access, path: &str) -> Result<(), Error> {
     if allows(user, inode, access) {
         return Ok(());
     }
@@ -83,7 +83,7 @@ pub fn require(user: &User, inode: &Inode, access: Access, path: &str) -> Result
 
 /// Search permission on every directory of `chain` (root first) except the last `skip_last`
 /// entries, each named by its path.
-pub fn require_traverse(user: &User, chain: &[Inode], skip_last: usize) -> Result<(), Status> {
+pub fn require_traverse(user: &User, chain: &[Inode], skip_last: usize) -> Result<(), Error> {
     let mut path = String::new();
     for (i, dir) in chain.iter().enumerate() {
         if i > 0 {
@@ -102,7 +102,7 @@ pub fn require_traverse(user: &User, chain: &[Inode], skip_last: usize) -> Resul
 }
 
 /// May `user` remove or rename `entry`, which is in directory `dir`?
-pub fn require_unlink(user: &User, dir: &Inode, entry: &Inode, path: &str) -> Result<(), Status> {
+pub fn require_unlink(user: &User, dir: &Inode, entry: &Inode, path: &str) -> Result<(), Error> {
     if user.admin {
         return Ok(());
     }
@@ -120,7 +120,7 @@ pub fn require_unlink(user: &User, dir: &Inode, entry: &Inode, path: &str) -> Re
 }
 
 /// May `user` change the mode of `inode`?
-pub fn require_owner(user: &User, inode: &Inode, path: &str) -> Result<(), Status> {
+pub fn require_owner(user: &User, inode: &Inode, path: &str) -> Result<(), Error> {
     if user.admin || inode.owner == user.name {
         Ok(())
     } else {
@@ -136,7 +136,7 @@ pub fn require_chown(
     owner: Option<&str>,
     group: Option<&str>,
     path: &str,
-) -> Result<(), Status> {
+) -> Result<(), Error> {
     if user.admin {
         return Ok(());
     }
@@ -200,7 +200,7 @@ mod tests {
         assert!(allows(&bob, &f, Access::Read) && !allows(&bob, &f, Access::Write));
         assert!(!allows(&eve, &f, Access::Read));
         let e = require(&eve, &f, Access::Read, "/d/x").unwrap_err();
-        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert_eq!(e.kind, wire::error::ErrorKind::PermissionDenied);
         assert!(
             e.message().contains("/d/x: permission denied"),
             "{}",

@@ -6,9 +6,10 @@
 //! Also the one-shot `replicate` request, which uses the same planner and executor.
 
 use crate::auth::User;
+use crate::error::Error;
 use crate::perm::{self, Access};
 use crate::replication::{self, ExecOptions, FileState, Progress, Want};
-use crate::state::{Meta, code_of_status, status};
+use crate::state::Meta;
 use api::meta as pb;
 use catalog::{CatalogError, Inode, Kind};
 use std::collections::HashMap;
@@ -62,14 +63,14 @@ async fn file_states(meta: &Meta, paths: &[String]) -> Result<Vec<FileState>, Ca
 }
 
 /// Checks that `want` can be met at all by the registry (known sites).
-fn check_sites(meta: &Meta, want: &Want) -> Result<(), Status> {
+fn check_sites(meta: &Meta, want: &Want) -> Result<(), Error> {
     let nodes = meta.nodes();
     for s in &want.sites {
         if !nodes.iter().any(|n| n.node.site == *s) {
             let mut known: Vec<String> = nodes.iter().map(|n| n.node.site.clone()).collect();
             known.sort();
             known.dedup();
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid(format!(
                 "unknown site {s:?} (sites: {})",
                 if known.is_empty() {
                     "none registered".into()
@@ -88,7 +89,7 @@ impl Meta {
         &self,
         user: &User,
         req: &pb::PolicyRequest,
-    ) -> Result<pb::PolicyReply, Status> {
+    ) -> Result<pb::PolicyReply, Error> {
         let (r, e) = self.existing(user, &req.path).await?;
         perm::require_owner(user, &e, &r.norm)?;
         if req.clear {
@@ -100,13 +101,12 @@ impl Meta {
                 private: req.private,
             };
             if want.copies > 64 {
-                return Err(Status::invalid_argument("at most 64 copies"));
+                return Err(Error::invalid("at most 64 copies"));
             }
             check_sites(self, &want)?;
             self.catalog
                 .xattr_set(&r.norm, POLICY_XATTR, want.format().as_bytes())
-                .await
-                .map_err(status)?;
+                .await?;
             self.event_about(
                 format!("policy {} on {}", want.format(), r.norm),
                 vec![r.norm.clone()],
@@ -117,13 +117,9 @@ impl Meta {
     }
 
     /// The policies below `under` that `user` may see (whose paths they could find).
-    pub async fn policies_reply(
-        &self,
-        user: &User,
-        under: &str,
-    ) -> Result<pb::PolicyReply, Status> {
-        let under = catalog::normalize(under).map_err(status)?;
-        let all = policies(self).await.map_err(status)?;
+    pub async fn policies_reply(&self, user: &User, under: &str) -> Result<pb::PolicyReply, Error> {
+        let under = catalog::normalize(under)?;
+        let all = policies(self).await?;
         let mut out = Vec::new();
         for (path, _, w) in all {
             let below = under == "/" || path == under || path.starts_with(&format!("{under}/"));
@@ -151,9 +147,7 @@ impl Meta {
         let progress = Arc::new(Progress::default());
         let prepared = async {
             if req.paths.is_empty() {
-                return Err(Status::invalid_argument(
-                    "name files or directories to replicate",
-                ));
+                return Err(Error::invalid("name files or directories to replicate"));
             }
             let want = Want {
                 copies: req.copies.max(1),
@@ -166,14 +160,14 @@ impl Meta {
             for p in &req.paths {
                 let (r, e) = self.existing(&user, p).await?;
                 if e.kind == Kind::Dir && !req.recursive {
-                    return Err(Status::invalid_argument(format!(
+                    return Err(Error::invalid(format!(
                         "{}: is a directory (use -r)",
                         r.norm
                     )));
                 }
                 paths.push(r.norm);
             }
-            let mut files = file_states(&self, &paths).await.map_err(status)?;
+            let mut files = file_states(&self, &paths).await?;
             files.retain(|f| {
                 let ok = perm::allows(&user, &f.inode, Access::Read);
                 if !ok {
@@ -193,8 +187,8 @@ impl Meta {
         .await;
         let (want, files, refused) = match prepared {
             Ok(x) => x,
-            Err(s) => {
-                let _ = tx.send(Err(s)).await;
+            Err(e) => {
+                let _ = tx.send(Err(e.into())).await;
                 return;
             }
         };
@@ -380,7 +374,7 @@ pub async fn run(meta: Arc<Meta>, every: Duration, stop: CancellationToken) {
 }
 
 /// `haul status` for `user`: policies and events only about paths the user may see.
-pub async fn status_reply(meta: &Meta, user: &User) -> Result<pb::StatusReply, Status> {
+pub async fn status_reply(meta: &Meta, user: &User) -> Result<pb::StatusReply, Error> {
     let pols = meta.policies_reply(user, "/").await?.policies;
     let st = meta.reconciler.lock().expect("reconciler").clone();
     let nodes = meta.nodes();
@@ -400,10 +394,10 @@ pub async fn status_reply(meta: &Meta, user: &User) -> Result<pb::StatusReply, S
 }
 
 /// Per-file status codes for errors in streams.
-pub fn file_error_of(path: &str, s: &Status) -> pb::FileError {
+pub fn file_error_of(path: &str, s: &Error) -> pb::FileError {
     pb::FileError {
         path: path.to_string(),
-        code: code_of_status(s).into(),
+        code: s.kind.name().into(),
         message: s.message().to_string(),
     }
 }

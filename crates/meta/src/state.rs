@@ -3,6 +3,7 @@
 //! conversions between catalog types and the gRPC API.
 
 use crate::auth::{Identities, User};
+use crate::error::Error;
 use crate::placement::NodeView;
 use api::meta as pb;
 use catalog::{Catalog, CatalogError, Inode, Kind, Node};
@@ -10,7 +11,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use tonic::Status;
 use transfer::certid::Fingerprint;
 use transfer::client::CopyOptions;
 use wire::error::ErrorKind;
@@ -421,9 +421,9 @@ impl Meta {
         replace: Vec<i64>,
         user: &str,
         holder: Option<Fingerprint>,
-    ) -> Result<pb::Capability, Status> {
+    ) -> Result<pb::Capability, Error> {
         if node.key.is_empty() {
-            return Err(Status::unavailable(format!(
+            return Err(Error::unavailable(format!(
                 "node {} has not registered a key yet",
                 node.node.name
             )));
@@ -453,7 +453,7 @@ impl Meta {
         op: Operation,
         ids: Vec<i64>,
         user: &User,
-    ) -> Result<pb::Capability, Status> {
+    ) -> Result<pb::Capability, Error> {
         self.grant(node, op, ids, vec![], &user.name, user.cert)
     }
 
@@ -464,7 +464,7 @@ impl Meta {
         node: &NodeEntry,
         op: Operation,
         ids: Vec<i64>,
-    ) -> Result<pb::Capability, Status> {
+    ) -> Result<pb::Capability, Error> {
         self.own_grant_replacing(node, op, ids, vec![])
     }
 
@@ -475,9 +475,12 @@ impl Meta {
         op: Operation,
         ids: Vec<i64>,
         replace: Vec<i64>,
-    ) -> Result<pb::Capability, Status> {
+    ) -> Result<pb::Capability, Error> {
         let own = self.own_cert().ok_or_else(|| {
-            Status::failed_precondition("the metadata server has no certificate of its own")
+            Error::new(
+                ErrorKind::NotWritable,
+                "the metadata server has no certificate of its own",
+            )
         })?;
         self.grant(node, op, ids, replace, "haul-meta", Some(own))
     }
@@ -523,39 +526,10 @@ pub fn node_info(e: &NodeEntry, replicas: u64) -> pb::NodeInfo {
     }
 }
 
-/// The kind of a catalog error, in the one vocabulary ([`ErrorKind`]).
-pub fn kind_of(e: &CatalogError) -> ErrorKind {
-    match e {
-        CatalogError::NotFound(_) => ErrorKind::NotFound,
-        CatalogError::Exists(_) => ErrorKind::Exists,
-        CatalogError::NotADirectory(_) => ErrorKind::NotADirectory,
-        CatalogError::IsADirectory(_) => ErrorKind::IsADirectory,
-        CatalogError::NotEmpty(_) => ErrorKind::NotEmpty,
-        CatalogError::Busy(_) => ErrorKind::Busy,
-        CatalogError::Invalid(_) => ErrorKind::Invalid,
-        CatalogError::Denied(_) => ErrorKind::PermissionDenied,
-        CatalogError::Database(_) => ErrorKind::Unavailable,
-    }
-}
-
-/// A catalog error as a gRPC status that names its kind (`api::errors`).
-pub fn status(e: CatalogError) -> Status {
-    if let CatalogError::Database(_) = e {
-        tracing::error!(error = %e, "catalog database error");
-        return api::errors::status(ErrorKind::Unavailable, format!("metadata database: {e}"));
-    }
-    api::errors::status(kind_of(&e), e.to_string())
-}
-
-/// The code of a per-file error from a status: the name of its kind.
-pub fn code_of_status(s: &Status) -> &'static str {
-    api::errors::kind_of(s).name()
-}
-
 pub fn file_error(path: &str, e: &CatalogError) -> pb::FileError {
     pb::FileError {
         path: path.to_string(),
-        code: kind_of(e).name().to_string(),
+        code: crate::error::kind_of(e).name().to_string(),
         message: e.to_string(),
     }
 }

@@ -4,9 +4,10 @@
 //! which does the same for the whole namespace.
 
 use crate::auth::User;
+use crate::error::Error;
 use crate::perm::{self, Access};
 use crate::replication::{self, ExecOptions, FileState, Progress, Want};
-use crate::state::{Meta, NodeEntry, status};
+use crate::state::{Meta, NodeEntry};
 use api::meta as pb;
 use catalog::{Kind, ReplicaState};
 use std::collections::{BTreeMap, HashMap};
@@ -327,7 +328,7 @@ impl Meta {
             for p in &req.paths {
                 let (r, e) = self.existing(&user, p).await?;
                 if e.kind == Kind::Dir && !req.recursive {
-                    return Err(tonic::Status::invalid_argument(format!(
+                    return Err(Error::invalid(format!(
                         "{}: is a directory (use -r)",
                         r.norm
                     )));
@@ -336,11 +337,11 @@ impl Meta {
             }
             let mut files = Vec::new();
             for p in &paths {
-                files.extend(self.catalog.files_below(p).await.map_err(status)?);
+                files.extend(self.catalog.files_below(p).await?);
             }
             files.retain(|(_, i)| perm::allows(&user, i, Access::Read));
             let ids: Vec<i64> = files.iter().map(|(_, i)| i.id).collect();
-            let mut reps = self.catalog.replicas_of(&ids).await.map_err(status)?;
+            let mut reps = self.catalog.replicas_of(&ids).await?;
             Ok(files
                 .into_iter()
                 .map(|(path, inode)| FileState {
@@ -353,8 +354,8 @@ impl Meta {
         .await;
         let files = match prepared {
             Ok(f) => f,
-            Err(s) => {
-                let _ = tx.send(Err(s)).await;
+            Err(e) => {
+                let _ = tx.send(Err(e.into())).await;
                 return;
             }
         };
