@@ -827,6 +827,99 @@ fn initial_streams(opts: &CopyOptions, bytes: Option<u64>) -> u32 {
     })
 }
 
+/// The first steps of a session with an endpoint, the same for an upload and a download.
+struct Opening {
+    /// The control connection's TCP part, and its round trip.
+    tcp: tokio::net::TcpStream,
+    rtt: Duration,
+    /// This host's limits (the endpoint's come with its hello).
+    limits: HostLimits,
+    /// Planned from the round trip with this host's limits as a guess of the endpoint's (the
+    /// caller refines it from the endpoint's answer); at least the streams already opening.
+    plan: Plan,
+    id: wire::control::SessionId,
+    key: wire::control::DataKey,
+    /// Where more data streams connect to.
+    target: StreamTarget,
+    /// The openers under way: the first streams, connecting before the control connection
+    /// is up (the session id and key are ours; the endpoint holds early binds until the
+    /// session exists).
+    openers: Vec<tokio::task::JoinHandle<Vec<TransferError>>>,
+    tx: mpsc::Sender<conn::DataConn>,
+    /// The data streams, as they connect.
+    conns: mpsc::Receiver<conn::DataConn>,
+}
+
+/// Opens a session's connections to `peer`: on a short path the control connection's round
+/// trip plans the streams before they open; on a long one (no answer within [`SHORT_PATH`])
+/// streams start at once, as many as [`initial_streams`] says for `size` (files, bytes; when
+/// known). Sets the session's streams and socket buffer in `session`. `hold_hello`: the
+/// streams will carry data from here (see [`StreamTarget::hold_hello`]).
+async fn open_session(
+    peer: &Peer,
+    opts: &CopyOptions,
+    session: &mut SessionOptions,
+    size: Option<(u64, u64)>,
+    hold_hello: bool,
+    cancel: &CancellationToken,
+) -> Result<Opening, TransferError> {
+    let (host, port) = (peer.host.as_str(), peer.port);
+    let limits = sys::host_limits();
+    session.tcp_buffer = host_buffer(session, &limits);
+    let connect = connect_and_measure(host, port);
+    tokio::pin!(connect);
+    let quick = tokio::time::timeout(SHORT_PATH, &mut connect)
+        .await
+        .ok()
+        .transpose()?;
+    let (files, bytes) = size.unwrap_or((1, u64::MAX / 2));
+    let opened = match &quick {
+        Some((_, rtt)) => {
+            plan_for(*rtt, limits.clone(), limits.clone(), bytes, files, opts).streams
+        }
+        None => initial_streams(opts, size.map(|(_, b)| b)),
+    };
+    session.streams = Some(opened);
+    let (id, key) = random_ids();
+    let (tx, conns) = mpsc::channel(64);
+    let target = StreamTarget {
+        addr: conn::format_addr(host, port),
+        host: host.to_string(),
+        tls: stream_tls(opts.tls.as_ref(), session)?,
+        session: id,
+        key,
+        buffer: session.tcp_buffer,
+        limits: limits.clone(),
+        confirm_bind: false,
+        hold_hello,
+    };
+    let openers = vec![tokio::spawn(open_streams(
+        target.clone(),
+        0,
+        opened,
+        tx.clone(),
+        cancel.clone(),
+    ))];
+    let (tcp, rtt) = match quick {
+        Some(c) => c,
+        None => connect.await?,
+    };
+    let mut plan = plan_for(rtt, limits.clone(), limits.clone(), bytes, files, opts);
+    plan.streams = plan.streams.max(opened);
+    Ok(Opening {
+        tcp,
+        rtt,
+        limits,
+        plan,
+        id,
+        key,
+        target,
+        openers,
+        tx,
+        conns,
+    })
+}
+
 /// Connects the control connection's TCP part and measures the round trip: enough to plan
 /// and start opening data streams while TLS and the hello proceed.
 async fn connect_and_measure(
@@ -880,50 +973,26 @@ pub async fn upload(
         Some((_, l)) => l,
         None => entries.iter().map(|e| e.size).sum(),
     };
-    let limits = sys::host_limits();
-    // Data streams connect at once, alongside the control connection: the session id and key
-    // are ours, and the endpoint holds early binds until the session exists.
-    session.tcp_buffer = host_buffer(&session, &limits);
-    let connect = connect_and_measure(host, port);
-    tokio::pin!(connect);
-    let quick = tokio::time::timeout(SHORT_PATH, &mut connect)
-        .await
-        .ok()
-        .transpose()?;
-    let opened = match &quick {
-        Some((_, rtt)) => {
-            plan_for(*rtt, limits.clone(), limits.clone(), bytes, files, opts).streams
-        }
-        None => initial_streams(opts, Some(bytes)),
-    };
-    session.streams = Some(opened);
-    let (id, key) = random_ids();
-    let (tx, rx) = mpsc::channel(64);
-    let target = StreamTarget {
-        addr: conn::format_addr(host, port),
-        host: host.to_string(),
-        tls: stream_tls(opts.tls.as_ref(), &session)?,
-        session: id,
+    let Opening {
+        tcp,
+        rtt,
+        limits,
+        plan: mut p,
+        id,
         key,
-        buffer: session.tcp_buffer,
-        limits: limits.clone(),
-        confirm_bind: false,
-        hold_hello: true,
-    };
-    let mut openers = vec![tokio::spawn(open_streams(
-        target.clone(),
-        0,
-        opened,
-        tx.clone(),
-        cancel.clone(),
-    ))];
-    let (tcp, rtt) = match quick {
-        Some(c) => c,
-        None => connect.await?,
-    };
-    // Plan with our own limits as a guess of the endpoint's; refined when its hello arrives.
-    let mut p = plan_for(rtt, limits.clone(), limits.clone(), bytes, files, opts);
-    p.streams = p.streams.max(opened);
+        target,
+        mut openers,
+        tx,
+        conns: rx,
+    } = open_session(
+        peer,
+        opts,
+        &mut session,
+        Some((files, bytes)),
+        true,
+        &cancel,
+    )
+    .await?;
     // Kept only until the endpoint's hello tells whether more streams are needed: once every
     // sender is gone, the session knows no stream will come any more.
     let mut tx = Some(tx);
@@ -1043,55 +1112,22 @@ pub async fn download(
         cancel,
     } = ctx;
     let (host, port) = (peer.host.as_str(), peer.port);
-    let limits = sys::host_limits();
-    // With a file list the size is known up front.
+    // With a file list the size is known up front; without, streams start as for a large
+    // transfer, and more follow if the endpoint's answer calls for them.
     let listed_bytes: u64 = request.files.iter().map(|f| f.size).sum();
     let known = (!request.files.is_empty()).then_some((request.files.len() as u64, listed_bytes));
-    // The dataset size is not known yet: streams connect at once as for a large transfer on a
-    // long path, and more follow if the endpoint's answer calls for them.
-    let buffer = host_buffer(&session, &limits);
-    session.tcp_buffer = buffer;
-    let connect = connect_and_measure(host, port);
-    tokio::pin!(connect);
-    let quick = tokio::time::timeout(SHORT_PATH, &mut connect)
-        .await
-        .ok()
-        .transpose()?;
-    let opened = match &quick {
-        Some((_, rtt)) => {
-            let (f, b) = known.unwrap_or((1, u64::MAX / 2));
-            plan_for(*rtt, limits.clone(), limits.clone(), b, f, opts).streams
-        }
-        None => initial_streams(opts, known.map(|k| k.1)),
-    };
-    session.streams = Some(opened);
-    let (id, key) = random_ids();
-    let (tx, rx) = mpsc::channel(64);
-    let target = StreamTarget {
-        addr: conn::format_addr(host, port),
-        host: host.to_string(),
-        tls: stream_tls(opts.tls.as_ref(), &session)?,
-        session: id,
+    let Opening {
+        tcp,
+        rtt,
+        limits,
+        plan: mut p,
+        id,
         key,
-        buffer,
-        limits: limits.clone(),
-        confirm_bind: false,
-        hold_hello: false,
-    };
-    let early = tokio::spawn(open_streams(
-        target.clone(),
-        0,
-        opened,
-        tx.clone(),
-        cancel.clone(),
-    ));
-    let (tcp, rtt) = match quick {
-        Some(c) => c,
-        None => connect.await?,
-    };
-    let (kf, kb) = known.unwrap_or((1, u64::MAX / 2));
-    let mut p = plan_for(rtt, limits.clone(), limits.clone(), kb, kf, opts);
-    p.streams = p.streams.max(opened);
+        target,
+        mut openers,
+        tx,
+        conns: rx,
+    } = open_session(peer, opts, &mut session, known, false, &cancel).await?;
     let mut s = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
     s.send(&Request::OpenSource {
         session: id,
@@ -1105,7 +1141,6 @@ pub async fn download(
         grant: request.grant,
     })
     .await?;
-    let mut openers = vec![early];
     let mut tx = Some(tx);
     let spec = SinkSpec {
         root,
