@@ -2,9 +2,7 @@
 //! from it (the replica the metadata server chose first); a file whose node fails, or whose
 //! replica turns out damaged, moves to its next replica and resumes there in the next round.
 
-use super::rounds::{
-    Planned, Rounds, Runner, SessionResult, Tally, announce_next_round, run_rounds,
-};
+use super::rounds::{Planned, Rounds, Runner, SessionResult, Tally, run_rounds};
 use super::{Cap, GridOptions, ReadFile, SESSION_FILES, catalog_agrees, open_source, write_empty};
 use crate::client::MetaClient;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -208,7 +206,7 @@ impl Rounds for Download<'_> {
             });
         if node_failed && self.failed_nodes.insert(r.node.clone()) {
             let why = r.error().map(|e| e.to_string()).unwrap_or_default();
-            announce_next_round(
+            tally.fail_over(
                 &self.events,
                 round,
                 format!(

@@ -4,6 +4,10 @@
 //! what each did: files done, files to try again (on another node or replica), files failed.
 //! What differs between an upload, a download and a copy within the grid is only how a round is
 //! planned and settled: the [`Rounds`] each of them implements.
+//!
+//! Between rounds the rule of a standalone copy's attempts holds: work that goes to another
+//! node (a failover, [`Tally::fail_over`]) goes at once; work tried again where it failed waits
+//! the retry policy's back-off first (1 s, 2 s, ... by default), announced with its delay.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -155,6 +159,30 @@ pub(super) async fn run_rounds<P: Rounds>(
         if runner.cancel.is_cancelled() {
             return Err(TransferError::interrupted());
         }
+        let failed_over = std::mem::take(&mut tally.failed_over);
+        if !todo.is_empty() && round < max_rounds && !failed_over {
+            // Tried again where it failed: after the back-off, as a standalone copy waits.
+            let delay = plan
+                .opts()
+                .copy
+                .retry
+                .delay_before(round)
+                .unwrap_or_default();
+            let reason = tally
+                .retry_reason
+                .take()
+                .or_else(|| tally.failed.values().next().map(|e| e.to_string()))
+                .unwrap_or_else(|| "files to try again".into());
+            let _ = runner.events.send(Event::Retrying {
+                attempt: round + 1,
+                delay_ms: delay.as_millis() as u64,
+                reason,
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = runner.cancel.cancelled() => return Err(TransferError::interrupted()),
+            }
+        }
     }
     if !todo.is_empty() {
         plan.give_up(max_rounds, todo, &mut tally);
@@ -166,15 +194,6 @@ pub(super) async fn run_rounds<P: Rounds>(
         &runner.total,
         &runner.events,
     )
-}
-
-/// Tells the user that the next round works around a node (`reason` says which and why).
-pub(super) fn announce_next_round(events: &EventSender, round: u32, reason: String) {
-    let _ = events.send(Event::Retrying {
-        attempt: round + 1,
-        delay_ms: 0,
-        reason,
-    });
 }
 
 /// Runs sessions side by side, each with its own counters (summed into `total` for progress)
@@ -400,6 +419,10 @@ pub(super) struct Tally {
     /// Congestion control switches of every session.
     pub cc_decisions: Vec<wire::losscause::Decision>,
     pub plan: String,
+    /// This round moved work to other nodes: the next one starts at once.
+    failed_over: bool,
+    /// Why the next round tries work again where it failed (else the first failure says).
+    retry_reason: Option<String>,
 }
 
 impl Tally {
@@ -415,7 +438,25 @@ impl Tally {
             retransmits: 0,
             cc_decisions: Vec::new(),
             plan: String::new(),
+            failed_over: false,
+            retry_reason: None,
         }
+    }
+
+    /// Why the next round tries work again on the same nodes, for the user.
+    pub fn retry_because(&mut self, reason: String) {
+        self.retry_reason.get_or_insert(reason);
+    }
+
+    /// The next round works around a node (`reason` says which and why): it starts at once,
+    /// and the user is told.
+    pub fn fail_over(&mut self, events: &EventSender, round: u32, reason: String) {
+        self.failed_over = true;
+        let _ = events.send(Event::Retrying {
+            attempt: round + 1,
+            delay_ms: 0,
+            reason,
+        });
     }
 
     /// Sets the copy's size: `files` files, `bytes` bytes (also for the progress display).
@@ -548,7 +589,8 @@ mod tests {
                 session: Default::default(),
                 retry: wire::retry::RetryPolicy {
                     max_attempts,
-                    ..Default::default()
+                    initial_delay: Duration::from_millis(30),
+                    max_delay: Duration::from_millis(60),
                 },
                 tls: None,
                 link_bps: 1_000_000_000,
@@ -631,7 +673,7 @@ mod tests {
 
         fn settle(
             &mut self,
-            _round: u32,
+            round: u32,
             job: Self::Job,
             r: SessionResult,
             tally: &mut Tally,
@@ -650,6 +692,7 @@ mod tests {
                 } else if r.node_unreachable() && nodes.len() > 1 {
                     nodes.remove(0);
                     todo.push((name, nodes));
+                    tally.fail_over(&self.events, round, format!("{} failed", job.0));
                 }
             }
         }
@@ -671,7 +714,16 @@ mod tests {
         down: &[&'static str],
         stubborn: bool,
     ) -> (Fake, Runner, Arc<Counters>) {
-        let (events, _rx) = mpsc::unbounded_channel();
+        let (plan, runner, counters, _rx) = fake_with_events(max_attempts, down, stubborn);
+        (plan, runner, counters)
+    }
+
+    fn fake_with_events(
+        max_attempts: u32,
+        down: &[&'static str],
+        stubborn: bool,
+    ) -> (Fake, Runner, Arc<Counters>, mpsc::UnboundedReceiver<Event>) {
+        let (events, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let opts = options(max_attempts);
         let runner = Runner::new(
@@ -689,7 +741,21 @@ mod tests {
             ended_rounds: 0,
             gave_up: vec![],
         };
-        (plan, runner, counters)
+        (plan, runner, counters, rx)
+    }
+
+    /// The `Retrying` events a copy sent: (attempt, delay in ms).
+    fn retries(rx: &mut mpsc::UnboundedReceiver<Event>) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            if let Event::Retrying {
+                attempt, delay_ms, ..
+            } = ev
+            {
+                out.push((attempt, delay_ms));
+            }
+        }
+        out
     }
 
     fn tally(files: u64, counters: &Counters) -> Tally {
@@ -748,6 +814,41 @@ mod tests {
         assert_eq!(plan.gave_up, vec![3]);
         assert_eq!((report.files_failed, report.attempts), (1, 3));
         assert_eq!(report.failures[0].path, "1");
+    }
+
+    /// Work that fails over goes at once; work tried again where it failed waits the retry
+    /// policy's back-off (30 ms, then 60 ms here), announced with its delay.
+    #[tokio::test]
+    async fn a_failover_goes_at_once_and_a_retry_in_place_waits_the_back_off() {
+        let (mut plan, runner, counters, mut rx) = fake_with_events(3, &["bad"], false);
+        let todo = vec![(1, vec!["bad", "good"])];
+        run_rounds(
+            &mut plan,
+            todo,
+            &runner,
+            tally(1, &counters),
+            ("s".into(), "d".into()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(retries(&mut rx), [(2, 0)]);
+
+        let (mut plan, runner, counters, mut rx) = fake_with_events(3, &["bad"], true);
+        let todo = vec![(1, vec!["bad"])];
+        let started = Instant::now();
+        let _ = run_rounds(
+            &mut plan,
+            todo,
+            &runner,
+            tally(1, &counters),
+            ("s".into(), "d".into()),
+        )
+        .await;
+        assert_eq!(retries(&mut rx), [(2, 30), (3, 60)]);
+        assert!(
+            started.elapsed() >= Duration::from_millis(90),
+            "the back-off was waited"
+        );
     }
 
     #[tokio::test]

@@ -3,9 +3,7 @@
 //! write capability, and aborts what did not arrive: nothing is visible in the namespace before
 //! a node has verified it.
 
-use super::rounds::{
-    Planned, Rounds, Runner, SessionResult, Tally, announce_next_round, run_rounds,
-};
+use super::rounds::{Planned, Rounds, Runner, SessionResult, Tally, run_rounds};
 use super::{Cap, GridOptions, grid_destination, map_grid, ns_of, place, renamed};
 use crate::client::MetaClient;
 use api::meta as pb;
@@ -205,7 +203,7 @@ impl Rounds for Upload<'_> {
         if node_failed && !self.exclude.contains(&r.node) {
             let why = r.error().map(|e| e.to_string()).unwrap_or_default();
             tracing::warn!(node = %r.node, "storage node failed during upload ({why}); placing its files elsewhere");
-            announce_next_round(
+            tally.fail_over(
                 &self.events,
                 round,
                 format!(
@@ -220,7 +218,7 @@ impl Rounds for Upload<'_> {
         let full = !r.no_space.is_empty();
         if full && !node_failed && !self.exclude.contains(&r.node) {
             tracing::warn!(node = %r.node, "storage node has no space left; placing its files elsewhere");
-            announce_next_round(
+            tally.fail_over(
                 &self.events,
                 round,
                 format!(

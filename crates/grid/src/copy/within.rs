@@ -3,9 +3,7 @@
 //! pairs each destination node with the nodes its files are read from; a failed pair is tried
 //! again from another replica, or to another node.
 
-use super::rounds::{
-    Planned, Rounds, Runner, SessionResult, Tally, announce_next_round, run_rounds,
-};
+use super::rounds::{Planned, Rounds, Runner, SessionResult, Tally, run_rounds};
 use super::{Cap, GridOptions, ReadFile, grid_destination, map_grid, open_source, place, renamed};
 use crate::client::MetaClient;
 use api::meta as pb;
@@ -234,11 +232,12 @@ impl Rounds for Within<'_> {
         } = job;
         let failed = r.error().is_some();
         if let Some(e) = r.error() {
-            announce_next_round(
-                &self.events,
-                round,
-                format!("copy {src_node} -> {dst_node} failed ({e})"),
-            );
+            let why = format!("copy {src_node} -> {dst_node} failed ({e})");
+            if r.node_unreachable() {
+                tally.fail_over(&self.events, round, why);
+            } else {
+                tally.retry_because(why);
+            }
             if r.node_unreachable() {
                 // Which end failed is not known: avoid both next time.
                 self.failed_sources.insert(src_node.clone());
