@@ -205,7 +205,8 @@ pub struct CpArgs {
     /// Copy only this many bytes of a single file.
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     pub length: Option<u64>,
-    /// Cancel and resume a transfer that moves no data for this long.
+    /// Cancel and resume a transfer that moves no data for this long (noticed within an eighth
+    /// of it).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub stall_timeout: std::time::Duration,
     /// Attempts after the first one, each resuming, with exponential back-off.
