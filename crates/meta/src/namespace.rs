@@ -227,6 +227,28 @@ impl Meta {
         Ok(entry(&r.norm, &e))
     }
 
+    /// The normalized paths a command names (`replicate`, `verify`): each must exist for
+    /// `user`, and a directory only with `recursive`.
+    pub async fn named_paths(
+        &self,
+        user: &User,
+        paths: &[String],
+        recursive: bool,
+    ) -> Result<Vec<String>> {
+        let mut named = Vec::with_capacity(paths.len());
+        for p in paths {
+            let (r, e) = self.existing(user, p).await?;
+            if e.kind == Kind::Dir && !recursive {
+                return Err(Error::invalid(format!(
+                    "{}: is a directory (use -r)",
+                    r.norm
+                )));
+            }
+            named.push(r.norm);
+        }
+        Ok(named)
+    }
+
     /// Stats each of `paths`; a path that fails has its error's message instead of an entry.
     pub async fn stat_many_as(&self, user: &User, paths: &[String]) -> pb::StatManyReply {
         let mut results = Vec::with_capacity(paths.len());

@@ -11,7 +11,7 @@ use crate::perm::{self, Access};
 use crate::replication::{self, ExecOptions, FileState, Progress, Want};
 use crate::state::Meta;
 use api::meta as pb;
-use catalog::{CatalogError, Inode, Kind};
+use catalog::{CatalogError, Inode};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -155,18 +155,8 @@ impl Meta {
                 private: req.private,
             };
             check_sites(&self, &want)?;
-            let mut paths = Vec::new();
+            let paths = self.named_paths(&user, &req.paths, req.recursive).await?;
             let mut refused = Vec::new();
-            for p in &req.paths {
-                let (r, e) = self.existing(&user, p).await?;
-                if e.kind == Kind::Dir && !req.recursive {
-                    return Err(Error::invalid(format!(
-                        "{}: is a directory (use -r)",
-                        r.norm
-                    )));
-                }
-                paths.push(r.norm);
-            }
             let mut files = file_states(&self, &paths).await?;
             files.retain(|f| {
                 let ok = perm::allows(&user, &f.inode, Access::Read);

@@ -4,12 +4,11 @@
 //! which does the same for the whole namespace.
 
 use crate::auth::User;
-use crate::error::Error;
 use crate::perm::{self, Access};
 use crate::replication::{self, ExecOptions, FileState, Progress, Want};
 use crate::state::{Meta, NodeEntry};
 use api::meta as pb;
-use catalog::{Kind, ReplicaState};
+use catalog::ReplicaState;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -323,18 +322,8 @@ impl Meta {
         tx: tokio::sync::mpsc::Sender<Result<pb::VerifyProgress, tonic::Status>>,
     ) {
         let started = Instant::now();
-        let prepared = async {
-            let mut paths = Vec::new();
-            for p in &req.paths {
-                let (r, e) = self.existing(&user, p).await?;
-                if e.kind == Kind::Dir && !req.recursive {
-                    return Err(Error::invalid(format!(
-                        "{}: is a directory (use -r)",
-                        r.norm
-                    )));
-                }
-                paths.push(r.norm);
-            }
+        let prepared: crate::error::Result<Vec<FileState>> = async {
+            let paths = self.named_paths(&user, &req.paths, req.recursive).await?;
             let mut files = Vec::new();
             for p in &paths {
                 files.extend(self.catalog.files_below(p).await?);
