@@ -5,6 +5,7 @@
 //! code (`api::errors`), so that the client reads the kind back unchanged. No decision
 //! anywhere is taken on its message.
 
+use api::meta as pb;
 use catalog::{CatalogError, Checked};
 use tonic::Status;
 use wire::error::{ErrorInfo, ErrorKind};
@@ -53,6 +54,15 @@ impl Error {
 
     pub fn not_a_directory(path: &str) -> Self {
         Self::new(ErrorKind::NotADirectory, format!("{path}: not a directory"))
+    }
+
+    /// This error as the per-file error of a batch reply: its kind's name is the code.
+    pub fn for_file(&self, path: &str) -> pb::FileError {
+        pb::FileError {
+            path: path.to_string(),
+            code: self.kind.name().to_string(),
+            message: self.message.clone(),
+        }
     }
 }
 

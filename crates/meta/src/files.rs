@@ -83,12 +83,8 @@ impl Meta {
             }
             let dir = match &parents[&parent] {
                 Ok(d) => d.clone(),
-                Err(s) => {
-                    reply.errors.push(pb::FileError {
-                        path: norm,
-                        code: s.kind.name().into(),
-                        message: s.message().into(),
-                    });
+                Err(e) => {
+                    reply.errors.push(e.for_file(&norm));
                     continue;
                 }
             };
@@ -97,14 +93,13 @@ impl Meta {
                 && old.kind == Kind::File
                 && !perm::allows(user, &old, Access::Write)
             {
-                reply.errors.push(pb::FileError {
-                    path: norm.clone(),
-                    code: "permission_denied".into(),
-                    message: format!(
+                reply.errors.push(
+                    Error::permission_denied(format!(
                         "{norm}: permission denied ({} may not write this file)",
                         user.name
-                    ),
-                });
+                    ))
+                    .for_file(&norm),
+                );
                 continue;
             }
             items.push(CreateItem {
@@ -151,15 +146,13 @@ impl Meta {
                 // Nothing half-registered stays behind.
                 for (path, i, _) in &pending {
                     let _ = self.catalog.abort_pending(i.id).await;
-                    reply.errors.push(pb::FileError {
-                        path: path.clone(),
-                        code: match e {
-                            PlaceError::NoNodes => "unavailable",
-                            PlaceError::NoSpace { .. } => "no_space",
-                        }
-                        .into(),
-                        message: format!("{path}: {e}"),
-                    });
+                    let kind = match e {
+                        PlaceError::NoNodes => ErrorKind::Unavailable,
+                        PlaceError::NoSpace { .. } => ErrorKind::NoSpace,
+                    };
+                    reply
+                        .errors
+                        .push(Error::new(kind, format!("{path}: {e}")).for_file(path));
                 }
                 return Ok(reply);
             }
@@ -220,12 +213,8 @@ impl Meta {
         for p in &req.paths {
             let (r, e) = match self.existing(user, p).await {
                 Ok(x) => x,
-                Err(s) => {
-                    reply.errors.push(pb::FileError {
-                        path: p.clone(),
-                        code: s.kind.name().into(),
-                        message: s.message().into(),
-                    });
+                Err(e) => {
+                    reply.errors.push(e.for_file(p));
                     continue;
                 }
             };
@@ -234,11 +223,13 @@ impl Meta {
                 continue;
             }
             if !req.recursive {
-                reply.errors.push(pb::FileError {
-                    path: r.norm.clone(),
-                    code: "is_a_directory".into(),
-                    message: format!("{}: is a directory (use -r)", r.norm),
-                });
+                reply.errors.push(
+                    Error::new(
+                        ErrorKind::IsADirectory,
+                        format!("{}: is a directory (use -r)", r.norm),
+                    )
+                    .for_file(&r.norm),
+                );
                 continue;
             }
             // Reading a tree: list and search permission on every directory in it.
@@ -249,14 +240,13 @@ impl Meta {
                     readable.insert(d.id);
                     reply.dirs.push(entry(dp, d));
                 } else {
-                    reply.errors.push(pb::FileError {
-                        path: dp.clone(),
-                        code: "permission_denied".into(),
-                        message: format!(
+                    reply.errors.push(
+                        Error::permission_denied(format!(
                             "{dp}: permission denied ({} may not list this directory)",
                             user.name
-                        ),
-                    });
+                        ))
+                        .for_file(dp),
+                    );
                 }
             }
             for (fp, f) in self.catalog.files_below(&r.norm).await? {
@@ -284,14 +274,13 @@ impl Meta {
         let mut grants: BTreeMap<String, Vec<i64>> = BTreeMap::new();
         for (path, f) in files {
             if !perm::allows(user, &f, Access::Read) {
-                reply.errors.push(pb::FileError {
-                    path: path.clone(),
-                    code: "permission_denied".into(),
-                    message: format!(
+                reply.errors.push(
+                    Error::permission_denied(format!(
                         "{path}: permission denied ({} may not read this file)",
                         user.name
-                    ),
-                });
+                    ))
+                    .for_file(&path),
+                );
                 continue;
             }
             let holders: Vec<(NodeView, &catalog::Replica)> = replicas
@@ -305,18 +294,17 @@ impl Meta {
             let views: Vec<&NodeView> = holders.iter().map(|(v, _)| v).collect();
             let ordered = placement::order_replicas(&views, site);
             if ordered.is_empty() && f.size > 0 {
-                reply.errors.push(pb::FileError {
-                    path: path.clone(),
-                    code: "unavailable".into(),
-                    message: format!(
+                reply.errors.push(
+                    Error::unavailable(format!(
                         "{path}: no healthy replica (none complete on a live node{})",
                         if exclude.is_empty() {
                             ""
                         } else {
                             " that has not failed"
                         }
-                    ),
-                });
+                    ))
+                    .for_file(&path),
+                );
                 continue;
             }
             let mut infos = Vec::with_capacity(ordered.len());

@@ -308,18 +308,13 @@ impl Meta {
         let mut index = HashMap::new();
         let mut made: HashMap<String, Result<(), Error>> = HashMap::new();
         for (i, f) in q.files.iter().enumerate() {
-            let fail = |code: &str, message: String| pb::FileError {
-                path: f.name.clone(),
-                code: code.into(),
-                message,
-            };
             let full = match normalize(&format!("{dir}/{}", f.name)) {
                 Ok(p) if p.starts_with(&format!("{}/", dir.trim_end_matches('/'))) => p,
                 _ => {
-                    results[i].error = Some(fail(
-                        "invalid",
-                        format!("{}: not a name inside {dir}", f.name),
-                    ));
+                    results[i].error = Some(
+                        Error::invalid(format!("{}: not a name inside {dir}", f.name))
+                            .for_file(&f.name),
+                    );
                     continue;
                 }
             };
@@ -333,8 +328,8 @@ impl Meta {
                         r
                     }
                 };
-                if let Err(s) = r {
-                    results[i].error = Some(fail(s.kind.name(), s.message().to_string()));
+                if let Err(e) = r {
+                    results[i].error = Some(e.for_file(&f.name));
                     continue;
                 }
             }

@@ -161,14 +161,13 @@ impl Meta {
             files.retain(|f| {
                 let ok = perm::allows(&user, &f.inode, Access::Read);
                 if !ok {
-                    refused.push(pb::FileError {
-                        path: f.path.clone(),
-                        code: "permission_denied".into(),
-                        message: format!(
+                    refused.push(
+                        Error::permission_denied(format!(
                             "{}: permission denied ({} may not read it)",
                             f.path, user.name
-                        ),
-                    });
+                        ))
+                        .for_file(&f.path),
+                    );
                 }
                 ok
             });
@@ -209,11 +208,7 @@ impl Meta {
         let snapshot = |finished: bool| {
             let mut failures: Vec<pb::FileError> = refused.clone();
             failures.extend(progress.failures.lock().expect("failures").iter().map(|r| {
-                pb::FileError {
-                    path: r.path.clone(),
-                    code: r.code.into(),
-                    message: format!("{}: {}", r.path, r.reason),
-                }
+                Error::new(r.code, format!("{}: {}", r.path, r.reason)).for_file(&r.path)
             }));
             pb::ReplicateProgress {
                 files: n_files,
@@ -381,13 +376,4 @@ pub async fn status_reply(meta: &Meta, user: &User) -> Result<pb::StatusReply, E
         last_pass_ms: st.last_pass_ms,
         last_pass_seconds: st.last_pass_seconds,
     })
-}
-
-/// Per-file status codes for errors in streams.
-pub fn file_error_of(path: &str, s: &Error) -> pb::FileError {
-    pb::FileError {
-        path: path.to_string(),
-        code: s.kind.name().into(),
-        message: s.message().to_string(),
-    }
 }

@@ -19,6 +19,7 @@ use transfer::TransferError;
 use transfer::client::{Peer, SinkRequest, SourceRequest};
 use transfer::progress::{Counters, Event};
 use wire::control::ListedFile;
+use wire::error::ErrorKind;
 use wire::grant::Operation;
 
 /// What is wanted of a set of files.
@@ -118,9 +119,9 @@ pub struct Task {
 pub struct Refusal {
     pub path: String,
     pub reason: String,
-    /// `FileError` code: `unavailable` (no healthy source, or the copies failed) or
-    /// `no_space` (no eligible node or site can take the copy).
-    pub code: &'static str,
+    /// The `FileError` kind: `Unavailable` (no healthy source, or the copies failed) or
+    /// `NoSpace` (no eligible node or site can take the copy).
+    pub code: ErrorKind,
 }
 
 /// A plan: replicas to make, files already fine, files that cannot be served.
@@ -158,7 +159,7 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
             out.refused.push(Refusal {
                 path: f.path.clone(),
                 reason: "no healthy replica to copy from (none complete on a live node)".into(),
-                code: "unavailable",
+                code: ErrorKind::Unavailable,
             });
             continue;
         }
@@ -214,7 +215,7 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
             out.refused.push(Refusal {
                 path: f.path.clone(),
                 reason,
-                code: "no_space",
+                code: ErrorKind::NoSpace,
             });
             continue;
         }
@@ -427,7 +428,7 @@ pub async fn execute(
                             Some(s) => format!("no live node at site {s} can take a copy now"),
                             None => "no live node can take another copy now".into(),
                         },
-                        code: "no_space",
+                        code: ErrorKind::NoSpace,
                     });
                 }
                 break;
@@ -501,7 +502,7 @@ pub async fn execute(
                 progress.failures.lock().expect("failures").push(Refusal {
                     path: t.path.clone(),
                     reason: format!("copy failed {} times; last: {err}", t.tries),
-                    code: "unavailable",
+                    code: ErrorKind::Unavailable,
                 });
             } else {
                 account(&mut queued_by_src, &t, true);

@@ -527,11 +527,7 @@ pub fn node_info(e: &NodeEntry, replicas: u64) -> pb::NodeInfo {
 }
 
 pub fn file_error(path: &str, e: &CatalogError) -> pb::FileError {
-    pb::FileError {
-        path: path.to_string(),
-        code: crate::error::kind_of(e).name().to_string(),
-        message: e.to_string(),
-    }
+    Error::new(crate::error::kind_of(e), e.to_string()).for_file(path)
 }
 
 /// Number of components of a normalized path.

@@ -4,6 +4,7 @@
 //! which does the same for the whole namespace.
 
 use crate::auth::User;
+use crate::error::Error;
 use crate::perm::{self, Access};
 use crate::replication::{self, ExecOptions, FileState, Progress, Want};
 use crate::state::{Meta, NodeEntry};
@@ -18,7 +19,6 @@ use transfer::TransferError;
 use transfer::client::{Peer, ServiceChannel};
 use transfer::conn::ClientTls;
 use wire::control::ListedFile;
-use wire::error::ErrorKind;
 use wire::grant::{Operation, SignedGrant};
 use wire::node::{NodeRequest, NodeResponse, VerifyResult};
 
@@ -110,11 +110,7 @@ pub async fn verify_files(
                         .failures
                         .lock()
                         .expect("failures")
-                        .push(pb::FileError {
-                            path: node.clone(),
-                            code: ErrorKind::Unavailable.name().into(),
-                            message,
-                        });
+                        .push(Error::unavailable(message).for_file(&node));
                 };
                 let grant = match meta.own_grant(&entry, Operation::Verify, ids) {
                     Ok(g) => g,
@@ -265,15 +261,10 @@ pub async fn verify_files(
             false,
         );
         for r in &plan.refused {
-            findings
-                .failures
-                .lock()
-                .expect("failures")
-                .push(pb::FileError {
-                    path: r.path.clone(),
-                    code: "unavailable".into(),
-                    message: format!("{}: cannot repair: {}", r.path, r.reason),
-                });
+            findings.failures.lock().expect("failures").push(
+                Error::unavailable(format!("{}: cannot repair: {}", r.path, r.reason))
+                    .for_file(&r.path),
+            );
         }
         replication::execute(
             meta.clone(),
