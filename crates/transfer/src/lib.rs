@@ -26,6 +26,7 @@ pub mod sink_session;
 pub mod source_session;
 pub mod store;
 pub mod sys;
+pub mod timer;
 pub mod tls;
 pub mod tree;
 

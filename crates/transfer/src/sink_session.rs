@@ -15,6 +15,7 @@ use crate::pool::{BufPool, MemoryBudget, PooledBuf, SharedSlice};
 use crate::progress::{Counters, Event, EventSender, file_span};
 use crate::service::SinkNaming;
 use crate::store::{self, Opened, Root};
+use crate::timer;
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -1044,12 +1045,7 @@ pub async fn run_sink(
             _ = sh.cancel.cancelled() => {
                 break Err(sh.failure.lock().expect("failure lock").take().unwrap_or(TransferError::interrupted()));
             }
-            _ = async {
-                match idle_look {
-                    Some(t) => tokio::time::sleep_until(t.into()).await,
-                    None => std::future::pending().await,
-                }
-            } => {}
+            _ = timer::sleep_until(idle_look) => {}
         }
     };
     // Give the final acknowledgements a moment to leave, then close everything.

@@ -15,6 +15,7 @@ use crate::pool::{BufPool, ByteBudget, PooledBuf};
 use crate::progress::{Counters, Event, EventSender, file_span};
 use crate::store::{OpenMode, Root, SourceEntry};
 use crate::sys;
+use crate::timer::sleep_until;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -935,14 +936,6 @@ pub async fn run_source(
 
 /// Timers of the session loop closer together than this are handled as one.
 const TIMER_SLACK: Duration = Duration::from_millis(10);
-
-/// Sleeps until `deadline`; forever without one.
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => std::future::pending().await,
-    }
-}
 
 async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
     for h in handles {
