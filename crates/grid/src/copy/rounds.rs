@@ -764,6 +764,24 @@ mod tests {
         t
     }
 
+    /// Copies `todo` (`files` files of 10 bytes) with the fake's rounds.
+    async fn copy(
+        plan: &mut Fake,
+        runner: &Runner,
+        counters: &Counters,
+        todo: Vec<FakeFile>,
+        files: u64,
+    ) -> Result<CopyReport, TransferError> {
+        run_rounds(
+            plan,
+            todo,
+            runner,
+            tally(files, counters),
+            ("s".into(), "d".into()),
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn files_of_a_failed_node_move_to_the_next_in_the_next_round() {
         let (mut plan, runner, counters) = fake(3, &["bad"], false);
@@ -772,15 +790,7 @@ mod tests {
             (2, vec!["good"]),
             (3, vec!["bad", "other"]),
         ];
-        let report = run_rounds(
-            &mut plan,
-            todo,
-            &runner,
-            tally(3, &counters),
-            ("s".into(), "d".into()),
-        )
-        .await
-        .unwrap();
+        let report = copy(&mut plan, &runner, &counters, todo, 3).await.unwrap();
         assert_eq!(
             plan.planned,
             vec![3, 2],
@@ -801,15 +811,7 @@ mod tests {
     async fn files_left_when_the_rounds_run_out_fail_and_the_rest_is_reported() {
         let (mut plan, runner, counters) = fake(3, &["bad"], true);
         let todo = vec![(1, vec!["bad"]), (2, vec!["good"])];
-        let report = run_rounds(
-            &mut plan,
-            todo,
-            &runner,
-            tally(2, &counters),
-            ("s".into(), "d".into()),
-        )
-        .await
-        .unwrap();
+        let report = copy(&mut plan, &runner, &counters, todo, 2).await.unwrap();
         assert_eq!(plan.planned, vec![2, 1, 1]);
         assert_eq!(plan.gave_up, vec![3]);
         assert_eq!((report.files_failed, report.attempts), (1, 3));
@@ -822,28 +824,13 @@ mod tests {
     async fn a_failover_goes_at_once_and_a_retry_in_place_waits_the_back_off() {
         let (mut plan, runner, counters, mut rx) = fake_with_events(3, &["bad"], false);
         let todo = vec![(1, vec!["bad", "good"])];
-        run_rounds(
-            &mut plan,
-            todo,
-            &runner,
-            tally(1, &counters),
-            ("s".into(), "d".into()),
-        )
-        .await
-        .unwrap();
+        copy(&mut plan, &runner, &counters, todo, 1).await.unwrap();
         assert_eq!(retries(&mut rx), [(2, 0)]);
 
         let (mut plan, runner, counters, mut rx) = fake_with_events(3, &["bad"], true);
         let todo = vec![(1, vec!["bad"])];
         let started = Instant::now();
-        let _ = run_rounds(
-            &mut plan,
-            todo,
-            &runner,
-            tally(1, &counters),
-            ("s".into(), "d".into()),
-        )
-        .await;
+        let _ = copy(&mut plan, &runner, &counters, todo, 1).await;
         assert_eq!(retries(&mut rx), [(2, 30), (3, 60)]);
         assert!(
             started.elapsed() >= Duration::from_millis(90),
@@ -855,15 +842,9 @@ mod tests {
     async fn nothing_copied_is_the_first_failure() {
         let (mut plan, runner, counters) = fake(2, &["bad"], false);
         let todo = vec![(1, vec!["bad"])];
-        let e = run_rounds(
-            &mut plan,
-            todo,
-            &runner,
-            tally(1, &counters),
-            ("s".into(), "d".into()),
-        )
-        .await
-        .unwrap_err();
+        let e = copy(&mut plan, &runner, &counters, todo, 1)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), K::Connect);
         assert_eq!(plan.planned, vec![1]);
     }
@@ -873,15 +854,9 @@ mod tests {
         let (mut plan, runner, counters) = fake(3, &[], false);
         runner.cancel.cancel();
         let todo = vec![(1, vec!["good"])];
-        let e = run_rounds(
-            &mut plan,
-            todo,
-            &runner,
-            tally(1, &counters),
-            ("s".into(), "d".into()),
-        )
-        .await
-        .unwrap_err();
+        let e = copy(&mut plan, &runner, &counters, todo, 1)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), K::Cancelled);
         assert!(plan.planned.is_empty());
     }
