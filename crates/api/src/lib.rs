@@ -16,22 +16,11 @@ pub mod errors {
 
     /// A status of `kind`, named beside its code.
     pub fn status(kind: ErrorKind, message: impl Into<String>) -> Status {
-        named(Status::new(code_of(kind), message), kind)
-    }
-
-    /// `s` with its kind named: the one it names already, else its code's.
-    pub fn with_kind(s: Status) -> Status {
-        let kind = kind_of(&s);
-        named(s, kind)
-    }
-
-    fn named(mut s: Status, kind: ErrorKind) -> Status {
-        if !s.metadata().contains_key(ERROR_KIND_KEY) {
-            s.metadata_mut().insert(
-                ERROR_KIND_KEY,
-                tonic::metadata::MetadataValue::from_static(kind.name()),
-            );
-        }
+        let mut s = Status::new(code_of(kind), message);
+        s.metadata_mut().insert(
+            ERROR_KIND_KEY,
+            tonic::metadata::MetadataValue::from_static(kind.name()),
+        );
         s
     }
 
@@ -99,13 +88,8 @@ pub mod errors {
                 assert_eq!(kind_of(&s), k);
                 assert_eq!(s.message(), "m");
             }
-            // A kind already named is kept.
-            let s = with_kind(status(ErrorKind::NotEmpty, "d"));
-            assert_eq!(kind_of(&s), ErrorKind::NotEmpty);
-            assert_eq!(
-                kind_of(&with_kind(Status::not_found("x"))),
-                ErrorKind::NotFound
-            );
+            // A status that names no kind stands for its code's.
+            assert_eq!(kind_of(&Status::not_found("x")), ErrorKind::NotFound);
         }
     }
 }

@@ -134,6 +134,13 @@ mod tests {
             let back = Error::from(Status::from(e.clone()));
             assert_eq!(back, e, "{kind:?}");
         }
+        // A status from the server's own layers (tonic, the identity checks) names no kind:
+        // it leaves with its code's, named.
+        let refused = Error::from(Status::not_found("x"));
+        assert_eq!(refused.kind, ErrorKind::NotFound);
+        let out = Status::from(refused);
+        assert_eq!(api::errors::kind_of(&out), ErrorKind::NotFound);
+        assert!(out.metadata().contains_key(api::ERROR_KIND_KEY));
     }
 
     #[test]
