@@ -4,6 +4,8 @@
 //! for a reason that can pass (lost connection, stall, failed verification) is resumed from
 //! the destination's restart ledgers after a back-off, up to the retry limit.
 
+pub use crate::attempt::AttemptContext;
+use crate::attempt::{self, StallWatch};
 use crate::conn::{self, ClientTls, Session, StreamTarget, open_streams};
 use crate::error::TransferError;
 use crate::pool::MemoryBudget;
@@ -26,7 +28,7 @@ use wire::control::{
 use wire::error::{ErrorInfo, ErrorKind};
 use wire::grant::SignedGrant;
 use wire::plan::{Choices, PathFacts, Plan, plan};
-use wire::retry::{RetryPolicy, StallDetector};
+use wire::retry::RetryPolicy;
 
 /// Default TCP port of a haul endpoint.
 pub const DEFAULT_PORT: u16 = 5811;
@@ -273,15 +275,6 @@ pub struct SourceRequest {
     pub grant: Option<SignedGrant>,
 }
 
-/// What one attempt of a copy reports to and is stopped by: the byte counters the progress
-/// display and the report read, the channel of its events, and its cancellation.
-#[derive(Clone)]
-pub struct AttemptContext {
-    pub counters: Arc<Counters>,
-    pub events: EventSender,
-    pub cancel: CancellationToken,
-}
-
 /// Copies `src` to `dst`. Events (per file, retries) go to `ctx.events`; live counters to
 /// `ctx.counters`. Returns the report, also when some files failed (see `files_failed`).
 pub async fn copy(
@@ -336,7 +329,7 @@ struct DestNaming {
 /// is reached: each attempt after the first resumes (`resume` is true). An attempt that moves
 /// no data for the stall timeout is cancelled and counts as failed. Files reported done in
 /// any attempt stay done; the report lists them.
-pub async fn with_retries<F, Fut>(
+async fn with_retries<F, Fut>(
     source: String,
     destination: String,
     opts: &CopyOptions,
@@ -353,10 +346,13 @@ where
         cancel,
     } = ctx;
     let started = Instant::now();
-    let (rec_tx, mut rec_rx) = mpsc::unbounded_channel::<Event>();
     let mut history: Vec<String> = Vec::new();
     let mut attempt = 1u32;
-    let stall_timeout = Duration::from_millis(opts.session.stall_timeout_ms.max(100));
+    let watch = StallWatch {
+        timeout: Duration::from_millis(opts.session.stall_timeout_ms.max(100)),
+        progress: StallWatch::bytes,
+        subject: String::new(),
+    };
     let mut report = CopyReport {
         source,
         destination,
@@ -370,46 +366,19 @@ where
         let moved_before =
             Counters::get(&counters.bytes_sent) + Counters::get(&counters.bytes_received);
         Counters::set(&counters.bytes_skipped, 0);
-        let attempt_cancel = cancel.child_token();
-        let run = run_attempt(
-            resume,
-            AttemptContext {
-                counters: counters.clone(),
-                events: rec_tx.clone(),
-                cancel: attempt_cancel.clone(),
+        let result = attempt::watched(
+            counters.clone(),
+            &cancel,
+            &watch,
+            |ctx| run_attempt(resume, ctx),
+            |ev| {
+                record(&ev, &mut done_files, &mut failed_files);
+                let _ = events.send(ev);
             },
-        );
-        tokio::pin!(run);
-        let mut stall = StallDetector::new(stall_timeout, Instant::now());
-        let result = loop {
-            tokio::select! {
-                r = &mut run => break r,
-                Some(ev) = rec_rx.recv() => {
-                    record(&ev, &mut done_files, &mut failed_files);
-                    let _ = events.send(ev);
-                }
-                _ = tokio::time::sleep_until(stall.poll_timeout().into()) => {
-                    let progress = Counters::get(&counters.bytes_done) + Counters::get(&counters.bytes_sent);
-                    if stall.observe(Instant::now(), progress) {
-                        attempt_cancel.cancel();
-                        let _ = (&mut run).await;
-                        break Err(TransferError::stalled(format!(
-                            "no data moved for {}", humanize(stall_timeout)
-                        )));
-                    }
-                }
-                _ = cancel.cancelled() => {
-                    attempt_cancel.cancel();
-                    let _ = (&mut run).await;
-                    return Err(TransferError::interrupted());
-                }
-            }
-        };
-        // Whatever the attempt left running (stream openers, sessions) stops now.
-        attempt_cancel.cancel();
-        while let Ok(ev) = rec_rx.try_recv() {
-            record(&ev, &mut done_files, &mut failed_files);
-            let _ = events.send(ev);
+        )
+        .await;
+        if cancel.is_cancelled() {
+            return Err(TransferError::interrupted());
         }
         let moved = Counters::get(&counters.bytes_sent) + Counters::get(&counters.bytes_received)
             - moved_before;
@@ -459,18 +428,9 @@ where
             Err((e, _))
                 if e.retryable() && attempt < opts.retry.max_attempts && !cancel.is_cancelled() =>
             {
-                let delay = opts.retry.delay_before(attempt).unwrap_or_default();
                 history.push(e.to_string());
-                let _ = events.send(Event::Retrying {
-                    attempt: attempt + 1,
-                    delay_ms: delay.as_millis() as u64,
-                    reason: e.to_string(),
-                });
                 failed_files.clear();
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = cancel.cancelled() => return Err(TransferError::interrupted()),
-                }
+                attempt::back_off(&opts.retry, attempt, e.to_string(), &events, &cancel).await?;
                 attempt += 1;
             }
             Err((e, _)) => {
@@ -507,14 +467,6 @@ fn retry_summary(last: &str, history: &[String]) -> String {
         "{last}; tried {attempts} times, resuming each time (earlier: {})",
         earlier.join("; ")
     )
-}
-
-fn humanize(d: Duration) -> String {
-    if d.as_millis().is_multiple_of(1000) {
-        format!("{} s", d.as_secs())
-    } else {
-        format!("{} ms", d.as_millis())
-    }
 }
 
 fn record(

@@ -8,6 +8,7 @@
 //!
 //! What it does not own: protocol decisions (in `wire`) and the command line (in `haul`).
 
+pub mod attempt;
 pub mod certid;
 pub mod claims;
 pub mod client;

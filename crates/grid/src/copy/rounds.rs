@@ -12,14 +12,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use transfer::TransferError;
+use transfer::attempt::{self, StallWatch};
 use transfer::client::{Attempt, AttemptContext, CopyReport, FileReport};
 use transfer::progress::{Counters, Event, EventSender};
 use wire::checksum::Digest;
 use wire::error::ErrorKind as K;
-use wire::retry::StallDetector;
 
 use super::GridOptions;
 
@@ -162,26 +161,13 @@ pub(super) async fn run_rounds<P: Rounds>(
         let failed_over = std::mem::take(&mut tally.failed_over);
         if !todo.is_empty() && round < max_rounds && !failed_over {
             // Tried again where it failed: after the back-off, as a standalone copy waits.
-            let delay = plan
-                .opts()
-                .copy
-                .retry
-                .delay_before(round)
-                .unwrap_or_default();
             let reason = tally
                 .retry_reason
                 .take()
                 .or_else(|| tally.failed.values().next().map(|e| e.to_string()))
                 .unwrap_or_else(|| "files to try again".into());
-            let _ = runner.events.send(Event::Retrying {
-                attempt: round + 1,
-                delay_ms: delay.as_millis() as u64,
-                reason,
-            });
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = runner.cancel.cancelled() => return Err(TransferError::interrupted()),
-            }
+            let retry = &plan.opts().copy.retry;
+            attempt::back_off(retry, round, reason, &runner.events, &runner.cancel).await?;
         }
     }
     if !todo.is_empty() {
@@ -253,40 +239,18 @@ impl Runner {
     {
         let counters = Arc::new(Counters::default());
         self.parts.lock().expect("parts").push(counters.clone());
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let cancel = self.cancel.child_token();
-        let fut = run(AttemptContext {
-            counters: counters.clone(),
-            events: tx,
-            cancel: cancel.clone(),
-        });
-        tokio::pin!(fut);
         let mut done = HashMap::new();
         let mut failed = HashMap::new();
         let mut no_space = HashSet::new();
-        let mut stall = StallDetector::new(self.stall, Instant::now());
-        let result = loop {
-            tokio::select! {
-                r = &mut fut => break r,
-                Some(ev) = rx.recv() => self.note(ev, &mut done, &mut failed, &mut no_space),
-                _ = tokio::time::sleep_until(stall.poll_timeout().into()) => {
-                    let progress = Counters::get(&counters.bytes_done)
-                        + Counters::get(&counters.bytes_sent)
-                        + Counters::get(&counters.activity);
-                    if stall.observe(Instant::now(), progress) {
-                        cancel.cancel();
-                        let _ = (&mut fut).await;
-                        break Err(TransferError::stalled(format!(
-                            "node {node}: no data moved for {} s", self.stall.as_secs()
-                        )));
-                    }
-                }
-            }
+        let watch = StallWatch {
+            timeout: self.stall,
+            progress: StallWatch::bytes_or_frames,
+            subject: format!("node {node}: "),
         };
-        while let Ok(ev) = rx.try_recv() {
-            self.note(ev, &mut done, &mut failed, &mut no_space);
-        }
-        cancel.cancel();
+        let result = attempt::watched(counters.clone(), &self.cancel, &watch, run, |ev| {
+            self.note(ev, &mut done, &mut failed, &mut no_space)
+        })
+        .await;
         // This session's bytes stay in the total.
         {
             let mut parts = self.parts.lock().expect("parts");
@@ -579,6 +543,7 @@ impl Tally {
 mod tests {
     //! The round loop on its own, with a fake copy whose sessions fail or succeed by node.
     use super::*;
+    use tokio::sync::mpsc;
     use transfer::client::CopyOptions;
 
     fn options(max_attempts: u32) -> GridOptions {
