@@ -4,7 +4,7 @@
 
 use crate::auth::User;
 use crate::error::Error;
-use crate::grpc::Op;
+use crate::grpc::{Op, ProgressStream, progress_stream};
 use crate::perm::{self, Access};
 use crate::placement::{self, NodeView, PlaceError};
 use crate::state::{Meta, NodeEntry, entry, file_error, node_info};
@@ -576,8 +576,7 @@ impl Files for FilesService {
             .await
     }
 
-    type ReplicateStream =
-        tokio_stream::wrappers::ReceiverStream<Result<pb::ReplicateProgress, Status>>;
+    type ReplicateStream = ProgressStream<pb::ReplicateProgress>;
 
     async fn replicate(
         &self,
@@ -587,12 +586,12 @@ impl Files for FilesService {
         m.user_call(Op::one("replicate"), &req, async |user, q| {
             let (tx, rx) = tokio::sync::mpsc::channel(4);
             tokio::spawn(m.clone().replicate(user, q.clone(), tx));
-            Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+            Ok(progress_stream(rx))
         })
         .await
     }
 
-    type VerifyStream = tokio_stream::wrappers::ReceiverStream<Result<pb::VerifyProgress, Status>>;
+    type VerifyStream = ProgressStream<pb::VerifyProgress>;
 
     async fn verify(
         &self,
@@ -602,7 +601,7 @@ impl Files for FilesService {
         m.user_call(Op::one("verify"), &req, async |user, q| {
             let (tx, rx) = tokio::sync::mpsc::channel(4);
             tokio::spawn(m.clone().verify(user, q.clone(), tx));
-            Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+            Ok(progress_stream(rx))
         })
         .await
     }

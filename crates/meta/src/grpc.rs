@@ -178,12 +178,29 @@ impl Meta {
     }
 }
 
+/// Where a long-running call (replicate, verify) reports its progress, and its error if it
+/// fails before doing anything: the domain's typed error, made a `Status` once, by
+/// [`progress_stream`].
+pub type ProgressSender<T> = tokio::sync::mpsc::Sender<Result<T, Error>>;
+
+/// The stream a streaming call answers with.
+pub type ProgressStream<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The gRPC stream of the progress reports sent on `rx`.
+pub fn progress_stream<T: Send + 'static>(
+    rx: tokio::sync::mpsc::Receiver<Result<T, Error>>,
+) -> ProgressStream<T> {
+    use tokio_stream::StreamExt;
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx).map(|r| r.map_err(Status::from)))
+}
+
 /// Runs `run` (the work behind a streaming call) while its client gets `snapshot(false)` every
 /// half second. A client that goes away cancels the work through `cancel` and waits for it to
 /// stop; `false` then (a rerun finishes what is missing). The caller sends the last report.
 pub async fn stream_progress<T>(
     run: impl std::future::Future,
-    tx: &tokio::sync::mpsc::Sender<Result<T, Status>>,
+    tx: &ProgressSender<T>,
     cancel: &tokio_util::sync::CancellationToken,
     snapshot: impl Fn(bool) -> T,
 ) -> bool {
@@ -211,5 +228,63 @@ pub fn same_node(caller: &str, claimed: &str) -> Result<(), Status> {
         Err(Status::permission_denied(format!(
             "host certificate of {caller} cannot act for node {claimed}"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The progress streams of replicate and verify, in process: a refusal made before any
+    //! work travels as the domain's typed error and reaches the client as its gRPC status.
+    use super::*;
+    use crate::auth::Identities;
+    use crate::state::Settings;
+    use api::meta as pb;
+    use tokio_stream::StreamExt;
+
+    async fn meta() -> Arc<Meta> {
+        let ids = Identities {
+            mapfile: Default::default(),
+            groups: Default::default(),
+            admins: vec![],
+            nodes: Default::default(),
+        };
+        let catalog = catalog::Catalog::open("sqlite::memory:").await.unwrap();
+        Arc::new(Meta::new(catalog, ids, Settings::default()))
+    }
+
+    fn alice() -> User {
+        User {
+            name: "alice".into(),
+            groups: vec!["alice".into()],
+            admin: false,
+            cert: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_verify_of_a_missing_path_streams_not_found() {
+        let m = meta().await;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let req = pb::VerifyRequest {
+            paths: vec!["/nowhere/x".into()],
+            recursive: false,
+            repair: false,
+        };
+        m.verify(alice(), req, tx).await;
+        let mut stream = progress_stream(rx);
+        let status = stream.next().await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+        assert!(status.message().contains("/nowhere/x"), "{status:?}");
+        assert!(stream.next().await.is_none(), "nothing after the error");
+    }
+
+    #[tokio::test]
+    async fn a_replicate_naming_nothing_streams_invalid_argument() {
+        let m = meta().await;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        m.replicate(alice(), pb::ReplicateRequest::default(), tx)
+            .await;
+        let status = progress_stream(rx).next().await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     }
 }

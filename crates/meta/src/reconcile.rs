@@ -7,6 +7,7 @@
 
 use crate::auth::User;
 use crate::error::Error;
+use crate::grpc::ProgressSender;
 use crate::perm::{self, Access};
 use crate::replication::{self, ExecOptions, FileState, Progress, Want};
 use crate::state::Meta;
@@ -17,7 +18,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use tonic::Status;
 
 /// Name of the policy attribute.
 pub const POLICY_XATTR: &str = "haul.policy";
@@ -140,7 +140,7 @@ impl Meta {
         self: Arc<Self>,
         user: User,
         req: pb::ReplicateRequest,
-        tx: tokio::sync::mpsc::Sender<Result<pb::ReplicateProgress, Status>>,
+        tx: ProgressSender<pb::ReplicateProgress>,
     ) {
         let started = Instant::now();
         let cancel = CancellationToken::new();
@@ -177,7 +177,7 @@ impl Meta {
         let (want, files, refused) = match prepared {
             Ok(x) => x,
             Err(e) => {
-                let _ = tx.send(Err(e.into())).await;
+                let _ = tx.send(Err(e)).await;
                 return;
             }
         };

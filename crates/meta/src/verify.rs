@@ -310,7 +310,7 @@ impl Meta {
         self: Arc<Self>,
         user: User,
         req: pb::VerifyRequest,
-        tx: tokio::sync::mpsc::Sender<Result<pb::VerifyProgress, tonic::Status>>,
+        tx: crate::grpc::ProgressSender<pb::VerifyProgress>,
     ) {
         let started = Instant::now();
         let prepared: crate::error::Result<Vec<FileState>> = async {
@@ -335,7 +335,7 @@ impl Meta {
         let files = match prepared {
             Ok(f) => f,
             Err(e) => {
-                let _ = tx.send(Err(e.into())).await;
+                let _ = tx.send(Err(e)).await;
                 return;
             }
         };
