@@ -351,7 +351,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     );
 
     // Replication: node to node, in parallel, bounded per node.
-    let mut stream = m
+    let stream = m
         .replicate(pb::ReplicateRequest {
             paths: vec!["/cmip".into()],
             copies: 2,
@@ -360,14 +360,10 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
             private: false,
         })
         .await?;
-    let mut rep = None;
-    while let Some(p) = stream.next().await? {
-        if p.finished {
-            rep = Some(p);
-            break;
-        }
-    }
-    let rep = rep.ok_or_else(|| TransferError::local("replication did not finish"))?;
+    let rep = stream
+        .until_finished(|p| p.finished)
+        .await?
+        .ok_or_else(|| TransferError::local("replication did not finish"))?;
     if !rep.failures.is_empty() {
         return Err(TransferError::integrity(format!(
             "replication: {}",
@@ -383,21 +379,17 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     );
 
     // Verification where the data is: every replica's checksum recomputed by its node.
-    let mut stream = m
+    let stream = m
         .verify(pb::VerifyRequest {
             paths: vec!["/cmip".into()],
             recursive: true,
             repair: true,
         })
         .await?;
-    let mut ver = None;
-    while let Some(p) = stream.next().await? {
-        if p.finished {
-            ver = Some(p);
-            break;
-        }
-    }
-    let ver = ver.ok_or_else(|| TransferError::local("verification did not finish"))?;
+    let ver = stream
+        .until_finished(|p| p.finished)
+        .await?
+        .ok_or_else(|| TransferError::local("verification did not finish"))?;
     if !ver.damaged.is_empty() || !ver.failures.is_empty() {
         return Err(TransferError::integrity(format!(
             "verification found {} damaged replicas, {} failures",

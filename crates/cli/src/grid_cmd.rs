@@ -52,7 +52,7 @@ async fn connect_for(
     paths: &[String],
     c: &CredArgs,
 ) -> Result<(MetaClient, Vec<String>), TransferError> {
-    let (peer, out) = crate::repl_cmd::paths_on_one_meta(paths)?;
+    let (peer, out) = paths_on_one_meta(paths)?;
     Ok((connect(&peer, c).await?, out))
 }
 
@@ -373,7 +373,8 @@ pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
     Ok(0)
 }
 
-fn meta_of(a: &GridArgs) -> Result<Peer, TransferError> {
+/// The metadata server a command without paths names (`haul://META`, or `HAUL_META`).
+pub(crate) fn meta_of(a: &GridArgs) -> Result<Peer, TransferError> {
     let s = a.meta.clone().ok_or_else(|| {
         TransferError::usage("name the metadata server: haul://META (or set HAUL_META)")
     })?;
@@ -516,6 +517,27 @@ pub async fn whoami(a: GridArgs) -> Result<u8, TransferError> {
         );
     }
     Ok(0)
+}
+
+/// The metadata server all of `paths` are on, and their paths on it: one command talks to one
+/// metadata server.
+pub(crate) fn paths_on_one_meta(paths: &[String]) -> Result<(Peer, Vec<String>), TransferError> {
+    let mut peer = None;
+    let mut out = Vec::new();
+    for p in paths {
+        let (m, path) = target(p)?;
+        if peer.as_ref().is_some_and(|q| *q != m) {
+            return Err(TransferError::usage(
+                "all paths of one command must be on the same metadata server",
+            ));
+        }
+        peer = Some(m);
+        out.push(path);
+    }
+    Ok((
+        peer.ok_or_else(|| TransferError::usage("no path given"))?,
+        out,
+    ))
 }
 
 #[cfg(test)]

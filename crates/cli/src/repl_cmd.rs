@@ -2,34 +2,13 @@
 //! done by the metadata server and the nodes; this side shows progress and the outcome.
 
 use crate::args::{GridArgs, PolicyCommand, ProtectArg, ReplicateArgs, VerifyArgs};
-use crate::grid_cmd::{connect, one_line, shown, target};
+use crate::grid_cmd::{connect, meta_of, one_line, paths_on_one_meta, shown, target};
 use crate::progress::{self, Progress};
 use grid::types as pb;
 use serde_json::json;
 use std::sync::Arc;
 use transfer::TransferError;
 use transfer::progress::Counters;
-
-pub(crate) fn paths_on_one_meta(
-    paths: &[String],
-) -> Result<(transfer::client::Peer, Vec<String>), TransferError> {
-    let mut peer = None;
-    let mut out = Vec::new();
-    for p in paths {
-        let (m, path) = target(p)?;
-        if peer.as_ref().is_some_and(|q| *q != m) {
-            return Err(TransferError::usage(
-                "all paths of one command must be on the same metadata server",
-            ));
-        }
-        peer = Some(m);
-        out.push(path);
-    }
-    Ok((
-        peer.ok_or_else(|| TransferError::usage("no path given"))?,
-        out,
-    ))
-}
 
 /// The exit code for per-file failures: the first one's kind's (4 when a file has no healthy
 /// replica or its copies failed, 5 for permissions, 6 when no eligible node or site can take a
@@ -174,13 +153,7 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
                 a.json,
             )
         }
-        PolicyCommand::List(a) => {
-            let s = a
-                .meta
-                .clone()
-                .ok_or_else(|| TransferError::usage("name the metadata server: haul://META"))?;
-            (a.creds.clone(), target(&s)?.0, None, a.json)
-        }
+        PolicyCommand::List(a) => (a.creds.clone(), meta_of(a)?, None, a.json),
     };
     let m = connect(&peer, &creds).await?;
     let reply = match req {
@@ -203,22 +176,14 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
 pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
     let (peer, paths) = paths_on_one_meta(&a.p.paths)?;
     let m = connect(&peer, &a.p.creds).await?;
-    let mut stream = m
+    let stream = m
         .verify(pb::VerifyRequest {
             paths,
             recursive: a.recursive,
             repair: !a.no_repair,
         })
         .await?;
-    let mut last = None;
-    while let Some(p) = stream.next().await? {
-        let done = p.finished;
-        last = Some(p);
-        if done {
-            break;
-        }
-    }
-    let p = last.filter(|p| p.finished).ok_or_else(|| {
+    let p = stream.until_finished(|p| p.finished).await?.ok_or_else(|| {
         TransferError::connect(
             "the metadata server stopped before the verification finished; run it again when the server is back",
         )
@@ -262,11 +227,7 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
 }
 
 pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
-    let s = a
-        .meta
-        .clone()
-        .ok_or_else(|| TransferError::usage("name the metadata server: haul://META"))?;
-    let m = connect(&target(&s)?.0, &a.creds).await?;
+    let m = connect(&meta_of(&a)?, &a.creds).await?;
     let st = m.status().await?;
     if a.json {
         out!(

@@ -8,7 +8,7 @@ use transfer::TransferError;
 use transfer::conn::ClientTls;
 
 pub async fn run(a: RunArgs) -> Result<u8, TransferError> {
-    let (peer, paths) = crate::repl_cmd::paths_on_one_meta(&a.paths)?;
+    let (peer, paths) = crate::grid_cmd::paths_on_one_meta(&a.paths)?;
     let output = match &a.output {
         Some(o) => Some(target(o)?.1),
         None => None,

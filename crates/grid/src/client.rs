@@ -217,6 +217,20 @@ impl<T> Reports<T> {
     pub async fn next(&mut self) -> Result<Option<T>, TransferError> {
         self.0.message().await.map_err(from_status)
     }
+
+    /// Reads reports up to the one `finished` says is the last, and returns it; `None` when
+    /// the server stopped before it finished.
+    pub async fn until_finished(
+        mut self,
+        finished: impl Fn(&T) -> bool,
+    ) -> Result<Option<T>, TransferError> {
+        while let Some(p) = self.next().await? {
+            if finished(&p) {
+                return Ok(Some(p));
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// A per-file error of a batch reply: its code is a kind's name. A code this client does not

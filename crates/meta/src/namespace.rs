@@ -59,6 +59,19 @@ impl Resolved {
         Ok(dir)
     }
 
+    /// The entry as one `user` may take out of its directory (to remove or move it; `what`,
+    /// "remove" or "move", names the refusal of the root): reachable, existing, not the root,
+    /// and unlinkable from its parent.
+    pub fn unlinkable(&self, user: &User, what: &str) -> Result<&Inode> {
+        self.check_traverse(user)?;
+        let e = self.existing()?;
+        let parent = self
+            .parent()
+            .ok_or_else(|| Error::invalid(format!("cannot {what} the root")))?;
+        perm::require_unlink(user, parent, e, &self.norm)?;
+        Ok(e)
+    }
+
     /// The parent directory, when it exists.
     pub fn parent(&self) -> Option<&Inode> {
         let d = depth(&self.norm);
@@ -137,12 +150,7 @@ impl Meta {
                 norm: norm.clone(),
                 chain: chain.to_vec(),
             };
-            r.check_traverse(user)?;
-            let e = r.existing()?;
-            let parent = r
-                .parent()
-                .ok_or_else(|| Error::invalid("cannot remove the root"))?;
-            perm::require_unlink(user, parent, e, &r.norm)?;
+            let e = r.unlinkable(user, "remove")?;
             if e.kind == Kind::Dir && recursive && !user.admin {
                 // Emptying a directory needs write and search permission on it and on every
                 // directory below it.
@@ -172,12 +180,7 @@ impl Meta {
                 norm: from.clone(),
                 chain: from_chain.to_vec(),
             };
-            source.check_traverse(user)?;
-            let e = source.existing()?;
-            let from_parent = source
-                .parent()
-                .ok_or_else(|| Error::invalid("cannot move the root"))?;
-            perm::require_unlink(user, from_parent, e, &from)?;
+            source.unlinkable(user, "move")?;
             let parent = Resolved {
                 norm: to_parent.clone(),
                 chain: to_chain.to_vec(),

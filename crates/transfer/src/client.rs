@@ -883,6 +883,34 @@ async fn connect_and_measure(
     Ok((tcp, rtt))
 }
 
+/// How a local session ended, once its stream openers are done: its outcome, or the error
+/// that names the real cause of its failure — the endpoint's, when it reported one on the
+/// control connection (the session was refused), else the first stream opener's when the
+/// session failed because its streams were lost (`streams_lost` says which errors mean that),
+/// else the session's own.
+async fn session_outcome<T>(
+    s: &mut Session,
+    outcome: Result<T, TransferError>,
+    openers: Vec<tokio::task::JoinHandle<Vec<TransferError>>>,
+    streams_lost: impl Fn(&TransferError) -> bool,
+) -> Result<T, TransferError> {
+    let mut open_errors = Vec::new();
+    for o in openers {
+        open_errors.extend(o.await.unwrap_or_default());
+    }
+    let e = match outcome {
+        Ok(o) => return Ok(o),
+        Err(e) => e,
+    };
+    if let Some(real) = control_error(s).await {
+        return Err(real);
+    }
+    match open_errors.into_iter().next() {
+        Some(first) if streams_lost(&e) => Err(first),
+        _ => Err(e),
+    }
+}
+
 /// The error the endpoint reported on the control connection, if one arrives soon: it names
 /// the real cause when data streams fail because the session was refused.
 async fn control_error(s: &mut Session) -> Option<TransferError> {
@@ -993,41 +1021,16 @@ pub async fn upload(
         }
     };
     drop(tx);
-    let mut open_errors = Vec::new();
-    for o in openers {
-        open_errors.extend(o.await.unwrap_or_default());
-    }
-    let outcome = match outcome {
-        Ok(o) => o,
-        Err(e) => {
-            if let Some(real) = control_error(&mut s).await {
-                return Err(real);
-            }
-            let lost = matches!(e.kind(), ErrorKind::Connect | ErrorKind::Cancelled);
-            if lost && !open_errors.is_empty() && !cancel.is_cancelled() {
-                return Err(open_errors.into_iter().next().expect("non-empty"));
-            }
-            return Err(e);
-        }
-    };
+    let outcome = session_outcome(&mut s, outcome, openers, |e| {
+        matches!(e.kind(), ErrorKind::Connect | ErrorKind::Cancelled) && !cancel.is_cancelled()
+    })
+    .await?;
     // Every file is acknowledged by the destination: no need to wait for its summary.
     s.writer.shutdown().await;
     Ok(Attempt {
         bytes_total: bytes,
         files,
-        source: SessionSummary {
-            bytes_moved: outcome.stats.bytes_sent,
-            bytes_skipped: outcome.stats.bytes_skipped,
-            files_done: outcome.stats.files_done,
-            files_failed: outcome.stats.files_failed,
-            streams: outcome.streams,
-            blocks_resent: outcome.stats.blocks_resent,
-            streams_lost: outcome.stats.streams_lost,
-            plan: p.explanation.clone(),
-            congestion: outcome.congestion,
-            tcp_retransmits: outcome.tcp_retransmits,
-            cc_decisions: outcome.cc_decisions,
-        },
+        source: outcome.summary(p.explanation.clone()),
         sink: sink_summary.unwrap_or_default(),
         plan: p.explanation,
         zero_copy: Some(outcome.zero_copy),
@@ -1136,24 +1139,9 @@ pub async fn download(
             },
         }
     };
-    let _ = &tx;
     drop(tx);
-    let mut open_errors = Vec::new();
-    for o in openers {
-        open_errors.extend(o.await.unwrap_or_default());
-    }
-    let outcome = match outcome {
-        Ok(o) => o,
-        Err(e) => {
-            if let Some(real) = control_error(&mut s).await {
-                return Err(real);
-            }
-            if e.kind() == ErrorKind::Connect && !open_errors.is_empty() {
-                return Err(open_errors.into_iter().next().expect("non-empty"));
-            }
-            return Err(e);
-        }
-    };
+    let outcome =
+        session_outcome(&mut s, outcome, openers, |e| e.kind() == ErrorKind::Connect).await?;
     let source = match source_summary {
         Some(s) => s,
         None => tokio::time::timeout(Duration::from_secs(5), await_done(&mut s, &events, None))
@@ -1170,14 +1158,7 @@ pub async fn download(
         bytes_total: totals.1,
         files: totals.0,
         source,
-        sink: SessionSummary {
-            bytes_moved: outcome.stats.bytes_written,
-            bytes_skipped: outcome.stats.bytes_resumed,
-            files_done: outcome.stats.files_done,
-            files_failed: outcome.stats.files_failed,
-            streams: outcome.streams,
-            ..Default::default()
-        },
+        sink: outcome.summary(),
         plan: p.explanation,
         zero_copy: None,
     })

@@ -665,15 +665,7 @@ async fn sink(
     let run = run_sink(spec, conns, counters.clone(), events, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
     let result = relay(&ep.cfg.stats, ctl, &mut live, run).await?;
-    let summary = result.map(|o| SessionSummary {
-        bytes_moved: o.stats.bytes_written,
-        bytes_skipped: o.stats.bytes_resumed,
-        files_done: o.stats.files_done,
-        files_failed: o.stats.files_failed,
-        streams: o.streams,
-        blocks_resent: o.stats.crc_failures,
-        ..Default::default()
-    });
+    let summary = result.map(|o| o.summary());
     finish(ctl.writer, summary).await
 }
 
@@ -823,19 +815,7 @@ async fn source(
     let run = run_source(spec, conns, counters.clone(), events, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
     let result = relay(&ep.cfg.stats, ctl, &mut live, run).await?;
-    let summary = result.map(|o| SessionSummary {
-        bytes_moved: o.stats.bytes_sent,
-        bytes_skipped: o.stats.bytes_skipped,
-        files_done: o.stats.files_done,
-        files_failed: o.stats.files_failed,
-        streams: o.streams,
-        blocks_resent: o.stats.blocks_resent,
-        streams_lost: o.stats.streams_lost,
-        plan: plan_text,
-        congestion: o.congestion,
-        tcp_retransmits: o.tcp_retransmits,
-        cc_decisions: o.cc_decisions,
-    });
+    let summary = result.map(|o| o.summary(plan_text));
     finish(ctl.writer, summary).await
 }
 

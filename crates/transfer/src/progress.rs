@@ -80,3 +80,31 @@ pub type EventSender = tokio::sync::mpsc::UnboundedSender<Event>;
 pub fn file_span(session: &tracing::Span, path: &str) -> tracing::Span {
     tracing::debug_span!(parent: session, "file", path = %path)
 }
+
+/// A file a session finished (`what`: "file sent", "file received"), logged in its span below
+/// `session`, as the event the copy hears.
+pub fn file_done(
+    session: &tracing::Span,
+    what: &'static str,
+    path: String,
+    size: u64,
+    digests: Vec<Digest>,
+    skipped: bool,
+) -> Event {
+    file_span(session, &path).in_scope(|| tracing::debug!(size, skipped, "{what}"));
+    Event::FileDone {
+        path,
+        size,
+        digests,
+        skipped,
+    }
+}
+
+/// A file a session gave up, logged in its span below `session` with its error's kind, as
+/// the event the copy hears.
+pub fn file_failed(session: &tracing::Span, path: String, error: ErrorInfo) -> Event {
+    file_span(session, &path).in_scope(|| {
+        tracing::info!(kind = error.kind.name(), error = %error.message, "file failed");
+    });
+    Event::FileFailed { path, error }
+}

@@ -12,7 +12,7 @@ use crate::conn::{self, Reader, Writer};
 use crate::error::{TransferError, io_info};
 use crate::faults;
 use crate::pool::{BufPool, MemoryBudget, PooledBuf, SharedSlice};
-use crate::progress::{Counters, Event, EventSender, file_span};
+use crate::progress::{Counters, EventSender, file_done, file_failed};
 use crate::service::SinkNaming;
 use crate::store::{self, Opened, Root};
 use crate::timer;
@@ -27,7 +27,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use wire::checksum::{Algorithm, InOrderDigest, block_crc};
-use wire::control::SessionOptions;
+use wire::control::{SessionOptions, SessionSummary};
 use wire::data::{self, BLOCK_HEADER_LEN, BlockHeader, DataFrame, FileBegin, FileId};
 use wire::error::{ErrorInfo, ErrorKind};
 use wire::ranges::RangeSet;
@@ -56,6 +56,21 @@ pub const DEFAULT_SESSION_BUFFER: u64 = 256 << 20;
 pub struct SinkOutcome {
     pub stats: SinkStats,
     pub streams: u32,
+}
+
+impl SinkOutcome {
+    /// What the session reports to its peer and to the copy's report.
+    pub fn summary(&self) -> SessionSummary {
+        SessionSummary {
+            bytes_moved: self.stats.bytes_written,
+            bytes_skipped: self.stats.bytes_resumed,
+            files_done: self.stats.files_done,
+            files_failed: self.stats.files_failed,
+            streams: self.streams,
+            blocks_resent: self.stats.crc_failures,
+            ..Default::default()
+        }
+    }
 }
 
 struct OpenFile {
@@ -100,6 +115,34 @@ struct WriteJob {
     crc: u32,
     payload: PooledBuf,
     new_ranges: RangeSet,
+}
+
+impl WriteJob {
+    /// The write a block's verdict asks for, if any.
+    fn of(verdict: BlockVerdict<(PooledBuf, u32)>) -> Option<Self> {
+        match verdict {
+            BlockVerdict::Write {
+                file,
+                attempt,
+                offset,
+                payload: (payload, crc),
+                new_ranges,
+            } => Some(Self {
+                file,
+                attempt,
+                offset,
+                crc,
+                payload,
+                new_ranges,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Writes are spread over the writer threads by file, so one file's blocks stay in order.
+    fn queue<'a, Q>(&self, queues: &'a [Q]) -> &'a Q {
+        &queues[self.file as usize % queues.len()]
+    }
 }
 
 struct Shared {
@@ -187,21 +230,11 @@ impl Shared {
                     skipped,
                     ..
                 }) => {
-                    file_span(&self.span, &path).in_scope(|| {
-                        tracing::debug!(size, resumed = skipped, "file received");
-                    });
-                    let _ = self.events.send(Event::FileDone {
-                        path,
-                        size,
-                        digests,
-                        skipped,
-                    });
+                    let ev = file_done(&self.span, "file received", path, size, digests, skipped);
+                    let _ = self.events.send(ev);
                 }
                 SinkAction::Event(SinkEvent::FileFailed { path, error, .. }) => {
-                    file_span(&self.span, &path).in_scope(|| {
-                        tracing::info!(kind = error.kind.name(), error = %error.message, "file failed");
-                    });
-                    let _ = self.events.send(Event::FileFailed { path, error });
+                    let _ = self.events.send(file_failed(&self.span, path, error));
                 }
                 other => {
                     self.pending_ops.fetch_add(1, Ordering::SeqCst);
@@ -213,24 +246,8 @@ impl Shared {
     }
 
     fn write_verdicts(&self, verdicts: Vec<BlockVerdict<(PooledBuf, u32)>>) {
-        for v in verdicts {
-            if let BlockVerdict::Write {
-                file,
-                attempt,
-                offset,
-                payload: (payload, crc),
-                new_ranges,
-            } = v
-            {
-                let _ = self.writes[file as usize % self.writes.len()].send(WriteJob {
-                    file,
-                    attempt,
-                    offset,
-                    crc,
-                    payload,
-                    new_ranges,
-                });
-            }
+        for job in verdicts.into_iter().filter_map(WriteJob::of) {
+            let _ = job.queue(&self.writes).send(job);
         }
     }
 
@@ -712,23 +729,8 @@ async fn stream_reader(
                     sh.dispatch(&mut st);
                     v
                 };
-                if let BlockVerdict::Write {
-                    file,
-                    attempt,
-                    offset,
-                    payload: (payload, crc),
-                    new_ranges,
-                } = verdict
-                {
-                    let job = WriteJob {
-                        file,
-                        attempt,
-                        offset,
-                        crc,
-                        payload,
-                        new_ranges,
-                    };
-                    let queue = &sh.writes[job.file as usize % sh.writes.len()];
+                if let Some(job) = WriteJob::of(verdict) {
+                    let queue = job.queue(&sh.writes);
                     let t = Instant::now();
                     if queue.send_async(job).await.is_err() {
                         return Ok(false);

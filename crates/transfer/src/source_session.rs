@@ -12,7 +12,7 @@ use crate::conn::{self, Io, Reader, Writer};
 use crate::error::{TransferError, io_info};
 use crate::faults;
 use crate::pool::{BufPool, ByteBudget, PooledBuf};
-use crate::progress::{Counters, Event, EventSender, file_span};
+use crate::progress::{Counters, Event, EventSender, file_done, file_failed};
 use crate::store::{OpenMode, Root, SourceEntry};
 use crate::sys;
 use crate::timer::sleep_until;
@@ -27,7 +27,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use wire::checksum::{Algorithm, Digest, MultiHasher, block_crc};
-use wire::control::SessionOptions;
+use wire::control::{SessionOptions, SessionSummary};
 use wire::data::{self, DataFrame, EntryKind};
 use wire::error::{ErrorInfo, ErrorKind};
 use wire::losscause::{Decision, Family, LossClassifier, StreamInfo};
@@ -56,6 +56,26 @@ pub struct SourceOutcome {
     pub tcp_retransmits: u64,
     /// Blocks went out with `sendfile` from the page cache.
     pub zero_copy: bool,
+}
+
+impl SourceOutcome {
+    /// What the session reports to its peer and to the copy's report, with the plan that
+    /// chose its streams.
+    pub fn summary(&self, plan: String) -> SessionSummary {
+        SessionSummary {
+            bytes_moved: self.stats.bytes_sent,
+            bytes_skipped: self.stats.bytes_skipped,
+            files_done: self.stats.files_done,
+            files_failed: self.stats.files_failed,
+            streams: self.streams,
+            blocks_resent: self.stats.blocks_resent,
+            streams_lost: self.stats.streams_lost,
+            plan,
+            congestion: self.congestion.clone(),
+            tcp_retransmits: self.tcp_retransmits,
+            cc_decisions: self.cc_decisions.clone(),
+        }
+    }
 }
 
 /// A block read from disk, holding its share of the read-ahead budget until dropped.
@@ -180,23 +200,8 @@ impl Shared {
                     digests,
                     skipped,
                     ..
-                } => {
-                    file_span(&self.span, &path).in_scope(|| {
-                        tracing::debug!(size, skipped, "file sent");
-                    });
-                    Event::FileDone {
-                        path,
-                        size,
-                        digests,
-                        skipped,
-                    }
-                }
-                SourceEvent::FileFailed { path, error, .. } => {
-                    file_span(&self.span, &path).in_scope(|| {
-                        tracing::info!(kind = error.kind.name(), error = %error.message, "file failed");
-                    });
-                    Event::FileFailed { path, error }
-                }
+                } => file_done(&self.span, "file sent", path, size, digests, skipped),
+                SourceEvent::FileFailed { path, error, .. } => file_failed(&self.span, path, error),
                 SourceEvent::FileRestarted {
                     file,
                     attempt,

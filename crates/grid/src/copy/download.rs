@@ -51,11 +51,7 @@ pub(super) async fn download(
     );
     let mut todo: Vec<ReadFile> = Vec::new();
     for f in files {
-        if f.replica == usize::MAX {
-            // With the reason the metadata server gave (permission denied is exit 5).
-            let e = f.refused.clone().unwrap_or_else(|| {
-                TransferError::connect(format!("{}: no healthy replica", f.source.path))
-            });
+        if let Some(e) = f.unreadable() {
             tally.fail(&f.source.path, e);
         } else if f.source.size == 0 {
             match write_empty(&dest.map(&f.rel), &f.source) {

@@ -281,6 +281,16 @@ impl ReadFile {
         self.source.replicas.get(self.replica)
     }
 
+    /// Why the file cannot be read from any replica, when the listing said so: the metadata
+    /// server's reason (permission denied is exit 5), else no healthy replica.
+    fn unreadable(&self) -> Option<TransferError> {
+        (self.replica == usize::MAX).then(|| {
+            self.refused.clone().unwrap_or_else(|| {
+                TransferError::connect(format!("{}: no healthy replica", self.source.path))
+            })
+        })
+    }
+
     /// Moves to the next replica not on a failed node; false when none is left.
     fn fail_over(&mut self, failed: &HashSet<String>) -> bool {
         loop {

@@ -45,11 +45,7 @@ pub(super) async fn within(
     let mut todo: Vec<(String, ReadFile)> = Vec::new();
     for f in files {
         let target = map_grid(&base, into_dir, &f.rel);
-        if f.replica == usize::MAX {
-            // With the reason the metadata server gave (permission denied is exit 5).
-            let e = f.refused.clone().unwrap_or_else(|| {
-                TransferError::connect(format!("{}: no healthy replica", f.source.path))
-            });
+        if let Some(e) = f.unreadable() {
             tally.fail(&f.source.path, e);
         } else {
             todo.push((target, f));
