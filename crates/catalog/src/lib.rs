@@ -448,6 +448,14 @@ impl Catalog {
         })
     }
 
+    /// Runs `work` in a write transaction: committed when it succeeds (see [`Self::done`]),
+    /// rolled back when it fails.
+    async fn write<T>(&self, work: impl AsyncFnOnce(&mut WTx) -> Result<T>) -> Result<T> {
+        let mut w = self.wtx().await?;
+        let r = work(&mut w).await;
+        self.done(w, r).await
+    }
+
     /// Commits (or, on error, rolls back) a write transaction; then the cache forgets what it
     /// changed, before the next writer's turn.
     async fn done<T>(&self, w: WTx, r: Result<T>) -> Result<T> {
@@ -784,9 +792,8 @@ impl Catalog {
     /// Creates a directory (and, with `parents`, missing ancestors; an existing directory is
     /// then not an error).
     pub async fn mkdir(&self, path: &str, e: &NewEntry, parents: bool) -> Result<Inode> {
-        let mut w = self.wtx().await?;
-        let r = self.mkdir_in(&mut w, path, e, parents).await;
-        self.done(w, r).await
+        self.write(async |w| self.mkdir_in(w, path, e, parents).await)
+            .await
     }
 
     async fn mkdir_in(
@@ -1082,9 +1089,8 @@ impl Catalog {
         checksum: &str,
         mtime_ns: i64,
     ) -> Result<Inode> {
-        let mut w = self.wtx().await?;
-        let r = self.commit_in(&mut w, id, size, checksum, mtime_ns).await;
-        self.done(w, r).await
+        self.write(async |w| self.commit_in(w, id, size, checksum, mtime_ns).await)
+            .await
     }
 
     async fn commit_in(
@@ -1136,8 +1142,7 @@ impl Catalog {
 
     /// Drops a pending file (its replicas become dead).
     pub async fn abort_pending(&self, id: i64) -> Result<()> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let i = Self::by_id(&mut w.tx, id)
                 .await?
                 .ok_or_else(|| CatalogError::NotFound(format!("inode {id}")))?;
@@ -1145,10 +1150,9 @@ impl Catalog {
                 return Err(CatalogError::Invalid(format!("inode {id} is not pending")));
             }
             Self::bury(&mut w.tx, &[id]).await?;
-            Self::delete_inode(&mut w, &i).await
-        }
-        .await;
-        self.done(w, r).await
+            Self::delete_inode(w, &i).await
+        })
+        .await
     }
 
     /// Pending files started before `before_ms` (abandoned uploads).
@@ -1185,9 +1189,8 @@ impl Catalog {
 
     /// Renames or moves an entry. A file may replace a file; nothing replaces a directory.
     pub async fn rename(&self, from: &str, to: &str) -> Result<Inode> {
-        let mut w = self.wtx().await?;
-        let r = self.rename_in(&mut w, from, to).await;
-        self.done(w, r).await
+        self.write(async |w| self.rename_in(w, from, to).await)
+            .await
     }
 
     /// [`Catalog::rename`] after `authorize` approved it on what the same transaction sees:
@@ -1199,33 +1202,33 @@ impl Catalog {
         to: &str,
         authorize: impl FnOnce(&[Inode], &[Inode], Option<&Inode>) -> std::result::Result<(), E>,
     ) -> std::result::Result<Inode, Checked<E>> {
-        let mut w = self.wtx().await?;
         let mut refused = None;
-        let r = async {
-            let from_chain = self
-                .chain_on(&mut w.tx, &normalize(from)?, Scope::Write(&w.touched))
-                .await?;
-            let (to_parent, to_name) = parent_and_name(&normalize(to)?)?;
-            let to_chain = self
-                .chain_on(&mut w.tx, &to_parent, Scope::Write(&w.touched))
-                .await?;
-            let parent_exists =
-                to_chain.len() == to_parent.split('/').filter(|p| !p.is_empty()).count() + 1;
-            let target = match to_chain.last() {
-                Some(d) if parent_exists && d.kind == Kind::Dir => {
-                    self.child(&mut w.tx, d.id, &to_name, Scope::Write(&w.touched))
-                        .await?
-                }
-                _ => None,
-            };
-            keep_refusal(
-                &mut refused,
-                authorize(&from_chain, &to_chain, target.as_ref()),
-            )?;
-            self.rename_in(&mut w, from, to).await
-        }
-        .await;
-        checked(self.done(w, r).await, refused)
+        let r = self
+            .write(async |w| {
+                let from_chain = self
+                    .chain_on(&mut w.tx, &normalize(from)?, Scope::Write(&w.touched))
+                    .await?;
+                let (to_parent, to_name) = parent_and_name(&normalize(to)?)?;
+                let to_chain = self
+                    .chain_on(&mut w.tx, &to_parent, Scope::Write(&w.touched))
+                    .await?;
+                let parent_exists =
+                    to_chain.len() == to_parent.split('/').filter(|p| !p.is_empty()).count() + 1;
+                let target = match to_chain.last() {
+                    Some(d) if parent_exists && d.kind == Kind::Dir => {
+                        self.child(&mut w.tx, d.id, &to_name, Scope::Write(&w.touched))
+                            .await?
+                    }
+                    _ => None,
+                };
+                keep_refusal(
+                    &mut refused,
+                    authorize(&from_chain, &to_chain, target.as_ref()),
+                )?;
+                self.rename_in(w, from, to).await
+            })
+            .await;
+        checked(r, refused)
     }
 
     async fn rename_in(&self, w: &mut WTx, from: &str, to: &str) -> Result<Inode> {
@@ -1285,9 +1288,8 @@ impl Catalog {
     /// Removes a file or an empty directory; with `recursive` a whole tree. Returns the number
     /// of entries removed. Their replicas become dead.
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<u64> {
-        let mut w = self.wtx().await?;
-        let r = self.remove_in(&mut w, path, recursive).await;
-        self.done(w, r).await
+        self.write(async |w| self.remove_in(w, path, recursive).await)
+            .await
     }
 
     /// [`Catalog::remove`] after `authorize` approved it on what the same transaction sees:
@@ -1299,25 +1301,25 @@ impl Catalog {
         recursive: bool,
         authorize: impl FnOnce(&[Inode], &[(String, Inode)]) -> std::result::Result<(), E>,
     ) -> std::result::Result<u64, Checked<E>> {
-        let mut w = self.wtx().await?;
         let mut refused = None;
-        let r = async {
-            let norm = normalize(path)?;
-            let chain = self
-                .chain_on(&mut w.tx, &norm, Scope::Write(&w.touched))
-                .await?;
-            let exists = chain.len() == norm.split('/').filter(|p| !p.is_empty()).count() + 1;
-            let below = match chain.last() {
-                Some(top) if exists && recursive && top.kind == Kind::Dir && top.id != ROOT => {
-                    Self::dirs_below_on(&mut w.tx, top, &norm).await?
-                }
-                _ => Vec::new(),
-            };
-            keep_refusal(&mut refused, authorize(&chain, &below))?;
-            self.remove_in(&mut w, path, recursive).await
-        }
-        .await;
-        checked(self.done(w, r).await, refused)
+        let r = self
+            .write(async |w| {
+                let norm = normalize(path)?;
+                let chain = self
+                    .chain_on(&mut w.tx, &norm, Scope::Write(&w.touched))
+                    .await?;
+                let exists = chain.len() == norm.split('/').filter(|p| !p.is_empty()).count() + 1;
+                let below = match chain.last() {
+                    Some(top) if exists && recursive && top.kind == Kind::Dir && top.id != ROOT => {
+                        Self::dirs_below_on(&mut w.tx, top, &norm).await?
+                    }
+                    _ => Vec::new(),
+                };
+                keep_refusal(&mut refused, authorize(&chain, &below))?;
+                self.remove_in(w, path, recursive).await
+            })
+            .await;
+        checked(r, refused)
     }
 
     /// Every directory below directory `top` (at `base`, not included), with its path, parents
@@ -1392,8 +1394,7 @@ impl Catalog {
     }
 
     async fn update_attr(&self, path: &str, sql: &str, value: AttrValue<'_>) -> Result<Inode> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let i = self
                 .resolve(&mut w.tx, path, Scope::Write(&w.touched))
                 .await?
@@ -1406,9 +1407,8 @@ impl Catalog {
             let row = query.bind(i.id).fetch_one(&mut *w.tx).await?;
             w.touch(i.parent, &i.name);
             inode_from(&row)
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     pub async fn set_mode(&self, path: &str, mode: u32) -> Result<Inode> {
@@ -1454,8 +1454,7 @@ impl Catalog {
                 "xattr names are 1-255 bytes, values at most 64 KiB".into(),
             ));
         }
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let i = self
                 .resolve(&mut w.tx, path, Scope::Write(&w.touched))
                 .await?
@@ -1469,9 +1468,8 @@ impl Catalog {
             .execute(&mut *w.tx)
             .await?;
             Ok(())
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     pub async fn xattr_get(&self, path: &str, name: &str) -> Result<Option<Vec<u8>>> {
@@ -1524,8 +1522,7 @@ impl Catalog {
     }
 
     pub async fn xattr_remove(&self, path: &str, name: &str) -> Result<bool> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let i = self
                 .resolve(&mut w.tx, path, Scope::Write(&w.touched))
                 .await?
@@ -1536,9 +1533,8 @@ impl Catalog {
                 .execute(&mut *w.tx)
                 .await?;
             Ok(done.rows_affected() > 0)
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     // ---- replicas --------------------------------------------------------------------
@@ -1551,9 +1547,8 @@ impl Catalog {
         state: ReplicaState,
         checksum: &str,
     ) -> Result<()> {
-        let mut w = self.wtx().await?;
-        let r = Self::upsert_replica(&mut w.tx, inode, node, state, checksum).await;
-        self.done(w, r).await
+        self.write(async |w| Self::upsert_replica(&mut w.tx, inode, node, state, checksum).await)
+            .await
     }
 
     async fn upsert_replica(
@@ -1599,8 +1594,7 @@ impl Catalog {
         replicas: &[(i64, String)],
         lease_ms: i64,
     ) -> Result<Vec<(i64, String)>> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let mut complete = Vec::new();
             for (inode, node) in replicas {
                 let state =
@@ -1624,15 +1618,13 @@ impl Catalog {
                     .await?;
             }
             Ok(complete)
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     /// Extends the lease of replicas still being written (a running session's).
     pub async fn renew_writing(&self, replicas: &[(i64, String)], lease_ms: i64) -> Result<()> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             for (inode, node) in replicas {
                 sqlx::query(
                     "UPDATE replicas SET lease_ms = $1 WHERE inode = $2 AND node = $3 AND state = $4",
@@ -1645,9 +1637,8 @@ impl Catalog {
                 .await?;
             }
             Ok(())
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     /// Drops replicas of committed files still being written whose lease ended before
@@ -1659,8 +1650,7 @@ impl Catalog {
         before_ms: i64,
         node: Option<&str>,
     ) -> Result<Vec<(i64, String)>> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let rows = sqlx::query(
                 "DELETE FROM replicas WHERE state = $1 AND lease_ms < $2 AND ($3 = '' OR node = $3) \
                  AND inode IN (SELECT id FROM inodes WHERE parent > 0) RETURNING inode, node",
@@ -1673,15 +1663,13 @@ impl Catalog {
             rows.iter()
                 .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<String, _>(1)?)))
                 .collect::<Result<Vec<_>>>()
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     /// Sets the state of existing replicas (`(inode, node)` pairs) in one transaction.
     pub async fn mark_replicas(&self, which: &[(i64, String)], state: ReplicaState) -> Result<()> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             for (inode, node) in which {
                 sqlx::query("UPDATE replicas SET state = $1, updated_ms = $2 WHERE inode = $3 AND node = $4")
                     .bind(state.to_i64())
@@ -1692,9 +1680,8 @@ impl Catalog {
                     .await?;
             }
             Ok(())
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     /// Marks a replica complete and, if its file is still pending, commits the file: one
@@ -1708,8 +1695,7 @@ impl Catalog {
         checksum: &str,
         mtime_ns: i64,
     ) -> Result<Inode> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let i = Self::by_id(&mut w.tx, inode)
                 .await?
                 .ok_or_else(|| CatalogError::NotFound(format!("inode {inode}")))?;
@@ -1740,13 +1726,12 @@ impl Catalog {
             }
             Self::upsert_replica(&mut w.tx, inode, node, ReplicaState::Complete, checksum).await?;
             if i.pending {
-                self.commit_in(&mut w, inode, size, checksum, mtime_ns).await
+                self.commit_in(w, inode, size, checksum, mtime_ns).await
             } else {
                 Ok(i)
             }
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     pub async fn replicas(&self, inode: i64) -> Result<Vec<Replica>> {
@@ -1808,8 +1793,7 @@ impl Catalog {
 
     /// Drops a replica record (its file goes on the node's dead list for removal).
     pub async fn remove_replica(&self, inode: i64, node: &str) -> Result<()> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             sqlx::query(
                 "INSERT INTO dead_replicas (inode, node, since_ms) VALUES ($1, $2, $3) ON CONFLICT (inode, node) DO NOTHING",
             )
@@ -1824,9 +1808,8 @@ impl Catalog {
                 .execute(&mut *w.tx)
                 .await?;
             Ok(())
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     /// Files a node should remove now (dead replicas whose time has come).
@@ -1843,8 +1826,7 @@ impl Catalog {
 
     /// A node removed these files.
     pub async fn forget_dead(&self, node: &str, inodes: &[i64]) -> Result<()> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             for i in inodes {
                 sqlx::query("DELETE FROM dead_replicas WHERE inode = $1 AND node = $2")
                     .bind(i)
@@ -1853,9 +1835,8 @@ impl Catalog {
                     .await?;
             }
             Ok(())
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     /// Whether an inode exists at all (committed or pending).
@@ -1926,8 +1907,7 @@ impl Catalog {
         out.orphans.sort_unstable();
         out.missing.sort_unstable();
         out.damaged.sort_unstable();
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let now = now_ms();
             for (ids, state) in [
                 (&out.missing, ReplicaState::Missing),
@@ -1955,9 +1935,8 @@ impl Catalog {
                 .await?;
             }
             Ok(())
-        }
-        .await;
-        self.done(w, r).await?;
+        })
+        .await?;
         Ok(out)
     }
 
@@ -2074,8 +2053,7 @@ impl Catalog {
     }
 
     pub async fn heartbeat(&self, name: &str, capacity: u64, free: u64, load: f64) -> Result<Node> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let done = sqlx::query("UPDATE nodes SET capacity = $1, free = $2, load = $3, heartbeat_ms = $4, up = 1 WHERE name = $5")
                 .bind(capacity as i64)
                 .bind(free as i64)
@@ -2088,9 +2066,8 @@ impl Catalog {
                 return Err(CatalogError::NotFound(format!("node {name}")));
             }
             Ok(())
-        }
-        .await;
-        self.done(w, r).await?;
+        })
+        .await?;
         self.node(name).await
     }
 
@@ -2118,8 +2095,7 @@ impl Catalog {
     /// Marks nodes whose last heartbeat is older than `max_age_ms` as down; returns them.
     pub async fn expire_nodes(&self, max_age_ms: i64) -> Result<Vec<String>> {
         let cutoff = now_ms() - max_age_ms;
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let rows = sqlx::query(
                 "UPDATE nodes SET up = 0 WHERE up = 1 AND heartbeat_ms < $1 RETURNING name",
             )
@@ -2129,15 +2105,13 @@ impl Catalog {
             rows.iter()
                 .map(|r| Ok(r.try_get::<String, _>(0)?))
                 .collect::<Result<Vec<String>>>()
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     /// Removes a node from the registry (it must hold no replicas).
     pub async fn remove_node(&self, name: &str) -> Result<()> {
-        let mut w = self.wtx().await?;
-        let r = async {
+        self.write(async |w| {
             let n: i64 = sqlx::query("SELECT COUNT(*) FROM replicas WHERE node = $1")
                 .bind(name)
                 .fetch_one(&mut *w.tx)
@@ -2157,9 +2131,8 @@ impl Catalog {
                 .execute(&mut *w.tx)
                 .await?;
             Ok(())
-        }
-        .await;
-        self.done(w, r).await
+        })
+        .await
     }
 
     /// Counts of entries (for reports and benchmarks).

@@ -46,21 +46,26 @@ pub struct Meta {
     pub ino: u64,
 }
 
-impl Meta {
-    fn from_std(m: &std::fs::Metadata) -> Self {
-        use std::os::unix::fs::MetadataExt;
-        Self {
-            is_dir: m.is_dir(),
-            is_file: m.is_file(),
-            len: m.len(),
-            mode: m.mode() & 0o7777,
-            mtime: Timestamp {
-                secs: m.mtime(),
-                nanos: m.mtime_nsec() as u32,
-            },
-            dev: m.dev(),
-            ino: m.ino(),
+/// Sets the flags of an [`OpenMode`] on `$o`, a std or a cap-std `OpenOptions` (with its
+/// `OpenOptionsExt` in scope). A macro because the two types share their methods but no trait.
+macro_rules! open_flags {
+    ($o:ident, $mode:expr) => {
+        match $mode {
+            OpenMode::Read => $o.read(true),
+            OpenMode::CreateNew => $o
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(NOFOLLOW),
+            OpenMode::Existing => $o.read(true).write(true).custom_flags(NOFOLLOW),
         }
+    };
+}
+
+impl Meta {
+    fn from_std(m: std::fs::Metadata) -> Self {
+        Self::from_cap(&cap_std::fs::Metadata::from_just_metadata(m))
     }
 
     fn from_cap(m: &cap_std::fs::Metadata) -> Self {
@@ -175,7 +180,7 @@ impl Root {
         self.check(rel)?;
         let _as = self.act()?;
         match self {
-            Root::Ambient => std::fs::metadata(rel).map(|m| Meta::from_std(&m)),
+            Root::Ambient => std::fs::metadata(rel).map(Meta::from_std),
             Root::Confined { dir, .. } => dir.metadata(self.p(rel)).map(|m| Meta::from_cap(&m)),
         }
     }
@@ -185,7 +190,7 @@ impl Root {
         self.check(rel)?;
         let _as = self.act()?;
         match self {
-            Root::Ambient => std::fs::symlink_metadata(rel).map(|m| Meta::from_std(&m)),
+            Root::Ambient => std::fs::symlink_metadata(rel).map(Meta::from_std),
             Root::Confined { dir, .. } => dir
                 .symlink_metadata(self.p(rel))
                 .map(|m| Meta::from_cap(&m)),
@@ -199,31 +204,13 @@ impl Root {
             Root::Ambient => {
                 use std::os::unix::fs::OpenOptionsExt;
                 let mut o = std::fs::OpenOptions::new();
-                match mode {
-                    OpenMode::Read => o.read(true),
-                    OpenMode::CreateNew => o
-                        .read(true)
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o600)
-                        .custom_flags(NOFOLLOW),
-                    OpenMode::Existing => o.read(true).write(true).custom_flags(NOFOLLOW),
-                };
+                open_flags!(o, mode);
                 o.open(rel)
             }
             Root::Confined { dir, .. } => {
                 use cap_std::fs::OpenOptionsExt;
                 let mut o = cap_std::fs::OpenOptions::new();
-                match mode {
-                    OpenMode::Read => o.read(true),
-                    OpenMode::CreateNew => o
-                        .read(true)
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o600)
-                        .custom_flags(NOFOLLOW),
-                    OpenMode::Existing => o.read(true).write(true).custom_flags(NOFOLLOW),
-                };
+                open_flags!(o, mode);
                 dir.open_with(self.p(rel), &o).map(|f| f.into_std())
             }
         }
