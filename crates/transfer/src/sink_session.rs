@@ -152,10 +152,10 @@ struct Shared {
     state: Mutex<Sink<(PooledBuf, u32)>>,
     files: Mutex<HashMap<(FileId, u32), Arc<OpenFile>>>,
     outboxes: Mutex<HashMap<u32, mpsc::UnboundedSender<DataFrame>>>,
-    ops: flume::Sender<Op>,
+    ops: flume::Sender<Option<Op>>,
     /// One queue per writer thread; a file's blocks always go to the same writer, so writes to
     /// one file never contend for its inode lock and land roughly in order.
-    writes: Vec<flume::Sender<WriteJob>>,
+    writes: Vec<flume::Sender<Option<WriteJob>>>,
     root: Arc<Root>,
     naming: Arc<dyn SinkNaming>,
     owner: String,
@@ -238,7 +238,7 @@ impl Shared {
                 }
                 other => {
                     self.pending_ops.fetch_add(1, Ordering::SeqCst);
-                    let _ = self.ops.send(Op::Action(other));
+                    let _ = self.ops.send(Some(Op::Action(other)));
                 }
             }
         }
@@ -247,7 +247,7 @@ impl Shared {
 
     fn write_verdicts(&self, verdicts: Vec<BlockVerdict<(PooledBuf, u32)>>) {
         for job in verdicts.into_iter().filter_map(WriteJob::of) {
-            let _ = job.queue(&self.writes).send(job);
+            let _ = job.queue(&self.writes).send(Some(job));
         }
     }
 
@@ -732,7 +732,7 @@ async fn stream_reader(
                 if let Some(job) = WriteJob::of(verdict) {
                     let queue = job.queue(&sh.writes);
                     let t = Instant::now();
-                    if queue.send_async(job).await.is_err() {
+                    if queue.send_async(Some(job)).await.is_err() {
                         return Ok(false);
                     }
                     if t.elapsed() > Duration::from_millis(500) {
@@ -880,20 +880,24 @@ fn short_plain_path(io: &conn::Io) -> Option<std::os::fd::RawFd> {
 /// Writer threads of a sink session.
 const WRITERS: usize = 4;
 
+/// Threads that open, commit and discard files.
+const FILE_OPS: usize = 8;
 /// Blocks queued per writer thread before the stream readers wait.
 const WRITE_QUEUE: usize = 8;
 
-/// The next job of a worker pool. A worker sleeps until a job is queued or the session ends
-/// (`ended` disconnects then): no timer wakes it. `None` once the session has ended and the
-/// queue is empty (what was queued before still runs), or when the queue is closed.
-fn next_job<T>(rx: &flume::Receiver<T>, ended: &flume::Receiver<()>) -> Option<T> {
-    let woken = flume::Selector::new()
-        .recv(rx, |job| Some(job.ok()))
-        .recv(ended, |_| None)
-        .wait();
-    match woken {
-        Some(job) => job,
-        None => rx.try_recv().ok(),
+/// A worker thread's loop: does the jobs of its queue as they come, sleeping in between (no
+/// timer wakes it), until the end mark (`None`) that [`end_workers`] queues behind every job
+/// queued before it, or until the queue is closed.
+fn work<T>(rx: &flume::Receiver<Option<T>>, mut job: impl FnMut(T)) {
+    while let Ok(Some(j)) = rx.recv() {
+        job(j);
+    }
+}
+
+/// Ends `workers` threads taking jobs from `queue`: one end mark each, behind what is queued.
+async fn end_workers<T>(queue: &flume::Sender<Option<T>>, workers: usize) {
+    for _ in 0..workers {
+        let _ = queue.send_async(None).await;
     }
 }
 
@@ -909,9 +913,9 @@ pub async fn run_sink(
     cancel: CancellationToken,
 ) -> Result<SinkOutcome, TransferError> {
     let opts = spec.options.clone();
-    let (ops_tx, ops_rx) = flume::unbounded::<Op>();
+    let (ops_tx, ops_rx) = flume::unbounded::<Option<Op>>();
     let (w_tx, w_rx): (Vec<_>, Vec<_>) = (0..WRITERS)
-        .map(|_| flume::bounded::<WriteJob>(WRITE_QUEUE))
+        .map(|_| flume::bounded::<Option<WriteJob>>(WRITE_QUEUE))
         .unzip();
     let needs_bytes = opts.checksums.iter().any(|a| *a != Algorithm::Crc32c);
     let sh = Arc::new(Shared {
@@ -947,39 +951,29 @@ pub async fn run_sink(
         live_streams: AtomicU64::new(0),
         changed: Notify::new(),
     });
-    // The worker threads sleep on their queues; the session's end wakes them by closing this
-    // channel (nothing is ever sent on it).
-    let (end_tx, ended) = flume::bounded::<()>(0);
-    let session_over = sh.cancel.clone();
-    tokio::spawn(async move {
-        session_over.cancelled().await;
-        drop(end_tx);
-    });
+    // The worker threads sleep on their queues until a job comes; the session's end queues
+    // an end mark for each (below).
     let mut threads = Vec::new();
     for (i, rx) in w_rx.into_iter().enumerate() {
-        let (sh, ended) = (sh.clone(), ended.clone());
+        let sh = sh.clone();
         threads.push(
             std::thread::Builder::new()
                 .name(format!("haul-write-{i}"))
-                .spawn(move || {
-                    while let Some(job) = next_job(&rx, &ended) {
-                        sh.do_write(job);
-                    }
-                })
+                .spawn(move || work(&rx, |job| sh.do_write(job)))
                 .expect("spawn writer thread"),
         );
     }
-    for i in 0..8 {
-        let (sh, rx, ended) = (sh.clone(), ops_rx.clone(), ended.clone());
+    for i in 0..FILE_OPS {
+        let (sh, rx) = (sh.clone(), ops_rx.clone());
         threads.push(
             std::thread::Builder::new()
                 .name(format!("haul-fileop-{i}"))
                 .spawn(move || {
-                    while let Some(op) = next_job(&rx, &ended) {
+                    work(&rx, |op| {
                         sh.do_op(op);
                         sh.pending_ops.fetch_sub(1, Ordering::SeqCst);
                         sh.changed.notify_waiters();
-                    }
+                    })
                 })
                 .expect("spawn file-op thread"),
         );
@@ -1058,8 +1052,13 @@ pub async fn run_sink(
         s.cancel();
     }
     sh.cancel.cancel();
-    // The workers see the cancellation and exit once their queues are empty (queued commits
-    // still run; queued opens do not). Only then is every open file known.
+    // The workers do what is queued (queued commits still run; queued opens do not, the
+    // session being cancelled), then stop at their end marks. Only then is every open file
+    // known.
+    end_workers(&sh.ops, FILE_OPS).await;
+    for q in &sh.writes {
+        end_workers(q, 1).await;
+    }
     for t in threads {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
@@ -1084,36 +1083,41 @@ pub async fn run_sink(
 
 #[cfg(test)]
 mod tests {
-    use super::{BufReader, ack_due, conn, next_job, read_payload};
+    use super::{BufReader, ack_due, conn, end_workers, read_payload, work};
     use std::os::fd::AsRawFd;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A worker takes jobs as they come, sleeps in between with no timer, and when the session
-    /// ends still does what was queued before, then stops.
-    #[test]
-    fn workers_wait_for_jobs_and_drain_the_queue_when_the_session_ends() {
-        let (jobs, rx) = flume::unbounded::<u32>();
-        let (end, ended) = flume::bounded::<()>(0);
+    /// A worker takes jobs as they come and sleeps in between with no timer; at the end it
+    /// still does what was queued before its end mark, then stops; an idle worker stops at its
+    /// end mark at once.
+    #[tokio::test]
+    async fn workers_wait_for_jobs_and_do_what_was_queued_before_the_end() {
+        let (jobs, rx) = flume::unbounded::<Option<u32>>();
         let worker = std::thread::spawn(move || {
             let mut done = Vec::new();
-            while let Some(j) = next_job(&rx, &ended) {
-                done.push(j);
-            }
+            work(&rx, |j| done.push(j));
             done
         });
-        jobs.send(1).unwrap();
+        jobs.send(Some(1)).unwrap();
         std::thread::sleep(Duration::from_millis(30));
-        jobs.send(2).unwrap();
-        jobs.send(3).unwrap();
-        drop(end);
+        jobs.send(Some(2)).unwrap();
+        jobs.send(Some(3)).unwrap();
+        end_workers(&jobs, 1).await;
+        jobs.send(Some(4)).unwrap();
         assert_eq!(worker.join().unwrap(), [1, 2, 3]);
-        // A worker with nothing queued wakes at the end and stops.
-        let (_jobs, rx) = flume::unbounded::<u32>();
-        let (end, ended) = flume::bounded::<()>(0);
-        let idle = std::thread::spawn(move || next_job(&rx, &ended));
-        drop(end);
-        assert_eq!(idle.join().unwrap(), None);
+        // Several workers on one queue: one end mark each.
+        let (jobs, rx) = flume::unbounded::<Option<u32>>();
+        let idle: Vec<_> = (0..3)
+            .map(|_| {
+                let rx = rx.clone();
+                std::thread::spawn(move || work(&rx, |_| {}))
+            })
+            .collect();
+        end_workers(&jobs, 3).await;
+        for w in idle {
+            w.join().unwrap();
+        }
     }
 
     /// With SO_RCVLOWAT batching, a block whose last bytes arrive in pieces, part of it already
