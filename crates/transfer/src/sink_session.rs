@@ -901,6 +901,56 @@ async fn end_workers<T>(queue: &flume::Sender<Option<T>>, workers: usize) {
     }
 }
 
+async fn join_all(threads: Vec<std::thread::JoinHandle<()>>) {
+    for t in threads {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
+}
+
+/// Waits until no file operation is pending (each one that ends wakes `changed`), or no
+/// file-op thread is left to run one.
+async fn file_ops_settled(sh: &Shared, workers: &[std::thread::JoinHandle<()>]) {
+    loop {
+        let changed = sh.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if sh.pending_ops.load(Ordering::SeqCst) == 0 || workers.iter().all(|t| t.is_finished()) {
+            return;
+        }
+        // A thread that died (a bug) wakes nobody: look again after a while.
+        let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+    }
+}
+
+/// Ends a sink session's workers if its future is dropped before they were ended (the worker
+/// threads hold the session, which holds their queues: nothing else would stop them).
+struct EndWorkersOnDrop(Option<Arc<Shared>>);
+
+impl EndWorkersOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for EndWorkersOnDrop {
+    fn drop(&mut self) {
+        if let Some(sh) = self.0.take() {
+            sh.cancel.cancel();
+            // A writer's queue may be full: the marks are queued from a thread of their own.
+            let _ = std::thread::Builder::new()
+                .name("haul-sink-end".into())
+                .spawn(move || {
+                    for q in &sh.writes {
+                        let _ = q.send(None);
+                    }
+                    for _ in 0..FILE_OPS {
+                        let _ = sh.ops.send(None);
+                    }
+                });
+        }
+    }
+}
+
 /// Runs a sink session: receives as `spec.naming` says from the data streams that arrive on
 /// `conns`. Returns when the source has finished (or on failure, after saving restart
 /// ledgers of unfinished files).
@@ -979,6 +1029,8 @@ pub async fn run_sink(
         );
     }
     drop(ops_rx);
+    // Should this future be dropped before its end, the workers are told to stop all the same.
+    let ended = EndWorkersOnDrop(Some(sh.clone()));
 
     let mut streams = 0u32;
     let mut conns_open = true;
@@ -1052,16 +1104,19 @@ pub async fn run_sink(
         s.cancel();
     }
     sh.cancel.cancel();
-    // The workers do what is queued (queued commits still run; queued opens do not, the
-    // session being cancelled), then stop at their end marks. Only then is every open file
-    // known.
-    end_workers(&sh.ops, FILE_OPS).await;
+    // The workers stop in stages, so that what is queued still runs and what it queues in
+    // turn too: first the writers (a file's last write queues its commit), then, once no file
+    // operation is pending, the file operations (a digest catch-up queues its commit; queued
+    // opens are skipped, the session being cancelled). Only then is every open file known.
+    let file_ops = threads.split_off(WRITERS);
     for q in &sh.writes {
         end_workers(q, 1).await;
     }
-    for t in threads {
-        let _ = tokio::task::spawn_blocking(move || t.join()).await;
-    }
+    join_all(threads).await;
+    file_ops_settled(&sh, &file_ops).await;
+    end_workers(&sh.ops, FILE_OPS).await;
+    join_all(file_ops).await;
+    ended.disarm();
     // Unfinished files keep their data and ledger for a resume.
     let open: Vec<(FileId, Arc<OpenFile>)> = sh
         .files
@@ -1084,9 +1139,15 @@ pub async fn run_sink(
 #[cfg(test)]
 mod tests {
     use super::{BufReader, ack_due, conn, end_workers, read_payload, work};
+    use super::{DEFAULT_SESSION_BUFFER, MemoryBudget, SinkSpec, run_sink};
+    use crate::progress::Counters;
+    use crate::service::SinkNaming;
+    use crate::store::{Destination, Root};
     use std::os::fd::AsRawFd;
+    use std::sync::Arc;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_util::sync::CancellationToken;
 
     /// A worker takes jobs as they come and sleeps in between with no timer; at the end it
     /// still does what was queued before its end mark, then stops; an idle worker stops at its
@@ -1118,6 +1179,45 @@ mod tests {
         for w in idle {
             w.join().unwrap();
         }
+    }
+
+    /// A session whose future is dropped before its end (a control connection that goes
+    /// away mid-session) still stops its 12 worker threads: they let go of the session, whose
+    /// naming is then held by this test alone.
+    #[tokio::test]
+    async fn a_dropped_session_stops_its_worker_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Arc::new(Root::confined(dir.path()).unwrap());
+        let dest = Destination::resolve(&root, std::path::Path::new("."), true).unwrap();
+        let naming: Arc<dyn SinkNaming> = Arc::new(dest);
+        let spec = SinkSpec {
+            root,
+            naming: naming.clone(),
+            options: Default::default(),
+            checkpoint_interval: Duration::from_secs(1),
+            budget: MemoryBudget::new(DEFAULT_SESSION_BUFFER, None),
+            owner: "test".into(),
+        };
+        let (_conns_tx, conns) = tokio::sync::mpsc::channel(1);
+        let (events, _events_rx) = tokio::sync::mpsc::unbounded_channel();
+        let counters = Arc::new(Counters::default());
+        let session = run_sink(spec, conns, counters, events, CancellationToken::new());
+        let mut session = Box::pin(session);
+        // The session waits for its data streams, with its workers started.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut session)
+                .await
+                .is_err()
+        );
+        assert!(Arc::strong_count(&naming) > 1);
+        drop(session);
+        for _ in 0..500 {
+            if Arc::strong_count(&naming) == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the workers of a dropped session still hold it");
     }
 
     /// With SO_RCVLOWAT batching, a block whose last bytes arrive in pieces, part of it already
