@@ -781,8 +781,8 @@ fn initial_streams(opts: &CopyOptions, bytes: Option<u64>) -> u32 {
 
 /// The first steps of a session with an endpoint, the same for an upload and a download.
 struct Opening {
-    /// The control connection's TCP part, and its round trip.
-    tcp: tokio::net::TcpStream,
+    /// The control connection (hello exchanged), and its round trip.
+    control: Session,
     rtt: Duration,
     /// This host's limits (the endpoint's come with its hello).
     limits: HostLimits,
@@ -805,8 +805,9 @@ struct Opening {
 /// Opens a session's connections to `peer`: on a short path the control connection's round
 /// trip plans the streams before they open; on a long one (no answer within [`SHORT_PATH`])
 /// streams start at once, as many as [`initial_streams`] says for `size` (files, bytes; when
-/// known). Sets the session's streams and socket buffer in `session`. `hold_hello`: the
-/// streams will carry data from here (see [`StreamTarget::hold_hello`]).
+/// known); meanwhile the control connection completes (TLS, hello). Sets the session's
+/// streams and socket buffer in `session`. `hold_hello`: the streams will carry data from
+/// here (see [`StreamTarget::hold_hello`]).
 async fn open_session(
     peer: &Peer,
     opts: &CopyOptions,
@@ -858,8 +859,9 @@ async fn open_session(
     };
     let mut plan = plan_for(rtt, limits.clone(), limits.clone(), bytes, files, opts);
     plan.streams = plan.streams.max(opened);
+    let control = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
     Ok(Opening {
-        tcp,
+        control,
         rtt,
         limits,
         plan,
@@ -940,7 +942,6 @@ pub async fn upload(
         events,
         cancel,
     } = ctx;
-    let (host, port) = (peer.host.as_str(), peer.port);
     if opts.range.is_some()
         && (entries.len() != 1 || entries[0].kind != wire::data::EntryKind::File)
     {
@@ -954,7 +955,7 @@ pub async fn upload(
         None => entries.iter().map(|e| e.size).sum(),
     };
     let Opening {
-        tcp,
+        control: mut s,
         rtt,
         limits,
         plan: mut p,
@@ -976,7 +977,6 @@ pub async fn upload(
     // Kept only until the endpoint's hello tells whether more streams are needed: once every
     // sender is gone, the session knows no stream will come any more.
     let mut tx = Some(tx);
-    let mut s = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
     s.send(&Request::OpenSink {
         session: id,
         key,
@@ -1066,13 +1066,13 @@ pub async fn download(
         events,
         cancel,
     } = ctx;
-    let (host, port) = (peer.host.as_str(), peer.port);
+    let host = peer.host.as_str();
     // With a file list the size is known up front; without, streams start as for a large
     // transfer, and more follow if the endpoint's answer calls for them.
     let listed_bytes: u64 = request.files.iter().map(|f| f.size).sum();
     let known = (!request.files.is_empty()).then_some((request.files.len() as u64, listed_bytes));
     let Opening {
-        tcp,
+        control: mut s,
         rtt,
         limits,
         plan: mut p,
@@ -1083,7 +1083,6 @@ pub async fn download(
         tx,
         conns: rx,
     } = open_session(peer, opts, &mut session, known, false, &cancel).await?;
-    let mut s = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
     s.send(&Request::OpenSource {
         session: id,
         key,
