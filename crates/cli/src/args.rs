@@ -41,8 +41,53 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// Format of the log on stderr: text (coloured only on a terminal) or json (one object
+    /// per line, for log collectors).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: LogFormatArg,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+/// The transfer log: a record of every file and session moved, and of every refused
+/// authentication.
+#[derive(Args, Debug, Clone)]
+pub struct TransferLogArgs {
+    /// Append a record of every file and session moved (and of every refused authentication)
+    /// to FILE; it is opened before anything moves, and a full disk later only drops records.
+    #[arg(long, value_name = "FILE")]
+    pub log_transfer: Option<PathBuf>,
+    /// Format of --log-transfer: netlogger (NetLogger best-practice key=value lines), json
+    /// (the same keys, one object per line), gridftp (globus-gridftp-server -log-transfer
+    /// lines; files only).
+    #[arg(long, value_name = "FORMAT", default_value = "netlogger", value_parser = ["netlogger", "json", "gridftp"])]
+    pub log_transfer_format: String,
+}
+
+impl TransferLogArgs {
+    /// Opens the transfer log, if one is asked for; `site` is this host's site.
+    pub fn open(
+        &self,
+        site: Option<String>,
+    ) -> Result<Option<std::sync::Arc<transfer::translog::TransferLog>>, transfer::TransferError>
+    {
+        let Some(path) = &self.log_transfer else {
+            return Ok(None);
+        };
+        let format = self
+            .log_transfer_format
+            .parse()
+            .map_err(transfer::TransferError::usage)?;
+        let log = transfer::translog::TransferLog::open(path, format)?.with_site(site);
+        Ok(Some(std::sync::Arc::new(log)))
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -244,6 +289,8 @@ pub struct CpArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
     #[command(flatten)]
+    pub log: TransferLogArgs,
+    #[command(flatten)]
     pub creds: CredArgs,
 }
 
@@ -277,6 +324,8 @@ pub struct ServeArgs {
     /// Print the bound address on stdout once listening (useful with port 0).
     #[arg(long)]
     pub print_addr: bool,
+    #[command(flatten)]
+    pub log: TransferLogArgs,
     #[command(flatten)]
     pub creds: CredArgs,
 }
@@ -601,6 +650,9 @@ pub struct MetaServeArgs {
     /// Print the bound API address on stdout once listening (useful with port 0).
     #[arg(long)]
     pub print_addr: bool,
+    /// Replication and repair copies, and refused authentications, are recorded here.
+    #[command(flatten)]
+    pub log: TransferLogArgs,
     #[command(flatten)]
     pub creds: CredArgs,
 }
@@ -646,6 +698,8 @@ pub struct NodeServeArgs {
     /// Print the bound data address on stdout once listening.
     #[arg(long)]
     pub print_addr: bool,
+    #[command(flatten)]
+    pub log: TransferLogArgs,
     #[command(flatten)]
     pub creds: CredArgs,
 }

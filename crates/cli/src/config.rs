@@ -49,6 +49,10 @@ pub struct Serve {
     pub link_rate: Option<String>,
     /// How often received files are synced and their restart markers recorded, e.g. "5s".
     pub checkpoint_interval: Option<String>,
+    /// Transfer log: every file and session moved, and every refused authentication.
+    pub log_transfer: Option<PathBuf>,
+    /// Its format: "netlogger", "json" or "gridftp".
+    pub log_transfer_format: Option<String>,
 }
 
 /// `haul cp` defaults.
@@ -69,6 +73,10 @@ pub struct Cp {
     pub rate: Option<String>,
     /// Protection of data streams: "clear" or "private".
     pub protect: Option<String>,
+    /// Transfer log of every copy: a record per file and per copy.
+    pub log_transfer: Option<PathBuf>,
+    /// Its format: "netlogger", "json" or "gridftp".
+    pub log_transfer_format: Option<String>,
 }
 
 /// The whole file.
@@ -142,6 +150,8 @@ impl Config {
             ("max_buffer", s.max_buffer.clone()),
             ("link_rate", s.link_rate.clone()),
             ("checkpoint_interval", s.checkpoint_interval.clone()),
+            ("log_transfer", path(&s.log_transfer)),
+            ("log_transfer_format", s.log_transfer_format.clone()),
         ] {
             cmd = set_default(cmd, "serve", name, value);
         }
@@ -157,6 +167,8 @@ impl Config {
             ("link_rate", c.link_rate.clone()),
             ("rate", c.rate.clone()),
             ("protect", c.protect.clone()),
+            ("log_transfer", path(&c.log_transfer)),
+            ("log_transfer_format", c.log_transfer_format.clone()),
         ] {
             cmd = set_default(cmd, "cp", name, value);
         }

@@ -11,6 +11,7 @@ use transfer::TransferError;
 use transfer::client::{self, CopyOptions, CopyReport, Location};
 use transfer::conn::ClientTls;
 use transfer::progress::Counters;
+use transfer::translog::{self, Recorder, Role, SessionFacts};
 use wire::control::{Protect, SessionOptions};
 use wire::error::ErrorKind;
 use wire::retry::RetryPolicy;
@@ -74,13 +75,21 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
             "--protect private needs TLS and cannot be combined with --insecure",
         ));
     }
-    let tls = match creds::load(&a.creds)? {
+    // Refused before anything moves when it cannot be written.
+    let log = a.log.open(a.site.clone())?;
+    let creds = creds::load(&a.creds)?;
+    let subject = creds
+        .as_ref()
+        .and_then(|c| c.chain.first())
+        .and_then(transfer::tls::subject_of);
+    let tls = match creds {
         Some(c) if src.is_remote() || dst.is_remote() => Some(ClientTls {
             config: transfer::tls::client_config(&c)?,
         }),
         _ => None,
     };
     let opts = options(&a, tls)?;
+    let recorder = log.map(|log| Recorder::new(log, facts(&a, &src, &dst, &opts, subject)));
     let counters = Arc::new(Counters::default());
     let (etx, erx) = mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
@@ -90,7 +99,12 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
             c2.cancel();
         }
     });
-    let bar = Progress::start(progress::wanted(a.progress), counters.clone(), erx);
+    let bar = Progress::start(
+        progress::wanted(a.progress),
+        counters.clone(),
+        erx,
+        recorder,
+    );
     let ctx = client::AttemptContext {
         counters,
         events: etx,
@@ -103,7 +117,13 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
         // haul://META/path: the grid.
         result = grid_copy(&a, &src, &dst, opts, ctx).await;
     }
-    bar.finish().await;
+    let recorder = bar.finish().await;
+    if let Some(r) = &recorder {
+        r.finish(match &result {
+            Ok(report) => Ok(report.into()),
+            Err(e) => Err(e.to_info()),
+        });
+    }
     match result {
         Ok(report) => {
             let code = exit_code(&report);
@@ -124,6 +144,39 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
         // `main` prints it, with `--json` as {"kind", "exit_code", "message"}.
         Err(e) => Err(e),
     }
+}
+
+/// What the transfer log records of this copy: who, between where, how.
+fn facts(
+    a: &CpArgs,
+    src: &Location,
+    dst: &Location,
+    opts: &CopyOptions,
+    subject: Option<String>,
+) -> SessionFacts {
+    let role = match (src, dst) {
+        (Location::Local(_), _) => Role::Send,
+        (_, Location::Local(_)) => Role::Receive,
+        _ => Role::ThirdParty,
+    };
+    let mut f = SessionFacts::new(translog::new_guid(), role, &opts.session);
+    f.user = transfer::sys::user_name(transfer::sys::effective_uid());
+    f.subject = subject;
+    // The endpoint data goes to (or comes from); for a third-party copy, the destination.
+    let remote = match (src, dst) {
+        (_, Location::Remote { host, port, .. }) | (Location::Remote { host, port, .. }, _) => {
+            transfer::conn::format_addr(host, *port)
+        }
+        _ => String::new(),
+    };
+    f.peer = remote;
+    f.source = Some(a.src.clone());
+    f.destination = Some(a.dst.clone());
+    f.range = opts.range;
+    if role == Role::Send {
+        f.zero_copy = Some(opts.zero_copy && opts.session.protect == Protect::Clear);
+    }
+    f
 }
 
 async fn grid_copy(

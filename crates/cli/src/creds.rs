@@ -24,7 +24,7 @@ pub fn paths(a: &CredArgs) -> CredentialPaths {
 /// Loads credentials unless `--insecure`, which is announced loudly.
 pub fn load(a: &CredArgs) -> Result<Option<Credentials>, TransferError> {
     if a.insecure {
-        eprintln!("haul: WARNING: --insecure: no TLS and no authentication; for local tests only");
+        tracing::warn!("--insecure: no TLS and no authentication; for local tests only");
         return Ok(None);
     }
     Credentials::load(&paths(a)).map(Some)

@@ -187,6 +187,7 @@ async fn start_node(
         limits: transfer::limits::Limits::default(),
         link_bps: 10_000_000_000,
         capacity: Some(20_000_000_000),
+        log: None,
     };
     let s = stop.clone();
     let name = name.to_string();

@@ -130,13 +130,18 @@ fn init_logging(cli: &args::Cli) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("HAUL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_target(false);
+    let _ = match cli.log_format {
+        // One JSON object per line, with the span's fields (peer, user, session id).
+        args::LogFormatArg::Json => fmt.json().with_current_span(true).try_init(),
         // Colour only on a terminal: a daemon's log file or journal gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+        args::LogFormatArg::Text => fmt
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }
 
 async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {

@@ -66,6 +66,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         listen: a.limits.limits().map_err(TransferError::usage)?,
         grant_ttl: a.grant_ttl,
         writing_lease: a.writing_lease,
+        transfer_log: a.log.open(None)?,
     };
     let m = Arc::new(Meta::new(
         catalog,

@@ -35,6 +35,7 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
         }
     };
     let (meta_peer, _) = crate::grid_cmd::target(&a.meta)?;
+    let log = a.log.open(Some(a.site.clone()))?;
     std::fs::create_dir_all(&a.root)
         .map_err(|e| TransferError::usage(format!("--root {}: {e}", a.root.display())))?;
     let (listener, addr) = crate::serve::listen(&a.listen).await?;
@@ -62,6 +63,7 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
         limits: a.limits.limits().map_err(TransferError::usage)?,
         link_bps: a.link_rate,
         capacity: a.capacity,
+        log,
     };
     node::run(cfg, listener, shutdown_signal())
         .await

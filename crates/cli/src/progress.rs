@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use transfer::progress::{Counters, Event};
+use transfer::translog::Recorder;
 
 pub struct Progress {
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Option<Recorder>>,
     stop: tokio_util::sync::CancellationToken,
 }
 
@@ -23,10 +24,13 @@ pub fn wanted(mode: crate::args::ProgressArg) -> bool {
 }
 
 impl Progress {
+    /// Draws while the copy runs; every event also goes to `recorder` (the transfer log),
+    /// which [`Progress::finish`] gives back once the last event reached it.
     pub fn start(
         draw: bool,
         counters: Arc<Counters>,
         mut events: mpsc::UnboundedReceiver<Event>,
+        mut recorder: Option<Recorder>,
     ) -> Self {
         let stop = tokio_util::sync::CancellationToken::new();
         let stop2 = stop.clone();
@@ -52,6 +56,9 @@ impl Progress {
                 tokio::select! {
                     _ = tick.tick() => {}
                     Some(ev) = events.recv() => {
+                        if let Some(r) = recorder.as_mut() {
+                            r.on_event(&ev);
+                        }
                         let line = match &ev {
                             Event::FileFailed { path, error } => Some(if error.message.contains(path.as_str()) {
                                 format!("haul: {}", error.message)
@@ -66,7 +73,7 @@ impl Progress {
                             }),
                             Event::StreamLost { stream } => Some(format!("haul: data stream {stream} lost; its blocks go to the other streams")),
                             Event::Plan { explanation, .. } => { tracing::info!("plan: {explanation}"); None }
-                            Event::FileDone { .. } => None,
+                            Event::FileDone { .. } | Event::FileStarted { .. } => None,
                         };
                         if let Some(l) = line {
                             match &bar { Some(b) => b.println(l), None => eprintln!("{l}") }
@@ -100,12 +107,20 @@ impl Progress {
             if let Some(b) = bar {
                 b.finish_and_clear();
             }
+            // What the copy reported last still reaches the log.
+            if let Some(r) = recorder.as_mut() {
+                while let Ok(ev) = events.try_recv() {
+                    r.on_event(&ev);
+                }
+            }
+            recorder
         });
         Self { task, stop }
     }
 
-    pub async fn finish(self) {
+    /// Stops drawing; the transfer log's recorder, with every event seen.
+    pub async fn finish(self) -> Option<Recorder> {
         self.stop.cancel();
-        let _ = self.task.await;
+        self.task.await.ok().flatten()
     }
 }

@@ -46,6 +46,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
             )
         }
     };
+    let log = a.log.open(None)?;
     let meta = std::fs::metadata(&a.root)
         .map_err(|e| TransferError::usage(format!("--root {}: {e}", a.root.display())))?;
     if !meta.is_dir() {
@@ -71,6 +72,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
         stats: Default::default(),
+        log,
     };
     transfer::endpoint::run(cfg, listener, shutdown_signal()).await
 }

@@ -907,3 +907,72 @@ fn demo_runs_the_whole_grid_and_exits() {
     assert!(text.contains("8 files downloaded byte-identical"), "{text}");
     assert!(text.contains("checksums recomputed, all match"), "{text}");
 }
+
+/// The metadata server's transfer log records each replication session it directs (node to
+/// node, with the destination's site) and each file by its grid path; refused certificates
+/// are recorded too.
+#[test]
+fn replication_and_refusals_are_in_the_metadata_servers_transfer_log() {
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("meta-transfers.log");
+    let log_arg = log.to_string_lossy().into_owned();
+    let g = Grid::start_with(&["--log-transfer", &log_arg]);
+    let src = g.path().join("r.bin");
+    write_file(&src, 77, 2 << 20);
+    assert_ok(&g.cp(
+        "alice",
+        &[src.to_str().unwrap(), &g.url("/r.bin"), "--site", "A"],
+    ));
+    g.ok(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "/r.bin",
+        ],
+    );
+    assert_exit(
+        &g.cp("mallory", &[src.to_str().unwrap(), &g.url("/m.bin")]),
+        5,
+        "",
+    );
+    let mut text = String::new();
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains("event=haul.session.end") && text.contains("event=haul.auth.refused")
+        }),
+        "{text}"
+    );
+    let file = text
+        .lines()
+        .find(|l| l.contains("event=haul.file.end"))
+        .unwrap_or_else(|| panic!("{text}"));
+    for needle in [
+        " path=/r.bin ",
+        " role=third-party ",
+        " size=2097152 ",
+        " peer.site=B ",
+        " status=0",
+    ] {
+        assert!(file.contains(needle), "{needle:?} not in {file}");
+    }
+    let session = text
+        .lines()
+        .find(|l| l.contains("event=haul.session.end"))
+        .unwrap();
+    assert!(
+        session.contains(" status=0") && session.contains(" user=replication "),
+        "{session}"
+    );
+    let refused = text
+        .lines()
+        .find(|l| l.contains("event=haul.auth.refused"))
+        .unwrap();
+    assert!(refused.contains("CN=mallory"), "{refused}");
+}

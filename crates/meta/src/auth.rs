@@ -98,6 +98,7 @@ pub fn incoming(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
     limits: Limits,
+    log: Option<Arc<transfer::translog::TransferLog>>,
     known: impl Fn(&CertIdentity) -> bool + Send + Sync + 'static,
 ) -> tokio_stream::wrappers::ReceiverStream<Result<TlsConn, std::io::Error>> {
     let known = Arc::new(known);
@@ -120,15 +121,24 @@ pub fn incoming(
             };
             let _ = tcp.set_nodelay(true);
             let (acceptor, conn_tx, known) = (acceptor.clone(), tx.clone(), known.clone());
+            let log = log.clone();
             let handshake_timeout = limiter.limits().handshake_timeout;
             tokio::spawn(async move {
+                transfer::tls::take_refused_subject();
                 let hs =
                     tokio::time::timeout(handshake_timeout, acceptor.accept(tcp).into_fallible())
                         .await;
                 let tls = match hs {
                     Ok(Ok(t)) => t,
                     Ok(Err((e, tcp))) => {
-                        tracing::info!(%addr, error = %e, "TLS handshake refused");
+                        // Taken before anything else runs on this thread.
+                        let refusal = transfer::tls::cert_refusal(&e);
+                        let subject = refusal.as_ref().and_then(|r| r.subject.clone());
+                        tracing::info!(%addr, ?subject, error = %e, "TLS handshake refused");
+                        if let (Some(log), Some(_)) = (&log, &refusal) {
+                            let why = transfer::tls::explain_tls_error("client", &e);
+                            log.refused(&addr.to_string(), subject.as_deref(), why.message());
+                        }
                         // The alert saying why must reach the client, not a reset.
                         transfer::conn::close_after_alert(tcp).await;
                         return;
@@ -143,6 +153,12 @@ pub fn incoming(
                     Some(c) if known(c) => None,
                     _ => {
                         tracing::info!(%addr, subject = ?cert.as_ref().map(|c| &c.subject), "connection of an unknown certificate: its calls are refused");
+                        if let Some(log) = &log {
+                            let subject = cert.as_ref().map(|c| c.subject.as_str());
+                            let why =
+                                "the certificate is in neither the mapfile nor the nodes file";
+                            log.refused(&addr.to_string(), subject, why);
+                        }
                         Some(Box::pin(tokio::time::sleep(handshake_timeout)))
                     }
                 };

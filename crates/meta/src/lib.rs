@@ -165,6 +165,7 @@ pub async fn run(
         listener,
         Arc::new(tls),
         meta.settings.listen.clone(),
+        meta.settings.transfer_log.clone(),
         move |cert| m.ids.caller(cert).is_ok(),
     );
     let stop = tokio_util::sync::CancellationToken::new();

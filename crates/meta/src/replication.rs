@@ -662,6 +662,51 @@ fn choose_dst(
     Some(dst)
 }
 
+/// The transfer log's facts of one replication session: the server directs a copy from
+/// node `src` to node `dst`.
+fn session_facts(
+    opts: &transfer::client::CopyOptions,
+    src: &NodeEntry,
+    dst: &NodeEntry,
+    files: usize,
+) -> transfer::translog::SessionFacts {
+    use transfer::translog::{Role, SessionFacts, new_guid};
+    let mut f = SessionFacts::new(new_guid(), Role::ThirdParty, &opts.session);
+    f.user = "replication".into();
+    f.peer = dst.node.address.clone();
+    f.peer_site = Some(dst.node.site.clone());
+    f.source = Some(format!("node {} ({})", src.node.name, src.node.site));
+    f.destination = Some(format!(
+        "node {} ({}), {files} files",
+        dst.node.name, dst.node.site
+    ));
+    f
+}
+
+/// An event of a replication session with the file's grid path in place of its id.
+fn with_grid_path(ev: Event, paths: &HashMap<String, &str>) -> Event {
+    let grid = |p: String| paths.get(&p).map(|s| s.to_string()).unwrap_or(p);
+    match ev {
+        Event::FileStarted { path } => Event::FileStarted { path: grid(path) },
+        Event::FileDone {
+            path,
+            size,
+            digests,
+            skipped,
+        } => Event::FileDone {
+            path: grid(path),
+            size,
+            digests,
+            skipped,
+        },
+        Event::FileFailed { path, error } => Event::FileFailed {
+            path: grid(path),
+            error,
+        },
+        other => other,
+    }
+}
+
 async fn run_session(
     meta: Arc<Meta>,
     src: NodeEntry,
@@ -754,6 +799,9 @@ async fn run_session(
                 expect: wire::checksum::parse_digests(&t.inode.checksum).unwrap_or_default(),
             })
             .collect();
+        let mut recorder = meta.settings.transfer_log.clone().map(|log| {
+            transfer::translog::Recorder::new(log, session_facts(&opts, &src, &dst, files.len()))
+        });
         let counters = Arc::new(Counters::default());
         let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
         let c = counters.clone();
@@ -848,7 +896,15 @@ async fn run_session(
         }
         let mut done = HashSet::new();
         let mut failed = HashMap::new();
+        // The transfer log names files by their grid paths (the nodes know only their ids).
+        let paths: HashMap<String, &str> = tasks
+            .iter()
+            .map(|t| (t.inode.id.to_string(), t.path.as_str()))
+            .collect();
         while let Ok(ev) = erx.try_recv() {
+            if let Some(r) = recorder.as_mut() {
+                r.on_event(&with_grid_path(ev.clone(), &paths));
+            }
             match ev {
                 Event::FileDone { path, .. } => {
                     if let Ok(id) = path.parse::<i64>() {
@@ -862,6 +918,15 @@ async fn run_session(
                 }
                 _ => {}
             }
+        }
+        if let Some(r) = &recorder {
+            r.finish(match &result {
+                Ok(a) => Ok(transfer::translog::SessionStats {
+                    bytes_moved: moved,
+                    ..transfer::translog::SessionStats::from(&a.source)
+                }),
+                Err(e) => Err(e.to_info()),
+            });
         }
         Ok::<_, TransferError>((result.err(), done, failed, moved))
     }

@@ -38,6 +38,9 @@ pub struct Settings {
     pub scrub_every: Option<Duration>,
     /// Connections the API admits (in all, per source), and the TLS handshake timeout.
     pub listen: transfer::limits::Limits,
+    /// Where replication and repair copies, and refused authentications, are recorded
+    /// (`--log-transfer`).
+    pub transfer_log: Option<Arc<transfer::translog::TransferLog>>,
 }
 
 impl Default for Settings {
@@ -52,6 +55,7 @@ impl Default for Settings {
             reconcile_every: Duration::from_secs(30),
             scrub_every: None,
             listen: transfer::limits::Limits::default(),
+            transfer_log: None,
         }
     }
 }

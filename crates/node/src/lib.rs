@@ -46,6 +46,9 @@ pub struct NodeConfig {
     pub link_bps: u64,
     /// Capacity to report instead of the file system's (for tests and shared disks).
     pub capacity: Option<u64>,
+    /// The transfer log (`--log-transfer`): every file and session the node moves, and every
+    /// refused authentication.
+    pub log: Option<Arc<transfer::translog::TransferLog>>,
 }
 
 /// The node's link to its metadata server, as its data service uses it.
@@ -328,6 +331,7 @@ pub async fn run(
         link_bps: cfg.link_bps,
         checkpoint_interval: Duration::from_secs(5),
         stats: stats.clone(),
+        log: cfg.log.clone(),
     };
     let stop = CancellationToken::new();
     let data = {

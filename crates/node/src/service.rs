@@ -262,6 +262,7 @@ mod tests {
             link_bps: 1_000_000_000,
             checkpoint_interval: Duration::from_secs(5),
             stats: Default::default(),
+            log: None,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();

@@ -394,14 +394,19 @@ pub enum Accepted {
 /// so the socket is not readable for this until 8 bytes (or the end of the stream) are there
 /// (`SO_RCVLOWAT`): a client that sends one byte and closes is refused at once, one that sends
 /// a byte and waits holds its slot only until the deadline, and nothing is polled meanwhile.
+///
+/// When the client is refused for its certificate (or for having none), `refusal` says so,
+/// with the certificate's subject when one was presented ([`tls::cert_refusal`]).
 pub async fn accept(
     tcp: TcpStream,
     tls: Option<&tokio_rustls::TlsAcceptor>,
     peer: &str,
     deadline: tokio::time::Instant,
+    refusal: &mut Option<tls::CertRefusal>,
 ) -> Result<Accepted, TransferError> {
     let timed_out = || TransferError::connect(format!("{peer}: handshake timed out"));
-    match tokio::time::timeout_at(deadline, classify(tcp, tls, peer)).await {
+    let classified = classify(tcp, tls, peer, refusal);
+    match tokio::time::timeout_at(deadline, classified).await {
         Ok(r) => r,
         Err(_) => Err(timed_out()),
     }
@@ -411,6 +416,7 @@ async fn classify(
     tcp: TcpStream,
     tls: Option<&tokio_rustls::TlsAcceptor>,
     peer: &str,
+    refusal: &mut Option<tls::CertRefusal>,
 ) -> Result<Accepted, TransferError> {
     let _ = sys::set_nodelay(&tcp);
     let mut magic = [0u8; control::OPENING_LEN];
@@ -454,6 +460,7 @@ async fn classify(
                 ErrorKind::Authentication,
                 "this endpoint requires TLS with a certificate; drop --insecure and pass --cert/--key/--ca",
             );
+            *refusal = Some(tls::CertRefusal::default());
             let _ = write_all(&mut io, &wire::control::Response::Error(e).encode(), peer).await;
             return Err(TransferError::unauthenticated(format!(
                 "{peer}: plain control connection refused"
@@ -470,9 +477,12 @@ async fn classify(
             "{peer}: TLS connection to an --insecure endpoint refused (the client must use --insecure too)"
         )));
     };
+    tls::take_refused_subject();
     let stream = match acceptor.accept(tcp).into_fallible().await {
         Ok(s) => s,
         Err((e, tcp)) => {
+            // Taken before anything else runs on this thread.
+            *refusal = tls::cert_refusal(&e);
             close_after_alert(tcp).await;
             return Err(tls::explain_tls_error(peer, &e));
         }

@@ -140,7 +140,7 @@ mod tests {
             };
             tokio::spawn(async move {
                 let Ok(conn::Accepted::Control { io, first, .. }) =
-                    conn::accept(tcp, None, "test client", far_deadline()).await
+                    conn::accept(tcp, None, "test client", far_deadline(), &mut None).await
                 else {
                     return;
                 };

@@ -21,6 +21,7 @@ use crate::sink_session::{SinkSpec, run_sink};
 use crate::source_session::{SourceSpec, run_source};
 use crate::store::{Root, SourceEntry};
 use crate::sys;
+use crate::translog::{self, Recorder, Role, SessionFacts, TransferLog};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
@@ -60,6 +61,8 @@ pub struct EndpointConfig {
     pub checkpoint_interval: Duration,
     /// Live figures for whoever runs the endpoint (a storage node reports them).
     pub stats: Arc<EndpointStats>,
+    /// Where each file, session and refused authentication is recorded (`--log-transfer`).
+    pub log: Option<Arc<TransferLog>>,
 }
 
 /// Sessions running and bytes moved by an endpoint.
@@ -174,7 +177,9 @@ async fn handle(
     stop: CancellationToken,
 ) {
     let deadline = tokio::time::Instant::now() + ep.cfg.limits.handshake_timeout;
-    match conn::accept(tcp, ep.acceptor.as_ref(), &peer, deadline).await {
+    let mut refusal = None;
+    let accepted = conn::accept(tcp, ep.acceptor.as_ref(), &peer, deadline, &mut refusal);
+    match accepted.await {
         Ok(Accepted::Data { io, bind, nonce }) => {
             bind_data(&ep, io, bind, nonce, &peer, deadline).await
         }
@@ -190,7 +195,13 @@ async fn handle(
                 tracing::debug!(%peer, error = %e, "control connection ended");
             }
         }
-        Err(e) => tracing::info!(%peer, error = %e, "connection refused"),
+        Err(e) => {
+            let subject = refusal.as_ref().and_then(|r| r.subject.as_deref());
+            tracing::info!(%peer, ?subject, error = %e, "connection refused");
+            if let (Some(log), Some(_)) = (&ep.cfg.log, &refusal) {
+                log.refused(&peer, subject, e.message());
+            }
+        }
     }
 }
 
@@ -347,8 +358,12 @@ async fn control(
     stop: CancellationToken,
 ) -> Result<(), TransferError> {
     let (mut reader, mut writer) = conn.split();
+    let peer = reader.peer.clone();
     if ep.acceptor.is_some() && subject.is_none() {
         let e = ErrorInfo::new(ErrorKind::Authentication, "no client certificate");
+        if let Some(log) = &ep.cfg.log {
+            log.refused(&peer, None, &e.message);
+        }
         let _ = writer.send_response(&Response::Error(e)).await;
         return Err(TransferError::unauthenticated("no client certificate"));
     }
@@ -357,6 +372,10 @@ async fn control(
     let admitted = match ep.cfg.service.admit(subject.as_deref(), &ep.root) {
         Ok(a) => a,
         Err(e) => {
+            tracing::info!(%peer, subject = ?subject, error = %e.message, "identity refused");
+            if let Some(log) = &ep.cfg.log {
+                log.refused(&peer, subject.as_deref(), &e.message);
+            }
             let _ = writer.send_response(&Response::Error(e.clone())).await;
             return Err(e.into());
         }
@@ -481,7 +500,7 @@ async fn control(
                     options,
                 };
                 let push = push.map(|p| *p);
-                source(&ep, &caller.root, ctl, open, list.entries, range, push)
+                source(&ep, &caller, ctl, open, list.entries, range, push)
                     .instrument(session_span(&session))
                     .await?;
             }
@@ -537,38 +556,78 @@ struct Live {
     counters: Arc<Counters>,
     events: mpsc::UnboundedReceiver<Event>,
     cancel: CancellationToken,
+    /// Writes the session's records when the endpoint keeps a transfer log.
+    recorder: Option<Recorder>,
 }
 
 impl Live {
     /// A new session's, and the sender its machines report events on.
-    fn new() -> (Self, crate::progress::EventSender) {
+    fn new(recorder: Option<Recorder>) -> (Self, crate::progress::EventSender) {
         let (tx, events) = mpsc::unbounded_channel();
         let live = Live {
             counters: Arc::default(),
             events,
             cancel: CancellationToken::new(),
+            recorder,
         };
         (live, tx)
     }
+
+    /// Writes the session's own record (when there is a log) and hands the result on.
+    fn finish(
+        &self,
+        result: Result<SessionSummary, TransferError>,
+    ) -> Result<SessionSummary, TransferError> {
+        if let Some(r) = &self.recorder {
+            r.finish(match &result {
+                Ok(summary) => Ok(summary.into()),
+                Err(e) => Err(e.to_info()),
+            });
+        }
+        result
+    }
 }
 
-/// Forwards a session's events and progress to the client until it finishes; a closed control
-/// connection or `Cancel` cancels it.
+/// The facts of a session on this endpoint for its transfer log records.
+fn session_facts(
+    ep: &Endpoint,
+    caller: &Caller,
+    peer: &str,
+    id: &SessionId,
+    role: Role,
+    options: &SessionOptions,
+) -> Option<Recorder> {
+    let log = ep.cfg.log.clone()?;
+    let mut facts = SessionFacts::new(translog::guid(id), role, options);
+    facts.user = caller.identity.clone();
+    facts.subject = caller.subject.clone();
+    facts.peer = peer.to_string();
+    Some(Recorder::new(log, facts))
+}
+
+/// Forwards a session's events and progress to the client until it finishes, and hands each
+/// event to the session's transfer log. A closed control connection, one that cannot be
+/// written, or `Cancel` cancels the session, which still runs to its end: what it did is
+/// recorded (ledgers, the transfer log) even when nobody is left to tell.
 async fn relay<T>(
     stats: &EndpointStats,
     ctl: &mut Control<'_>,
     live: &mut Live,
     run: impl Future<Output = Result<T, TransferError>>,
-) -> Result<Result<T, TransferError>, TransferError> {
+) -> Result<T, TransferError> {
     let Control { reader, writer } = ctl;
     let Live {
         counters,
         events,
         cancel,
+        recorder,
     } = live;
     tokio::pin!(run);
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut control_open = true;
+    let mut client_gone = false;
+    // Set when the client closed its side of the control connection.
+    let mut grace: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     let mut reported = 0u64;
     stats
         .sessions
@@ -578,12 +637,25 @@ async fn relay<T>(
         tokio::select! {
             r = &mut run => {
                 while let Ok(ev) = events.try_recv() {
-                    send_event(writer, ev).await?;
+                    if let Some(rec) = recorder.as_mut() {
+                        rec.on_event(&ev);
+                    }
+                    if !client_gone && send_event(writer, ev).await.is_err() {
+                        client_gone = true;
+                    }
                 }
-                return Ok(r);
+                return r;
             }
-            Some(ev) = events.recv() => send_event(writer, ev).await?,
-                        _ = tick.tick() => {
+            Some(ev) = events.recv() => {
+                if let Some(rec) = recorder.as_mut() {
+                    rec.on_event(&ev);
+                }
+                if !client_gone && send_event(writer, ev).await.is_err() {
+                    client_gone = true;
+                    cancel.cancel();
+                }
+            }
+            _ = tick.tick() => {
                 let now = Counters::get(&counters.bytes_done);
                 stats.bytes.fetch_add(now.saturating_sub(reported), std::sync::atomic::Ordering::Relaxed);
                 reported = reported.max(now);
@@ -592,20 +664,37 @@ async fn relay<T>(
                     files: Counters::get(&counters.files_done),
                     skipped: Counters::get(&counters.bytes_skipped),
                 };
-                if writer.send_response(&p).await.is_err() {
+                if !client_gone && writer.send_response(&p).await.is_err() {
+                    client_gone = true;
                     cancel.cancel();
                 }
             }
             req = reader.request(), if control_open => match req {
-                Ok(Some(Request::Cancel)) | Ok(None) | Err(_) => {
+                // An upload's client closes its side once the destination acknowledged every
+                // file, without waiting for the summary: the session is about to end on its
+                // own, and is cancelled only if it does not within the grace. (A client that
+                // vanished mid-transfer closed its data streams too, which ends the session.)
+                Ok(None) => {
+                    control_open = false;
+                    grace = Some(Box::pin(tokio::time::sleep(CONTROL_CLOSE_GRACE)));
+                }
+                Ok(Some(Request::Cancel)) | Err(_) => {
                     control_open = false;
                     cancel.cancel();
                 }
                 Ok(Some(other)) => tracing::debug!(?other, "request ignored during a session"),
             },
+            _ = async { grace.as_mut().expect("armed").await }, if grace.is_some() => {
+                grace = None;
+                cancel.cancel();
+            }
         }
     }
 }
+
+/// How long a session may go on ending by itself after its client closed the control
+/// connection (see [`relay`]).
+const CONTROL_CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 async fn send_event(writer: &mut ControlWriter, ev: Event) -> Result<(), TransferError> {
     let msg = match ev {
@@ -652,7 +741,15 @@ async fn sink(
             dest_is_dir: naming.dest_is_dir(),
         })
         .await?;
-    let (mut live, events) = Live::new();
+    let recorder = session_facts(
+        ep,
+        caller,
+        &ctl.reader.peer,
+        &open.id,
+        Role::Receive,
+        &open.options,
+    );
+    let (mut live, events) = Live::new(recorder);
     let spec = SinkSpec {
         root: caller.root.clone(),
         naming,
@@ -664,8 +761,8 @@ async fn sink(
     let (counters, cancel) = (live.counters.clone(), live.cancel.clone());
     let run = run_sink(spec, conns, counters.clone(), events, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
-    let result = relay(&ep.cfg.stats, ctl, &mut live, run).await?;
-    let summary = result.map(|o| o.summary());
+    let result = relay(&ep.cfg.stats, ctl, &mut live, run).await;
+    let summary = live.finish(result.map(|o| o.summary()));
     finish(ctl.writer, summary).await
 }
 
@@ -693,7 +790,7 @@ async fn with_first_stream_deadline<T>(
 
 async fn source(
     ep: &Arc<Endpoint>,
-    root: &Arc<Root>,
+    caller: &Caller,
     ctl: &mut Control<'_>,
     open: SessionOpen,
     entries: Vec<SourceEntry>,
@@ -718,7 +815,17 @@ async fn source(
         Some((_, l)) => l,
         None => entries.iter().map(|e| e.size).sum(),
     };
-    let (mut live, events) = Live::new();
+    // The data goes to the client, or to the destination this source pushes to.
+    let data_peer = push
+        .as_ref()
+        .map(|t| t.addr.clone())
+        .unwrap_or_else(|| ctl.reader.peer.clone());
+    let mut recorder = session_facts(ep, caller, &data_peer, &session, Role::Send, &options);
+    if let Some(r) = recorder.as_mut() {
+        r.facts.range = range;
+        r.facts.zero_copy = Some(options.protect == Protect::Clear);
+    }
+    let (mut live, events) = Live::new(recorder);
     let cancel = live.cancel.clone();
     let mut options = options;
     let (conns, _guard, plan_text) = match &push {
@@ -804,8 +911,12 @@ async fn source(
     writer
         .send_response(&Response::SourceReady { files, bytes })
         .await?;
+    if let Some(r) = live.recorder.as_mut() {
+        r.facts.streams = options.streams.unwrap_or(r.facts.streams);
+        r.facts.buffer = options.tcp_buffer.unwrap_or(0);
+    }
     let spec = SourceSpec {
-        root: root.clone(),
+        root: caller.root.clone(),
         entries,
         range,
         options,
@@ -814,8 +925,8 @@ async fn source(
     let counters = live.counters.clone();
     let run = run_source(spec, conns, counters.clone(), events, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
-    let result = relay(&ep.cfg.stats, ctl, &mut live, run).await?;
-    let summary = result.map(|o| o.summary(plan_text));
+    let result = relay(&ep.cfg.stats, ctl, &mut live, run).await;
+    let summary = live.finish(result.map(|o| o.summary(plan_text)));
     finish(ctl.writer, summary).await
 }
 

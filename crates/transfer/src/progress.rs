@@ -42,6 +42,11 @@ impl Counters {
 /// Something that happened to a file or a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
+    /// The session began on a file (the source claimed it to read, or the destination opened
+    /// it to write): the start of its transfer log record.
+    FileStarted {
+        path: String,
+    },
     FileDone {
         path: String,
         size: u64,

@@ -12,7 +12,7 @@ use crate::conn::{self, Reader, Writer};
 use crate::error::{TransferError, io_info};
 use crate::faults;
 use crate::pool::{BufPool, MemoryBudget, PooledBuf, SharedSlice};
-use crate::progress::{Counters, EventSender, file_done, file_failed};
+use crate::progress::{Counters, Event, EventSender, file_done, file_failed};
 use crate::service::SinkNaming;
 use crate::store::{self, Opened, Root};
 use crate::timer;
@@ -237,6 +237,12 @@ impl Shared {
                     let _ = self.events.send(file_failed(&self.span, path, error));
                 }
                 other => {
+                    if let SinkAction::Open { begin, .. } | SinkAction::MakeDir { begin, .. } =
+                        &other
+                    {
+                        let path = begin.path.clone();
+                        let _ = self.events.send(Event::FileStarted { path });
+                    }
                     self.pending_ops.fetch_add(1, Ordering::SeqCst);
                     let _ = self.ops.send(Some(Op::Action(other)));
                 }

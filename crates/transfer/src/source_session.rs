@@ -511,6 +511,8 @@ fn reader_thread(sh: Arc<Shared>) {
         }
         if let Some(job) = st.claim() {
             drop(st);
+            let path = job.spec.path.clone();
+            let _ = sh.events.send(Event::FileStarted { path });
             sh.read_job(job);
             st = sh.lock();
             continue;

@@ -414,6 +414,30 @@ pub fn lookup_user(name: &str) -> Option<LocalUser> {
     }
 }
 
+/// The name of local account `uid` in the password database (getpwuid_r), or the number
+/// when it has none.
+pub fn user_name(uid: u32) -> String {
+    use std::ffi::CStr;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: as in `lookup_user`: `pw` and `buf` outlive the call, which sets `result` to
+    // null or to `pw`, whose name points into `buf`.
+    unsafe {
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(
+            uid,
+            &mut pw,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        );
+        if rc != 0 || result.is_null() || pw.pw_name.is_null() {
+            return uid.to_string();
+        }
+        CStr::from_ptr(pw.pw_name).to_string_lossy().into_owned()
+    }
+}
+
 /// This process's effective uid.
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.

@@ -153,6 +153,98 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
+thread_local! {
+    /// The subject of the last client certificate [`NotingVerifier`] refused on this thread.
+    static REFUSED_SUBJECT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A client refused for its certificate: a TLS handshake that failed on the certificate
+/// (or for the lack of one), or a plain connection where a certificate is required.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CertRefusal {
+    /// The presented certificate's subject, parsed from it (`None`: none was presented).
+    pub subject: Option<String>,
+}
+
+/// Whether a failed server handshake (`e`) refused the client's certificate, and whose it
+/// was; `None` for handshakes that failed for other reasons (garbage, a scanner, an
+/// incompatible client). Call it right after the failure (see [`take_refused_subject`]).
+pub fn cert_refusal(e: &std::io::Error) -> Option<CertRefusal> {
+    let subject = take_refused_subject();
+    let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
+    let about_certificate = matches!(
+        inner,
+        Some(rustls::Error::InvalidCertificate(_)) | Some(rustls::Error::NoCertificatesPresented)
+    );
+    (subject.is_some() || about_certificate).then_some(CertRefusal { subject })
+}
+
+/// The subject of the client certificate the last TLS handshake on this thread refused, parsed
+/// from the certificate (`"(unparsable certificate)"` when it could not be), and forgets it.
+/// A server's handshake runs inside one poll of its accept future and fails from it, so the
+/// task that awaited the accept takes this right after the failure, before its next await;
+/// calling it before a handshake clears what an earlier one left.
+pub fn take_refused_subject() -> Option<String> {
+    REFUSED_SUBJECT.with(|s| s.borrow_mut().take())
+}
+
+/// The CA's client certificate verifier, noting the subject of each certificate it refuses
+/// ([`take_refused_subject`]) so that listeners can log who was refused and why. Verification
+/// itself, and the alert the client gets, are the inner verifier's.
+#[derive(Debug)]
+struct NotingVerifier(Arc<dyn rustls::server::danger::ClientCertVerifier>);
+
+impl rustls::server::danger::ClientCertVerifier for NotingVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.0.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.0.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verdict = self.0.verify_client_cert(end_entity, intermediates, now);
+        if verdict.is_err() {
+            let subject =
+                subject_of(end_entity).unwrap_or_else(|| "(unparsable certificate)".into());
+            REFUSED_SUBJECT.with(|s| *s.borrow_mut() = Some(subject));
+        }
+        verdict
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
 /// Server side: TLS 1.3 only, client certificate required and verified against the CA.
 pub fn server_config(creds: &Credentials) -> Result<Arc<ServerConfig>, TransferError> {
     let verifier = WebPkiClientVerifier::builder_with_provider(creds.roots.clone(), provider())
@@ -160,6 +252,7 @@ pub fn server_config(creds: &Credentials) -> Result<Arc<ServerConfig>, TransferE
         .map_err(|e| {
             TransferError::unauthenticated(format!("cannot build certificate verifier: {e}"))
         })?;
+    let verifier = Arc::new(NotingVerifier(verifier));
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TransferError::unauthenticated(e.to_string()))?

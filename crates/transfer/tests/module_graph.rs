@@ -151,9 +151,20 @@ fn the_client_does_not_import_the_server_and_the_engine_knows_no_storage_node() 
         "client imports endpoint: {:?}",
         g["client"]
     );
-    for (m, code) in std::fs::read_dir(src("transfer"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
+    // Every source file, also those of modules kept in directories (`translog/tests.rs`).
+    let mut files = Vec::new();
+    let mut dirs = vec![src("transfer")];
+    while let Some(d) = dirs.pop() {
+        for p in std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()) {
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    for (m, code) in files
+        .into_iter()
         .map(|p| (p.clone(), code_of(&std::fs::read_to_string(&p).unwrap())))
     {
         for node_only in [

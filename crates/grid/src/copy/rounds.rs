@@ -302,7 +302,9 @@ impl Runner {
                     failed.insert(path, error.into());
                 }
             }
-            Event::Plan { .. } => {}
+            // Node sessions name files by their spool names; the grid's file records start
+            // when the file's session reports it.
+            Event::Plan { .. } | Event::FileStarted { .. } => {}
             other => {
                 let _ = self.events.send(other);
             }
