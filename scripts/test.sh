@@ -29,6 +29,8 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   command -v sha256sum >/dev/null || need+=(coreutils)
   command -v mount >/dev/null || need+=(mount)
   command -v c++ >/dev/null || need+=(g++)
+  # `haul trace plot` draws its text with DejaVu Sans.
+  [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
   if [ ${#need[@]} -gt 0 ]; then
     echo "test: installing ${need[*]}"
     apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null

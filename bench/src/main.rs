@@ -534,7 +534,8 @@ mod tests {
                 .filter(|c| c.scenario.id == "S4" && c.workload == "W1" && c.variant.tool == tool)
                 .count()
         };
-        assert_eq!(s4(Tool::Haul), 3 * 2);
+        // defaults, --no-zero-copy, --trace
+        assert_eq!(s4(Tool::Haul), 3 * 3);
         assert_eq!(s4(Tool::Floor), 3 * 2);
         assert_eq!(s4(Tool::Scp), 1);
         let ids: std::collections::HashSet<String> = f.iter().map(runner::case_id).collect();

@@ -243,6 +243,13 @@ pub fn variants(s: &Scenario, w: &str, quick: bool) -> Vec<Variant> {
     // What sendfile saves: the same copy with the payload read into a buffer and written.
     if (s.id == "S4" || s.id == "S1") && w == "W1" {
         out.push(v(Tool::Haul, "--no-zero-copy", &["--no-zero-copy"]));
+        // What tracing costs: the same copy sampling TCP_INFO every 10 ms (issue 14: under 2%
+        // CPU, no goodput).
+        out.push(v(
+            Tool::Haul,
+            "--trace",
+            &["--trace", "/tmp/haul-bench-trace.jsonl"],
+        ));
     }
     if s.id == "S4" && w == "W1" {
         out.push(v(

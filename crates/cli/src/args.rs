@@ -71,6 +71,66 @@ pub struct TransferLogArgs {
     pub log_transfer_format: String,
 }
 
+#[derive(Subcommand, Debug)]
+pub enum TraceCommand {
+    /// Percentiles of throughput (in total and per stream), cwnd and RTT, and where the time
+    /// went (receiver window, send buffer, network; storage reads).
+    Summary(TraceSummaryArgs),
+    /// Draw throughput per stream and in total, cwnd, RTT and retransmits over time (SVG).
+    Plot(TracePlotArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TraceSummaryArgs {
+    /// A trace file (JSON lines).
+    pub file: PathBuf,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Example:\n  haul cp --trace run.trace big.nc haul://dtn.example.org/data/\n  haul trace plot run.trace -o run.svg"
+)]
+pub struct TracePlotArgs {
+    /// A trace file (JSON lines).
+    pub file: PathBuf,
+    /// The picture to write (SVG).
+    #[arg(short, long, value_name = "OUT.svg")]
+    pub output: PathBuf,
+}
+
+/// Traces of an endpoint's sessions.
+#[derive(Args, Debug, Clone)]
+pub struct TraceDirArgs {
+    /// Trace every session this endpoint sends in (downloads from it, pushes to other
+    /// endpoints) into DIR/<session id>.trace.jsonl: each data stream's TCP_INFO and the
+    /// storage side every 10 ms (`haul trace summary|plot` read them).
+    #[arg(long, value_name = "DIR")]
+    pub trace_dir: Option<PathBuf>,
+}
+
+impl TraceDirArgs {
+    /// The trace directory, checked to be a directory.
+    pub fn dir(&self) -> Result<Option<PathBuf>, transfer::TransferError> {
+        let Some(d) = &self.trace_dir else {
+            return Ok(None);
+        };
+        match std::fs::metadata(d) {
+            Ok(m) if m.is_dir() => Ok(Some(d.clone())),
+            Ok(_) => Err(transfer::TransferError::not_writable(format!(
+                "--trace-dir {}: not a directory",
+                d.display()
+            ))),
+            Err(e) => Err(transfer::TransferError::not_writable(format!(
+                "--trace-dir {}: {e}",
+                d.display()
+            ))),
+        }
+    }
+}
+
 impl TransferLogArgs {
     /// Opens the transfer log, if one is asked for; `site` is this host's site.
     pub fn open(
@@ -94,6 +154,9 @@ impl TransferLogArgs {
 pub enum Command {
     /// Copy files or trees between local paths and endpoints, or between two endpoints.
     Cp(CpArgs),
+    /// Read traces made with `haul cp --trace` or an endpoint's `--trace-dir`.
+    #[command(subcommand)]
+    Trace(TraceCommand),
     /// Export a directory tree as a standalone endpoint.
     Serve(ServeArgs),
     /// Manage a certificate authority.
@@ -290,6 +353,11 @@ pub struct CpArgs {
     pub progress: ProgressArg,
     #[command(flatten)]
     pub log: TransferLogArgs,
+    /// Trace the copy into FILE: each data stream's TCP_INFO and the storage side every
+    /// 10 ms, as JSON lines (`haul trace summary FILE`, `haul trace plot FILE -o out.svg`).
+    /// This side must send (an upload); trace downloads on the endpoint (`--trace-dir`).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     #[command(flatten)]
     pub creds: CredArgs,
 }
@@ -326,6 +394,8 @@ pub struct ServeArgs {
     pub print_addr: bool,
     #[command(flatten)]
     pub log: TransferLogArgs,
+    #[command(flatten)]
+    pub trace: TraceDirArgs,
     #[command(flatten)]
     pub creds: CredArgs,
 }
@@ -700,6 +770,8 @@ pub struct NodeServeArgs {
     pub print_addr: bool,
     #[command(flatten)]
     pub log: TransferLogArgs,
+    #[command(flatten)]
+    pub trace: TraceDirArgs,
     #[command(flatten)]
     pub creds: CredArgs,
 }

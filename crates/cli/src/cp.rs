@@ -64,6 +64,7 @@ fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferEr
         checkpoint_interval: a.checkpoint_interval,
         control_pool: None,
         zero_copy: !a.no_zero_copy,
+        trace: None,
     })
 }
 
@@ -77,6 +78,15 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
     }
     // Refused before anything moves when it cannot be written.
     let log = a.log.open(a.site.clone())?;
+    let trace = match &a.trace {
+        Some(_) if !matches!((&src, &dst), (Location::Local(_), Location::Remote { .. })) => {
+            return Err(TransferError::usage(
+                "--trace traces the sending side, and this copy does not send from here: trace a download on its endpoint (haul serve --trace-dir DIR)",
+            ));
+        }
+        Some(path) => Some(Arc::new(transfer::trace::TraceFile::open(path)?)),
+        None => None,
+    };
     let creds = creds::load(&a.creds)?;
     let subject = creds
         .as_ref()
@@ -88,7 +98,8 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
         }),
         _ => None,
     };
-    let opts = options(&a, tls)?;
+    let mut opts = options(&a, tls)?;
+    opts.trace = trace;
     let recorder = log.map(|log| Recorder::new(log, facts(&a, &src, &dst, &opts, subject)));
     let counters = Arc::new(Counters::default());
     let (etx, erx) = mpsc::unbounded_channel();
@@ -189,6 +200,11 @@ async fn grid_copy(
     if opts.range.is_some() {
         return Err(TransferError::usage(
             "--offset/--length are for standalone endpoints, not the grid",
+        ));
+    }
+    if a.trace.is_some() {
+        return Err(TransferError::usage(
+            "--trace is for copies with standalone endpoints; trace a grid's storage nodes with their --trace-dir",
         ));
     }
     let Some(tls) = opts.tls.as_ref().map(|t| t.config.clone()) else {

@@ -188,6 +188,7 @@ async fn start_node(
         link_bps: 10_000_000_000,
         capacity: Some(20_000_000_000),
         log: None,
+        trace_dir: None,
     };
     let s = stop.clone();
     let name = name.to_string();
@@ -334,6 +335,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         checkpoint_interval: Duration::from_secs(5),
         control_pool: None,
         zero_copy: true,
+        trace: None,
     };
     let mut gopts = grid::copy::GridOptions {
         copy,

@@ -26,6 +26,7 @@ mod progress;
 mod repl_cmd;
 mod run_cmd;
 mod serve;
+mod trace_cmd;
 
 use std::process::ExitCode;
 
@@ -147,6 +148,8 @@ fn init_logging(cli: &args::Cli) {
 async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
     match cli.command {
         args::Command::Cp(a) => cp::run(a).await,
+        args::Command::Trace(args::TraceCommand::Summary(a)) => trace_cmd::summary(a),
+        args::Command::Trace(args::TraceCommand::Plot(a)) => trace_cmd::plot(a),
         args::Command::Serve(a) => serve::run(a).await.map(|()| 0),
         args::Command::Demo(a) => demo::run(a).await,
         args::Command::Meta(args::MetaCommand::Serve(a)) => meta_cmd::run(a).await.map(|()| 0),

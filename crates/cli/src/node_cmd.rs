@@ -64,6 +64,7 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
         link_bps: a.link_rate,
         capacity: a.capacity,
         log,
+        trace_dir: a.trace.dir()?,
     };
     node::run(cfg, listener, shutdown_signal())
         .await

@@ -47,6 +47,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         }
     };
     let log = a.log.open(None)?;
+    let trace_dir = a.trace.dir()?;
     let meta = std::fs::metadata(&a.root)
         .map_err(|e| TransferError::usage(format!("--root {}: {e}", a.root.display())))?;
     if !meta.is_dir() {
@@ -73,6 +74,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         checkpoint_interval: a.checkpoint_interval,
         stats: Default::default(),
         log,
+        trace_dir,
     };
     transfer::endpoint::run(cfg, listener, shutdown_signal()).await
 }

@@ -451,6 +451,7 @@ impl Direct {
             checkpoint_interval: Duration::from_secs(5),
             control_pool: None,
             zero_copy: false,
+            trace: None,
         }
     }
 

@@ -339,3 +339,132 @@ fn daemon_logs_are_json_lines_with_log_format_json() {
     }
     assert!(!text.contains('\u{1b}'), "no colour codes in a file");
 }
+
+/// `haul cp --trace` of an upload, an endpoint's `--trace-dir` for a download, and `haul trace
+/// summary|plot` reading them; refusals before anything moves.
+#[test]
+fn traces_of_both_sending_sides_are_summarized_and_plotted() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_dir = dir.path().join("traces");
+    std::fs::create_dir_all(&trace_dir).unwrap();
+    let ep = serve(
+        &dir.path().join("export"),
+        &["--insecure", "--trace-dir", &arg(&trace_dir)],
+        &[],
+    );
+    let src = dir.path().join("big");
+    write_file(&src, 9, 32 << 20);
+    let trace = dir.path().join("up.trace");
+    // Paced, so that the copy lasts long enough for many 10 ms samples.
+    let out = cp(&[
+        "-p",
+        "4",
+        "--rate",
+        "300M",
+        "--trace",
+        &arg(&trace),
+        &arg(&src),
+        &ep.url("/big"),
+    ]);
+    assert_ok(&out);
+    let out = haul()
+        .args(["trace", "summary", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let s = json(&out);
+    assert_eq!(s["streams"], 4, "{s}");
+    assert_eq!(s["sessions"], 1, "{s}");
+    assert!(s["samples"].as_u64().unwrap() >= 40, "{s}");
+    assert!(s["bytes_acked"].as_u64().unwrap() >= 32 << 20, "{s}");
+    let p50 = s["total_mbps"]["p50"].as_f64().unwrap();
+    assert!(p50 > 0.0, "{s}");
+    assert!(s["read_bytes_per_s"].as_f64().unwrap() > 0.0, "{s}");
+    let text = haul()
+        .args(["trace", "summary"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_ok(&text);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("per stream Mbit/s"));
+    for pic in ["up.svg", "up.png"] {
+        let pic = dir.path().join(pic);
+        let out = haul()
+            .args(["trace", "plot"])
+            .arg(&trace)
+            .arg("-o")
+            .arg(&pic)
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        let bytes = std::fs::read(&pic).unwrap();
+        if pic.extension().unwrap() == "svg" {
+            let svg = String::from_utf8(bytes).unwrap();
+            assert!(svg.contains("<svg") && svg.matches("<polyline").count() > 4 * 4);
+            assert!(svg.contains("Mbit/s") && svg.contains("RTT (ms)"));
+        } else {
+            assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000);
+        }
+    }
+
+    // The endpoint traces a download it sends, one file per session.
+    let back = dir.path().join("back");
+    assert_ok(&cp(&["-p", "2", &ep.url("/big"), &arg(&back)]));
+    assert_same_file(&src, &back);
+    let mut files = Vec::new();
+    assert!(wait_for(std::time::Duration::from_secs(10), || {
+        files = std::fs::read_dir(&trace_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.len() == 1
+            && std::fs::read_to_string(&files[0])
+                .unwrap()
+                .contains("\"stream\"")
+    }));
+    assert!(files[0].to_string_lossy().ends_with(".trace.jsonl"));
+    let out = haul()
+        .args(["trace", "summary", "--json"])
+        .arg(&files[0])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert_eq!(json(&out)["streams"], 2);
+
+    // Refused before anything moves: a download traced by the client, a trace through a
+    // planted link; unreadable and wrong traces.
+    let out = cp(&[
+        "--trace",
+        &arg(&dir.path().join("t2")),
+        &ep.url("/big"),
+        &arg(&dir.path().join("b2")),
+    ]);
+    assert_exit(&out, 2, "--trace-dir");
+    assert!(!dir.path().join("b2").exists());
+    let link = dir.path().join("planted");
+    std::os::unix::fs::symlink(&src, &link).unwrap();
+    let out = cp(&["--trace", &arg(&link), &arg(&src), &ep.url("/big2")]);
+    assert_exit(&out, 6, "symbolic link");
+    assert!(!ep.root.join("big2").exists());
+    let out = haul()
+        .args(["trace", "summary"])
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = haul()
+        .args(["trace", "plot", "-o", "x.gif"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_exit(&out, 2, ".svg or .png");
+    let out = haul()
+        .args(["serve", "--insecure", "--listen", "127.0.0.1:0", "--root"])
+        .arg(dir.path())
+        .args(["--trace-dir"])
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_exit(&out, 6, "not a directory");
+}

@@ -170,6 +170,7 @@ fn copy_options(
         checkpoint_interval: Duration::from_secs(5),
         control_pool,
         zero_copy: true,
+        trace: None,
     }
 }
 

@@ -49,6 +49,8 @@ pub struct NodeConfig {
     /// The transfer log (`--log-transfer`): every file and session the node moves, and every
     /// refused authentication.
     pub log: Option<Arc<transfer::translog::TransferLog>>,
+    /// Sessions the node sends in are traced into this directory (`--trace-dir`).
+    pub trace_dir: Option<PathBuf>,
 }
 
 /// The node's link to its metadata server, as its data service uses it.
@@ -332,6 +334,7 @@ pub async fn run(
         checkpoint_interval: Duration::from_secs(5),
         stats: stats.clone(),
         log: cfg.log.clone(),
+        trace_dir: cfg.trace_dir.clone(),
     };
     let stop = CancellationToken::new();
     let data = {

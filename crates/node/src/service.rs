@@ -263,6 +263,7 @@ mod tests {
             checkpoint_interval: Duration::from_secs(5),
             stats: Default::default(),
             log: None,
+            trace_dir: None,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -295,6 +296,7 @@ mod tests {
             checkpoint_interval: Duration::from_secs(5),
             control_pool: None,
             zero_copy: false,
+            trace: None,
         }
     }
 

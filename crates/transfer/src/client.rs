@@ -126,6 +126,8 @@ pub struct CopyOptions {
     /// Local files are sent on clear streams with `sendfile` from the page cache (`false`:
     /// written from a buffer, as on TLS streams; `--no-zero-copy`).
     pub zero_copy: bool,
+    /// Sessions that send from this side (uploads) are traced here (`--trace`).
+    pub trace: Option<Arc<crate::trace::TraceFile>>,
 }
 
 /// One file in the report.
@@ -182,6 +184,27 @@ pub struct CopyReport {
     pub failures: Vec<crate::error::FileFailure>,
     #[serde(skip)]
     pub first_failure: Option<ErrorInfo>,
+}
+
+/// What the transfer log records of a whole copy (all its attempts).
+impl From<&CopyReport> for crate::translog::SessionStats {
+    fn from(r: &CopyReport) -> Self {
+        Self {
+            files: r.files,
+            files_failed: r.files_failed,
+            bytes_total: r.bytes_total,
+            bytes_moved: r.bytes_moved_total,
+            bytes_resumed: r.bytes_skipped,
+            bytes_resent: r.bytes_resent,
+            blocks_resent: r.blocks_resent,
+            attempts: r.attempts,
+            streams_lost: r.streams_lost,
+            congestion: r.congestion.clone(),
+            retransmits: r.tcp_retransmits,
+            plan: r.plan.clone(),
+            first_failure: r.first_failure.clone(),
+        }
+    }
 }
 
 /// One attempt of a copy, as the report shows it.
@@ -992,6 +1015,11 @@ pub async fn upload(
         range: opts.range,
         options: session.clone(),
         zero_copy: opts.zero_copy,
+        trace: opts.trace.clone().map(|file| crate::trace::TraceTarget {
+            file,
+            guid: crate::translog::guid(&id),
+            peer: peer.to_string(),
+        }),
     };
     let source = run_source(spec, rx, counters.clone(), events.clone(), cancel.clone());
     tokio::pin!(source);

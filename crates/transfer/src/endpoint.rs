@@ -63,6 +63,9 @@ pub struct EndpointConfig {
     pub stats: Arc<EndpointStats>,
     /// Where each file, session and refused authentication is recorded (`--log-transfer`).
     pub log: Option<Arc<TransferLog>>,
+    /// Each session this endpoint sends in is traced into `DIR/<session id>.trace.jsonl`
+    /// (`--trace-dir`).
+    pub trace_dir: Option<PathBuf>,
 }
 
 /// Sessions running and bytes moved by an endpoint.
@@ -921,6 +924,7 @@ async fn source(
         range,
         options,
         zero_copy: true,
+        trace: trace_target(ep, &session, &data_peer),
     };
     let counters = live.counters.clone();
     let run = run_source(spec, conns, counters.clone(), events, cancel.clone());
@@ -928,6 +932,24 @@ async fn source(
     let result = relay(&ep.cfg.stats, ctl, &mut live, run).await;
     let summary = live.finish(result.map(|o| o.summary(plan_text)));
     finish(ctl.writer, summary).await
+}
+
+/// The trace of a sending session, when the endpoint traces (`--trace-dir`). A trace that
+/// cannot be created is warned about and the session runs untraced.
+fn trace_target(ep: &Endpoint, id: &SessionId, peer: &str) -> Option<crate::trace::TraceTarget> {
+    let dir = ep.cfg.trace_dir.as_ref()?;
+    let guid = translog::guid(id);
+    match crate::trace::TraceFile::open(&dir.join(format!("{guid}.trace.jsonl"))) {
+        Ok(file) => Some(crate::trace::TraceTarget {
+            file: Arc::new(file),
+            guid,
+            peer: peer.to_string(),
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "session not traced");
+            None
+        }
+    }
 }
 
 /// How long a push target, once it proved to be an endpoint of this grid's CA, is trusted

@@ -29,6 +29,7 @@ pub mod store;
 pub mod sys;
 pub mod timer;
 pub mod tls;
+pub mod trace;
 pub mod translog;
 pub mod tree;
 

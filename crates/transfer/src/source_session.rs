@@ -16,6 +16,7 @@ use crate::progress::{Counters, Event, EventSender, file_done, file_failed};
 use crate::store::{OpenMode, Root, SourceEntry};
 use crate::sys;
 use crate::timer::sleep_until;
+use crate::trace::{self, Line, StreamSample, TraceFile};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -43,6 +44,8 @@ pub struct SourceSpec {
     pub options: SessionOptions,
     /// Send clear streams with `sendfile` from the page cache (TLS streams never can).
     pub zero_copy: bool,
+    /// Sample the data streams and the storage side into this trace every 10 ms.
+    pub trace: Option<crate::trace::TraceTarget>,
 }
 
 /// What a finished source session did.
@@ -141,6 +144,13 @@ struct Shared {
     sockets: Mutex<Vec<(u32, RawFd)>>,
     /// Cancels one stream's tasks (used when the state machine declares it lost).
     stops: Mutex<std::collections::HashMap<u32, CancellationToken>>,
+    /// The session's trace, if it is traced.
+    trace: Option<Arc<TraceFile>>,
+    /// Storage side, for the trace: bytes read (and checksummed), time spent on them, and time
+    /// readers waited for room in the read-ahead budget.
+    read_bytes: AtomicU64,
+    read_ns: AtomicU64,
+    budget_wait_ns: AtomicU64,
 }
 
 impl Shared {
@@ -253,6 +263,19 @@ impl Shared {
 
     /// Loads block `off..off+len` (destination offsets): its CRC32C, the whole-file hashes
     /// when asked, and its bytes (or, with zero copy, a reference to them in the file).
+    /// Counts a block read for the trace: `waited` is when its reader began waiting for
+    /// budget, `reading` when it began reading.
+    fn note_read(&self, waited: Instant, reading: Instant, len: u64) {
+        if self.trace.is_some() {
+            let now = Instant::now();
+            let ns = |d: Duration| d.as_nanos() as u64;
+            self.budget_wait_ns
+                .fetch_add(ns(reading - waited), Ordering::Relaxed);
+            self.read_ns.fetch_add(ns(now - reading), Ordering::Relaxed);
+            self.read_bytes.fetch_add(len, Ordering::Relaxed);
+        }
+    }
+
     fn load_block(
         &self,
         file: &Arc<std::fs::File>,
@@ -325,12 +348,16 @@ impl Shared {
                         return Err(ErrorInfo::new(ErrorKind::Cancelled, "cancelled"));
                     }
                     let len = self.block_size.min(end - off);
+                    let waited = Instant::now();
                     if seg.send && !self.budget.acquire(len, &|| self.cancel.is_cancelled()) {
                         return Err(ErrorInfo::new(ErrorKind::Cancelled, "cancelled"));
                     }
                     let loaded_len = if seg.send { len } else { 0 };
                     let hash = hasher.needs_bytes().then_some(&mut hasher);
-                    let (body, c) = match self.load_block(&file, off, len, &path, hash) {
+                    let reading = Instant::now();
+                    let loaded = self.load_block(&file, off, len, &path, hash);
+                    self.note_read(waited, reading, len);
+                    let (body, c) = match loaded {
                         Ok(b) => b,
                         Err(e) => {
                             self.budget.release(loaded_len);
@@ -642,6 +669,10 @@ async fn stream_writer(
     if let Ok(info) = sys::tcp_info(&sock) {
         sh.retransmits
             .fetch_add(info.total_retrans as u64, Ordering::Relaxed);
+        // The stream's last sample, as it closes.
+        if let Some(t) = &sh.trace {
+            t.write(&Line::Stream(StreamSample::of(t.now_us(), idx, &info)));
+        }
     }
     if let Err(e) = result {
         tracing::debug!(stream = idx, error = %e, "data stream write failed");
@@ -795,6 +826,23 @@ pub async fn run_source(
         decisions: Mutex::new(Vec::new()),
         sockets: Mutex::new(Vec::new()),
         stops: Mutex::new(std::collections::HashMap::new()),
+        trace: spec.trace.as_ref().map(|t| t.file.clone()),
+        read_bytes: AtomicU64::new(0),
+        read_ns: AtomicU64::new(0),
+        budget_wait_ns: AtomicU64::new(0),
+    });
+    let tracer = spec.trace.as_ref().map(|t| {
+        t.file.write(&Line::Session(trace::SessionBegin {
+            t_us: t.file.now_us(),
+            guid: t.guid.clone(),
+            peer: t.peer.clone(),
+            streams: opts.streams.unwrap_or(0),
+        }));
+        let stop = CancellationToken::new();
+        (
+            tokio::spawn(sample_trace(sh.clone(), t.file.clone(), stop.clone())),
+            stop,
+        )
     });
     let readers: Vec<_> = (0..concurrency)
         .map(|i| {
@@ -916,6 +964,10 @@ pub async fn run_source(
             tracing::debug!("data streams did not close in time");
         }
     }
+    if let Some((task, stop)) = tracer {
+        stop.cancel();
+        let _ = task.await;
+    }
     sh.cancel.cancel();
     // Readers wait with no timer: they are woken to see the cancellation, under their locks so
     // that none is between its check and its wait.
@@ -939,6 +991,47 @@ pub async fn run_source(
         tcp_retransmits: sh.retransmits.load(Ordering::Relaxed),
         zero_copy: sh.zero_copy,
     })
+}
+
+/// Samples the session's data streams and storage side into its trace every
+/// [`trace::INTERVAL`] until `stop`, then once more. The socket list stays locked while it is
+/// sampled, so that no descriptor closes (and is reused) in between.
+async fn sample_trace(sh: Arc<Shared>, file: Arc<TraceFile>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(trace::INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut n = 0u64;
+    loop {
+        let last = tokio::select! {
+            _ = tick.tick() => false,
+            _ = stop.cancelled() => true,
+        };
+        let t_us = file.now_us();
+        {
+            let sockets = sh.sockets.lock().expect("sockets lock");
+            for (idx, fd) in sockets.iter() {
+                // SAFETY: descriptors leave the list (under this lock) before their sockets
+                // close.
+                if let Ok(info) = sys::tcp_info(&unsafe { BorrowedFd::borrow_raw(*fd) }) {
+                    file.write(&Line::Stream(StreamSample::of(t_us, *idx, &info)));
+                }
+            }
+        }
+        file.write(&Line::Storage(trace::StorageSample {
+            t_us,
+            read_bytes: sh.read_bytes.load(Ordering::Relaxed),
+            read_us: sh.read_ns.load(Ordering::Relaxed) / 1000,
+            budget_wait_us: sh.budget_wait_ns.load(Ordering::Relaxed) / 1000,
+            queued_bytes: sh.budget.used(),
+        }));
+        n += 1;
+        if last {
+            break;
+        }
+        if n.is_multiple_of(100) {
+            file.flush();
+        }
+    }
+    file.flush();
 }
 
 /// Timers of the session loop closer together than this are handled as one.

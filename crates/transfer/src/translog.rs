@@ -88,30 +88,7 @@ impl TransferLog {
     /// anything that is not a regular file, a pipe or a character device. Errors name the
     /// file and exit 6, before any transfer starts.
     pub fn open(path: &Path, format: LogFormat) -> Result<Self, TransferError> {
-        let refuse = |why: String| {
-            TransferError::not_writable(format!(
-                "cannot write the transfer log {}: {why}",
-                path.display()
-            ))
-        };
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o640)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ELOOP) => refuse("it is a symbolic link".into()),
-                _ => refuse(e.to_string()),
-            })?;
-        let kind = file
-            .metadata()
-            .map_err(|e| refuse(e.to_string()))?
-            .file_type();
-        use std::os::unix::fs::FileTypeExt as _;
-        if !(kind.is_file() || kind.is_fifo() || kind.is_char_device()) {
-            return Err(refuse("not a regular file".into()));
-        }
+        let file = open_append(path, "transfer log")?;
         Ok(Self {
             path: path.to_path_buf(),
             format,
@@ -338,6 +315,34 @@ impl TransferLog {
     }
 }
 
+/// Opens `path` for appending (created mode 0640), refusing a symbolic link in its last
+/// component and anything but a regular file, a pipe or a character device; errors name the
+/// file as `what` and exit 6.
+pub(crate) fn open_append(path: &Path, what: &str) -> Result<std::fs::File, TransferError> {
+    let refuse = |why: String| {
+        TransferError::not_writable(format!("cannot write the {what} {}: {why}", path.display()))
+    };
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refuse("it is a symbolic link".into()),
+            _ => refuse(e.to_string()),
+        })?;
+    let kind = file
+        .metadata()
+        .map_err(|e| refuse(e.to_string()))?
+        .file_type();
+    use std::os::unix::fs::FileTypeExt as _;
+    if !(kind.is_file() || kind.is_fifo() || kind.is_char_device()) {
+        return Err(refuse("not a regular file".into()));
+    }
+    Ok(file)
+}
+
 /// Which way data went from the logging side's point of view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -489,26 +494,6 @@ impl From<&wire::control::SessionSummary> for SessionStats {
             retransmits: s.tcp_retransmits,
             plan: s.plan.clone(),
             first_failure: None,
-        }
-    }
-}
-
-impl From<&crate::client::CopyReport> for SessionStats {
-    fn from(r: &crate::client::CopyReport) -> Self {
-        Self {
-            files: r.files,
-            files_failed: r.files_failed,
-            bytes_total: r.bytes_total,
-            bytes_moved: r.bytes_moved_total,
-            bytes_resumed: r.bytes_skipped,
-            bytes_resent: r.bytes_resent,
-            blocks_resent: r.blocks_resent,
-            attempts: r.attempts,
-            streams_lost: r.streams_lost,
-            congestion: r.congestion.clone(),
-            retransmits: r.tcp_retransmits,
-            plan: r.plan.clone(),
-            first_failure: r.first_failure.clone(),
         }
     }
 }

@@ -564,6 +564,7 @@ mod tests {
                 checkpoint_interval: Duration::from_secs(5),
                 control_pool: None,
                 zero_copy: false,
+                trace: None,
             },
             site: None,
             overwrite: false,
