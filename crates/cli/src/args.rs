@@ -71,6 +71,27 @@ pub struct TransferLogArgs {
     pub log_transfer_format: String,
 }
 
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  haul doctor                                   # this host, for a 10 Gbit/s, 100 ms path\n  haul doctor haul://dtn.example.org            # and the path to that endpoint, and its limits\n  haul doctor --link-rate 1G --rtt 250ms --json\n\nExit status: 0 when nothing fails (warnings may remain), 1 when a setting caps transfers on\nthis path; the usual codes when the endpoint cannot be reached (4) or refuses us (5)."
+)]
+pub struct DoctorArgs {
+    /// An endpoint to check the path to: haul://host[:port] (a standalone endpoint or a
+    /// storage node).
+    pub endpoint: Option<String>,
+    /// The link rate to plan for, in bits/s.
+    #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
+    pub link_rate: u64,
+    /// The round trip to plan for when no endpoint is given (measured otherwise).
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    pub rtt: std::time::Duration,
+    /// Print the findings as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum TraceCommand {
     /// Percentiles of throughput (in total and per stream), cwnd and RTT, and where the time
@@ -157,6 +178,9 @@ pub enum Command {
     /// Read traces made with `haul cp --trace` or an endpoint's `--trace-dir`.
     #[command(subcommand)]
     Trace(TraceCommand),
+    /// Check this host (and, with an endpoint, the path and the endpoint's limits) for what
+    /// holds transfers back, and print the commands that fix it.
+    Doctor(DoctorArgs),
     /// Export a directory tree as a standalone endpoint.
     Serve(ServeArgs),
     /// Manage a certificate authority.
@@ -342,6 +366,10 @@ pub struct CpArgs {
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Say at the end, in words, where the time went and the one factor that limited the
+    /// copy, with the advice that removes it (also in --json as "bottleneck").
+    #[arg(long)]
+    pub explain: bool,
     /// This client's grid site: new files go to its storage nodes, reads prefer its replicas.
     #[arg(long, env = "HAUL_SITE", value_name = "NAME")]
     pub site: Option<String>,

@@ -65,6 +65,8 @@ fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferEr
         control_pool: None,
         zero_copy: !a.no_zero_copy,
         trace: None,
+        // The destination's evidence for the bottleneck report (--explain, --json).
+        receiver_evidence: true,
     })
 }
 
@@ -142,6 +144,9 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
                 print_json(&report, code);
             } else if std::io::stderr().is_terminal() {
                 eprintln!("{}", summary_line(&report));
+            }
+            if a.explain && !a.json {
+                explain(&report);
             }
             if let Some(first) = &report.first_failure {
                 // Each failure was printed as it happened; one line sums them up.
@@ -244,6 +249,32 @@ fn print_json(r: &CopyReport, code: u8) {
         obj.insert("exit_code".into(), code.into());
     }
     out!("{v}");
+}
+
+/// `--explain`: the bottleneck report in words, on stdout.
+fn explain(r: &CopyReport) {
+    let Some(v) = &r.bottleneck else {
+        out!("limited by: unknown (grid copies are not diagnosed yet)");
+        return;
+    };
+    out!("limited by: {}", v.reason);
+    let s = &v.shares;
+    out!(
+        "time: data in flight {:.0}% of the streams' time; of that, held by the receiver's window {:.0}%, by the send buffer {:.0}%, by the network {:.0}%; {:.2}% of segments sent again",
+        s.busy * 100.0,
+        s.rwnd_limited * 100.0,
+        s.sndbuf_limited * 100.0,
+        s.network * 100.0,
+        v.retransmitted * 100.0
+    );
+    out!(
+        "storage: source readers busy {:.0}%, destination writers busy {:.0}%",
+        s.source_read * 100.0,
+        s.destination_write.min(1.0) * 100.0
+    );
+    for a in &v.advice {
+        out!("to fix: {a}");
+    }
 }
 
 fn summary_line(r: &CopyReport) -> String {

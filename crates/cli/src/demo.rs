@@ -336,6 +336,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         control_pool: None,
         zero_copy: true,
         trace: None,
+        receiver_evidence: false,
     };
     let mut gopts = grid::copy::GridOptions {
         copy,

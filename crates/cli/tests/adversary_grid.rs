@@ -452,6 +452,7 @@ impl Direct {
             control_pool: None,
             zero_copy: false,
             trace: None,
+            receiver_evidence: false,
         }
     }
 

@@ -123,6 +123,11 @@ fn client_and_endpoint_record_every_file_and_session_in_each_format() {
     assert_eq!(s["bytes"], (3 << 20) + 100_000);
     assert_eq!(s["attempts"], 1);
     assert_eq!(s["src"], arg(&src));
+    // The client's record says what limited the copy (the words of --explain).
+    assert!(
+        s["bottleneck"].is_string() && s["bottleneck.reason"].is_string(),
+        "{s}"
+    );
     assert!(s["streams"].as_u64().unwrap() >= 1);
     let guid = s["guid"].as_str().unwrap();
     assert!(files.iter().all(|f| f["guid"] == guid), "one id per copy");

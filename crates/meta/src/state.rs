@@ -171,6 +171,7 @@ fn copy_options(
         control_pool,
         zero_copy: true,
         trace: None,
+        receiver_evidence: false,
     }
 }
 

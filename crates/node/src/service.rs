@@ -297,6 +297,7 @@ mod tests {
             control_pool: None,
             zero_copy: false,
             trace: None,
+            receiver_evidence: false,
         }
     }
 

@@ -128,6 +128,10 @@ pub struct CopyOptions {
     pub zero_copy: bool,
     /// Sessions that send from this side (uploads) are traced here (`--trace`).
     pub trace: Option<Arc<crate::trace::TraceFile>>,
+    /// An upload waits (a round trip or so) for the destination's summary, whose evidence
+    /// the bottleneck report needs; without it the upload ends as soon as every file is
+    /// acknowledged.
+    pub receiver_evidence: bool,
 }
 
 /// One file in the report.
@@ -182,6 +186,9 @@ pub struct CopyReport {
     pub checksums: Vec<String>,
     pub file_list: Vec<FileReport>,
     pub failures: Vec<crate::error::FileFailure>,
+    /// Where the last attempt's time went and the one factor that limited it, with the
+    /// advice that removes it (`--explain` prints it in words).
+    pub bottleneck: Option<wire::bottleneck::Verdict>,
     #[serde(skip)]
     pub first_failure: Option<ErrorInfo>,
 }
@@ -203,6 +210,7 @@ impl From<&CopyReport> for crate::translog::SessionStats {
             retransmits: r.tcp_retransmits,
             plan: r.plan.clone(),
             first_failure: r.first_failure.clone(),
+            bottleneck: r.bottleneck.clone(),
         }
     }
 }
@@ -230,6 +238,34 @@ pub struct Attempt {
     pub plan: String,
     /// Whether this side, as the source, sent with `sendfile` (`None`: the source was remote).
     pub zero_copy: Option<bool>,
+}
+
+/// What `haul doctor` learns of an endpoint by saying hello: the round trip, the endpoint's
+/// host limits, the path MTU, and its address.
+pub struct Probe {
+    pub rtt: Duration,
+    pub limits: HostLimits,
+    pub path_mtu: Option<u64>,
+    pub ip: Option<std::net::IpAddr>,
+}
+
+/// Connects to `peer` (with TLS unless `tls` is `None`), exchanges hellos and a few
+/// requests (the lowest round trip of them counts), and hangs up.
+pub async fn probe(peer: &Peer, tls: Option<&ClientTls>) -> Result<Probe, TransferError> {
+    let mut s = conn::connect_control(&peer.host, peer.port, tls, &sys::host_limits()).await?;
+    for _ in 0..4 {
+        s.send(&Request::Stat { path: "/".into() }).await?;
+        let _ = s.reader.response().await?;
+    }
+    let (rtt, path_mtu, ip) = s.path();
+    let probe = Probe {
+        rtt: rtt.unwrap_or(s.rtt),
+        limits: s.limits.clone(),
+        path_mtu,
+        ip,
+    };
+    s.writer.shutdown().await;
+    Ok(probe)
 }
 
 /// An endpoint (or storage node) to talk to.
@@ -579,6 +615,16 @@ fn fill_report(
             path,
         })
         .collect();
+    let seconds = report.attempt_list.last().map_or(0.0, |r| r.seconds);
+    report.bottleneck = Some(wire::bottleneck::diagnose(&wire::bottleneck::Transfer {
+        bytes: a.source.bytes_moved.max(a.sink.bytes_moved),
+        files: a.files,
+        seconds,
+        rate_cap_bps: opts.session.rate_bps,
+        link_bps: opts.link_bps,
+        send: a.source.send.clone(),
+        receive: a.sink.receive.clone(),
+    }));
 }
 
 fn random_ids() -> ([u8; 16], [u8; 32]) {
@@ -1053,6 +1099,17 @@ pub async fn upload(
         matches!(e.kind(), ErrorKind::Connect | ErrorKind::Cancelled) && !cancel.is_cancelled()
     })
     .await?;
+    if opts.receiver_evidence && sink_summary.is_none() {
+        // The destination's summary follows its last acknowledgement within about a round
+        // trip; its evidence is worth that wait only when the report is wanted.
+        let deadline = tokio::time::Instant::now() + rtt * 2 + Duration::from_millis(500);
+        while let Ok(Ok(r)) = tokio::time::timeout_at(deadline, s.reader.response()).await {
+            if let Response::Done(summary) = r {
+                sink_summary = Some(summary);
+                break;
+            }
+        }
+    }
     // Every file is acknowledged by the destination: no need to wait for its summary.
     s.writer.shutdown().await;
     Ok(Attempt {

@@ -685,6 +685,31 @@ impl Session {
         self.local_port
     }
 
+    /// The connection's lowest round trip so far, its path MTU, and the endpoint's address,
+    /// as the kernel knows them.
+    pub fn path(&self) -> (Option<Duration>, Option<u64>, Option<std::net::IpAddr>) {
+        // SAFETY: the socket is owned by this session and open while it lives.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+        let info = sys::tcp_info(&fd).ok();
+        let rtt = info
+            .map(|i| {
+                if i.min_rtt > 0 && i.min_rtt != u32::MAX {
+                    i.min_rtt
+                } else {
+                    i.rtt
+                }
+            })
+            .filter(|us| *us > 0)
+            .map(|us| Duration::from_micros(us as u64));
+        let mtu = info.map(|i| i.pmtu as u64).filter(|m| *m > 0);
+        let ip = socket2::SockRef::from(&fd)
+            .peer_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| a.ip());
+        (rtt, mtu, ip)
+    }
+
     /// Handles a `Welcome` (or an error instead of it).
     pub fn on_welcome(&mut self, reply: control::Response) -> Result<(), TransferError> {
         let addr = format_addr(&self.host, self.port);

@@ -15,6 +15,7 @@ use crate::pool::{BufPool, MemoryBudget, PooledBuf, SharedSlice};
 use crate::progress::{Counters, Event, EventSender, file_done, file_failed};
 use crate::service::SinkNaming;
 use crate::store::{self, Opened, Root};
+use crate::sys;
 use crate::timer;
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
@@ -26,6 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use wire::bottleneck::ReceiveEvidence;
 use wire::checksum::{Algorithm, InOrderDigest, block_crc};
 use wire::control::{SessionOptions, SessionSummary};
 use wire::data::{self, BLOCK_HEADER_LEN, BlockHeader, DataFrame, FileBegin, FileId};
@@ -56,6 +58,8 @@ pub const DEFAULT_SESSION_BUFFER: u64 = 256 << 20;
 pub struct SinkOutcome {
     pub stats: SinkStats,
     pub streams: u32,
+    /// What the bottleneck report needs from the receiving side.
+    pub evidence: ReceiveEvidence,
 }
 
 impl SinkOutcome {
@@ -68,6 +72,7 @@ impl SinkOutcome {
             files_failed: self.stats.files_failed,
             streams: self.streams,
             blocks_resent: self.stats.crc_failures,
+            receive: Some(self.evidence.clone()),
             ..Default::default()
         }
     }
@@ -182,6 +187,9 @@ struct Shared {
     ended: AtomicBool,
     live_streams: AtomicU64,
     changed: Notify,
+    /// Time the writer and file-operation threads spent writing and committing (syncing)
+    /// files: the destination storage's share of the session (bottleneck evidence).
+    store_ns: AtomicU64,
 }
 
 impl Shared {
@@ -300,14 +308,15 @@ impl Shared {
             return;
         };
         let len = job.payload.len() as u64;
-        let result = of
-            .file
-            .write_all_at(job.payload.as_ref(), job.offset)
-            .map_err(|e| {
-                let shown = self.root.display(&of.final_path);
-                self.naming
-                    .public_error(&of.begin.path, &shown, io_info(&shown, &e))
-            });
+        let writing = Instant::now();
+        let result = of.file.write_all_at(job.payload.as_ref(), job.offset);
+        self.store_ns
+            .fetch_add(writing.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let result = result.map_err(|e| {
+            let shown = self.root.display(&of.final_path);
+            self.naming
+                .public_error(&of.begin.path, &shown, io_info(&shown, &e))
+        });
         if result.is_ok() {
             Counters::add(&self.counters.bytes_received, len);
             faults::moved(len);
@@ -552,6 +561,7 @@ impl Shared {
                     Some(of) => {
                         let mut life = of.life.lock().expect("file life lock");
                         let claim = OpenFile::close(&mut life);
+                        let committing = Instant::now();
                         let r = store::commit(
                             &self.root,
                             &of.final_path,
@@ -561,6 +571,8 @@ impl Shared {
                             self.fsync,
                             self.naming.may_replace(&begin.path),
                         );
+                        self.store_ns
+                            .fetch_add(committing.elapsed().as_nanos() as u64, Ordering::Relaxed);
                         (r, claim)
                     }
                     None => (
@@ -968,6 +980,7 @@ pub async fn run_sink(
     events: EventSender,
     cancel: CancellationToken,
 ) -> Result<SinkOutcome, TransferError> {
+    let (began, cpu_before) = (Instant::now(), sys::cpu_seconds());
     let opts = spec.options.clone();
     let (ops_tx, ops_rx) = flume::unbounded::<Option<Op>>();
     let (w_tx, w_rx): (Vec<_>, Vec<_>) = (0..WRITERS)
@@ -1003,6 +1016,7 @@ pub async fn run_sink(
         cancel: cancel.child_token(),
         failure: Mutex::new(None),
         pending_ops: AtomicU64::new(0),
+        store_ns: AtomicU64::new(0),
         ended: AtomicBool::new(false),
         live_streams: AtomicU64::new(0),
         changed: Notify::new(),
@@ -1139,7 +1153,20 @@ pub async fn run_sink(
     })
     .await;
     let stats = sh.lock().stats().clone();
-    outcome.map(|()| SinkOutcome { stats, streams })
+    let evidence = ReceiveEvidence {
+        write_us: sh.store_ns.load(Ordering::Relaxed) / 1000,
+        write_bytes: Counters::get(&sh.counters.bytes_received),
+        writers: WRITERS as u32,
+        cpu_us: ((sys::cpu_seconds() - cpu_before).max(0.0) * 1e6) as u64,
+        wall_us: began.elapsed().as_micros() as u64,
+        cpu_millicores: sys::cpu_millicores(),
+        rmem_max: sys::host_limits().tcp_rmem_max,
+    };
+    outcome.map(|()| SinkOutcome {
+        stats,
+        streams,
+        evidence,
+    })
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use wire::bottleneck::SendEvidence;
 use wire::checksum::{Algorithm, Digest, MultiHasher, block_crc};
 use wire::control::{SessionOptions, SessionSummary};
 use wire::data::{self, DataFrame, EntryKind};
@@ -59,6 +60,8 @@ pub struct SourceOutcome {
     pub tcp_retransmits: u64,
     /// Blocks went out with `sendfile` from the page cache.
     pub zero_copy: bool,
+    /// What the bottleneck report needs from the sending side.
+    pub evidence: SendEvidence,
 }
 
 impl SourceOutcome {
@@ -77,6 +80,8 @@ impl SourceOutcome {
             congestion: self.congestion.clone(),
             tcp_retransmits: self.tcp_retransmits,
             cc_decisions: self.cc_decisions.clone(),
+            send: Some(self.evidence.clone()),
+            receive: None,
         }
     }
 }
@@ -146,8 +151,10 @@ struct Shared {
     stops: Mutex<std::collections::HashMap<u32, CancellationToken>>,
     /// The session's trace, if it is traced.
     trace: Option<Arc<TraceFile>>,
-    /// Storage side, for the trace: bytes read (and checksummed), time spent on them, and time
-    /// readers waited for room in the read-ahead budget.
+    /// What the streams' sockets said as they closed (bottleneck evidence).
+    evidence: Mutex<SendEvidence>,
+    /// Storage side, for the trace and the bottleneck report: bytes read (and checksummed),
+    /// time spent on them, and time readers waited for room in the read-ahead budget.
     read_bytes: AtomicU64,
     read_ns: AtomicU64,
     budget_wait_ns: AtomicU64,
@@ -266,14 +273,12 @@ impl Shared {
     /// Counts a block read for the trace: `waited` is when its reader began waiting for
     /// budget, `reading` when it began reading.
     fn note_read(&self, waited: Instant, reading: Instant, len: u64) {
-        if self.trace.is_some() {
-            let now = Instant::now();
-            let ns = |d: Duration| d.as_nanos() as u64;
-            self.budget_wait_ns
-                .fetch_add(ns(reading - waited), Ordering::Relaxed);
-            self.read_ns.fetch_add(ns(now - reading), Ordering::Relaxed);
-            self.read_bytes.fetch_add(len, Ordering::Relaxed);
-        }
+        let now = Instant::now();
+        let ns = |d: Duration| d.as_nanos() as u64;
+        self.budget_wait_ns
+            .fetch_add(ns(reading - waited), Ordering::Relaxed);
+        self.read_ns.fetch_add(ns(now - reading), Ordering::Relaxed);
+        self.read_bytes.fetch_add(len, Ordering::Relaxed);
     }
 
     fn load_block(
@@ -583,6 +588,7 @@ async fn stream_writer(
     stop: CancellationToken,
 ) {
     let peer = format!("data stream {idx}");
+    let born = Instant::now();
     // SAFETY: the descriptor belongs to this stream's socket, which `w` keeps open for as long
     // as `sock` is used (both live until the end of this function).
     let sock = unsafe { BorrowedFd::borrow_raw(fd) };
@@ -673,6 +679,18 @@ async fn stream_writer(
         if let Some(t) = &sh.trace {
             t.write(&Line::Stream(StreamSample::of(t.now_us(), idx, &info)));
         }
+        let mut e = sh.evidence.lock().expect("evidence lock");
+        e.streams += 1;
+        e.life_us += born.elapsed().as_micros() as u64;
+        e.busy_us += info.busy_time;
+        e.rwnd_limited_us += info.rwnd_limited;
+        e.sndbuf_limited_us += info.sndbuf_limited;
+        e.segs_out += info.data_segs_out as u64;
+        e.retrans_segs += info.total_retrans as u64;
+        if info.min_rtt > 0 && (e.min_rtt_us == 0 || info.min_rtt < e.min_rtt_us) {
+            e.min_rtt_us = info.min_rtt;
+        }
+        e.srtt_us = e.srtt_us.max(info.rtt);
     }
     if let Err(e) = result {
         tracing::debug!(stream = idx, error = %e, "data stream write failed");
@@ -747,6 +765,7 @@ pub async fn run_source(
     events: EventSender,
     cancel: CancellationToken,
 ) -> Result<SourceOutcome, TransferError> {
+    let (began, cpu_before) = (Instant::now(), sys::cpu_seconds());
     let opts = spec.options.clone();
     let cfg = SourceConfig {
         resume: opts.resume,
@@ -827,6 +846,10 @@ pub async fn run_source(
         sockets: Mutex::new(Vec::new()),
         stops: Mutex::new(std::collections::HashMap::new()),
         trace: spec.trace.as_ref().map(|t| t.file.clone()),
+        evidence: Mutex::new(SendEvidence {
+            readers: concurrency as u32,
+            ..Default::default()
+        }),
         read_bytes: AtomicU64::new(0),
         read_ns: AtomicU64::new(0),
         budget_wait_ns: AtomicU64::new(0),
@@ -983,6 +1006,14 @@ pub async fn run_source(
     let stats = sh.lock().stats().clone();
     let congestion = sh.congestion.lock().expect("cc lock").clone();
     let cc_decisions = sh.decisions.lock().expect("decisions lock").clone();
+    let mut evidence = sh.evidence.lock().expect("evidence lock").clone();
+    evidence.read_us = sh.read_ns.load(Ordering::Relaxed) / 1000;
+    evidence.read_bytes = sh.read_bytes.load(Ordering::Relaxed);
+    evidence.budget_wait_us = sh.budget_wait_ns.load(Ordering::Relaxed) / 1000;
+    evidence.wall_us = began.elapsed().as_micros() as u64;
+    evidence.cpu_us = ((sys::cpu_seconds() - cpu_before).max(0.0) * 1e6) as u64;
+    evidence.cpu_millicores = sys::cpu_millicores();
+    evidence.wmem_max = sys::host_limits().tcp_wmem_max;
     Ok(SourceOutcome {
         stats,
         streams,
@@ -990,6 +1021,7 @@ pub async fn run_source(
         cc_decisions,
         tcp_retransmits: sh.retransmits.load(Ordering::Relaxed),
         zero_copy: sh.zero_copy,
+        evidence,
     })
 }
 

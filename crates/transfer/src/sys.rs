@@ -438,6 +438,63 @@ pub fn user_name(uid: u32) -> String {
     }
 }
 
+/// The CPU this process may use, in thousandths of a core: its cores, or less when its
+/// cgroup (or one above it) has a quota (`cpu.max` in cgroup v2, `cpu.cfs_quota_us` in v1).
+pub fn cpu_millicores() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32) * 1000;
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut least = cores;
+    for line in own.lines() {
+        // "0::/path" (v2), "4:cpu,cpuacct:/path" (v1).
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let (base, v1) = if controllers.is_empty() {
+            (std::path::PathBuf::from("/sys/fs/cgroup"), false)
+        } else if controllers.split(',').any(|c| c == "cpu") {
+            let dir = std::path::Path::new("/sys/fs/cgroup").join(controllers);
+            let dir = if dir.exists() {
+                dir
+            } else {
+                std::path::PathBuf::from("/sys/fs/cgroup/cpu")
+            };
+            (dir, true)
+        } else {
+            continue;
+        };
+        let mut dir = base.join(path.trim_start_matches('/'));
+        loop {
+            let q = if v1 {
+                let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+                quota_millicores(&format!(
+                    "{} {}",
+                    read("cpu.cfs_quota_us").trim(),
+                    read("cpu.cfs_period_us").trim()
+                ))
+            } else {
+                std::fs::read_to_string(dir.join("cpu.max"))
+                    .ok()
+                    .and_then(|t| quota_millicores(&t))
+            };
+            if let Some(q) = q {
+                least = least.min(q);
+            }
+            if dir == base || !dir.pop() {
+                break;
+            }
+        }
+    }
+    least
+}
+
+/// A quota and its period ("20000 100000"; "max 100000" or "-1 100000" for none) in
+/// thousandths of a core.
+pub fn quota_millicores(text: &str) -> Option<u32> {
+    let mut f = text.split_whitespace();
+    let quota: u64 = f.next()?.parse().ok()?;
+    let period: u64 = f.next()?.parse().ok()?;
+    (period > 0).then(|| (quota * 1000 / period).max(1) as u32)
+}
+
 /// This process's effective uid.
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.
@@ -464,6 +521,19 @@ mod tests {
         assert!(l.tcp_rmem_max >= 4096);
         assert!(l.core_wmem_max >= 4096);
         assert!(!l.congestion.is_empty());
+    }
+
+    #[test]
+    fn cgroup_quotas_read_as_thousandths_of_a_core() {
+        assert_eq!(quota_millicores("20000 100000\n"), Some(200));
+        assert_eq!(quota_millicores("150000 100000"), Some(1500));
+        assert_eq!(quota_millicores("max 100000"), None);
+        assert_eq!(quota_millicores("-1 100000"), None);
+        assert_eq!(quota_millicores(""), None);
+        let here = cpu_millicores();
+        assert!(
+            here >= 1 && here <= 1000 * std::thread::available_parallelism().unwrap().get() as u32
+        );
     }
 
     #[test]

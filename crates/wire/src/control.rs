@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 
 /// Version of the control and data protocol; peers refuse other versions. 5: error kind
 /// `SourceDamaged`. 6: storage-node requests travel as `Service` frames ([`crate::node`]).
-pub const PROTOCOL_VERSION: u16 = 6;
+/// 7: session summaries carry the bottleneck evidence of their side.
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// First bytes of a clear-text data connection (control and private data connections start with
 /// a TLS ClientHello instead).
@@ -256,6 +257,10 @@ pub struct SessionSummary {
     pub tcp_retransmits: u64,
     /// Switches of congestion control, each with what was observed (`losscause`).
     pub cc_decisions: Vec<crate::losscause::Decision>,
+    /// What the sending side saw (a source session's), for the bottleneck report.
+    pub send: Option<crate::bottleneck::SendEvidence>,
+    /// What the receiving side saw (a sink session's).
+    pub receive: Option<crate::bottleneck::ReceiveEvidence>,
 }
 
 /// Endpoint to client.

@@ -6,6 +6,7 @@
 //! What it does not own: sockets, files, TLS and threads (the `transfer` crate drives these
 //! state machines), and the user interface (`haul`).
 
+pub mod bottleneck;
 pub mod checksum;
 pub mod codec;
 pub mod control;

@@ -531,6 +531,9 @@ impl Tally {
                 .collect(),
             file_list: self.done.into_values().collect(),
             failures,
+            // Grid copies run many node sessions at once; no one session's evidence is the
+            // copy's (not reported yet).
+            bottleneck: None,
             first_failure: first.as_ref().map(|e| e.to_info()),
         };
         // Nothing copied at all: the first reason is the command's error.
@@ -565,6 +568,7 @@ mod tests {
                 control_pool: None,
                 zero_copy: false,
                 trace: None,
+                receiver_evidence: false,
             },
             site: None,
             overwrite: false,

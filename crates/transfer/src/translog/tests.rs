@@ -107,6 +107,7 @@ fn netlogger_lines_parse_back_and_no_value_forges_a_field_or_a_record() {
     let f = facts();
     let d = digests();
     log.file(&file_record(&f, &d));
+    log.flush();
     let text = std::fs::read_to_string(&path).unwrap();
     assert_eq!(text.lines().count(), 1, "{text}");
     let fields = parse_bp(&text);
@@ -147,9 +148,13 @@ fn json_lines_carry_the_same_keys_as_netlogger() {
     let d = digests();
     let (nl, nl_path) = log_in(dir.path(), LogFormat::NetLogger);
     nl.file(&file_record(&f, &d));
+    nl.flush();
     let jdir = tempfile::tempdir().unwrap();
     let (js, js_path) = log_in(jdir.path(), LogFormat::Json);
     js.file(&file_record(&f, &d));
+    // File records wait for the session's (or a second): nothing is written yet.
+    assert_eq!(std::fs::read_to_string(&js_path).unwrap(), "");
+    js.flush();
     let text = std::fs::read_to_string(&js_path).unwrap();
     assert_eq!(text.lines().count(), 1);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -338,8 +343,10 @@ fn a_full_log_device_drops_records_without_failing() {
     let d = digests();
     assert!(!log.is_failing());
     log.file(&file_record(&f, &d));
+    log.flush();
     assert!(log.is_failing(), "the failure is noticed (and warned once)");
     log.file(&file_record(&f, &d));
+    log.refused("p", None, "r");
     assert!(log.is_failing());
 }
 
