@@ -104,11 +104,7 @@ pub fn wanted_buffer(path: &PathFacts) -> u64 {
 }
 
 fn mib(b: u64) -> String {
-    if b >= MIB {
-        format!("{:.0} MiB", b as f64 / MIB as f64)
-    } else {
-        format!("{} KiB", b / 1024)
-    }
+    wire::units::format_bytes(b)
 }
 
 /// Judges the host (and the peer's limits) against the path.
@@ -444,8 +440,13 @@ impl HostFacts {
             mtu_probing: read_u64("/proc/sys/net/ipv4/tcp_mtu_probing"),
             default_qdisc: read_trim("/proc/sys/net/core/default_qdisc"),
             qdisc: interface.as_deref().and_then(root_qdisc),
-            mtu: interface.as_deref().and_then(|i| net(i, "mtu")),
-            txqueuelen: interface.as_deref().and_then(|i| net(i, "tx_queue_len")),
+            // sysfs shows the namespace it was mounted in; `ip` asks the kernel.
+            mtu: interface
+                .as_deref()
+                .and_then(|i| net(i, "mtu").or_else(|| ip_link(i, "mtu"))),
+            txqueuelen: interface
+                .as_deref()
+                .and_then(|i| net(i, "tx_queue_len").or_else(|| ip_link(i, "qlen"))),
             interface,
             governors: governors(),
             clock_synchronized: clock_synchronized(),
@@ -489,6 +490,27 @@ pub fn route_interface(table: &str, toward: Option<std::net::IpAddr>) -> Option<
         }
     }
     best.map(|(_, i)| i)
+}
+
+/// A number `ip -o link show dev IFACE` prints after `key` (`mtu`, `qlen`).
+fn ip_link(iface: &str, key: &str) -> Option<u64> {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "link", "show", "dev", iface])
+        .output()
+        .ok()?;
+    parse_ip_link(&String::from_utf8_lossy(&out.stdout), key)
+}
+
+/// The number after `key` in `ip -o link` output.
+pub fn parse_ip_link(text: &str, key: &str) -> Option<u64> {
+    let mut words = text.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == key {
+            // `-o` joins lines with a backslash: "qlen 1000\    link/ether ...".
+            return words.next()?.trim_end_matches('\\').parse().ok();
+        }
+    }
+    None
 }
 
 /// The root qdisc of `iface` (`tc qdisc show dev IFACE`; `None` without `tc`).

@@ -61,7 +61,7 @@ fn a_stock_host_gets_the_lines_that_fix_it() {
     let f = findings(&stock(), &path());
     let r = get(&f, "tcp_rmem");
     assert_eq!(r.status, Status::Fail, "{r:?}");
-    assert!(r.detail.contains("6 MiB"), "{r:?}");
+    assert!(r.detail.contains("6.0 MiB"), "{r:?}");
     // Twice the 12.5 MB product, rounded up to a power of two.
     assert_eq!(
         r.fix,
@@ -118,7 +118,7 @@ fn buffers_are_judged_against_the_path_and_the_peer_is_told_what_to_change() {
     let pr = get(&f, "peer tcp_rmem");
     assert_eq!(pr.status, Status::Fail);
     assert!(
-        pr.detail.contains("dtn.example.org") && pr.detail.contains("6 MiB"),
+        pr.detail.contains("dtn.example.org") && pr.detail.contains("6.0 MiB"),
         "{pr:?}"
     );
     assert_eq!(get(&f, "peer tcp_wmem").status, Status::Ok);
@@ -176,6 +176,10 @@ fn routes_and_qdiscs_are_read_from_the_kernels_text() {
         Some("noqueue")
     );
     assert_eq!(parse_root_qdisc(""), None);
+    let link = "5: wan0: <POINTOPOINT,UP> mtu 9000 qdisc fq state UNKNOWN mode DEFAULT group default qlen 500\\    link/none";
+    assert_eq!(parse_ip_link(link, "mtu"), Some(9000));
+    assert_eq!(parse_ip_link(link, "qlen"), Some(500));
+    assert_eq!(parse_ip_link(link, "nothing"), None);
 }
 
 #[test]
