@@ -1,7 +1,7 @@
 //! The bottleneck report (`haul cp --explain`, `bottleneck` in `--json`) names the factor that
 //! really limited a copy: each limit is created for real in netlab hosts (a receiver's small
 //! tcp_rmem, a lossy link, a rate-limited link, a `--rate` cap, many small files, a sender
-//! held to a fifth of a core by its cgroup), never through a flag of the code under test.
+//! held to a twentieth of a core by its cgroup), never through a flag of the code under test.
 //! Behaviour only: the factor named, no rate asserted. The scenarios run one after the other
 //! (one lab at a time), so that they do not become each other's CPU bottleneck.
 
@@ -202,13 +202,13 @@ fn each_real_bottleneck_is_named() {
     if cgroups_usable() {
         cases.push((
             Case {
-                name: "sender held to 0.1 core",
+                name: "sender held to 0.05 core",
                 rate_bps: gbit,
                 rtt: Duration::from_millis(2),
                 loss: 0.0,
                 receiver_setup: &[],
                 flags: &["--checksum", "sha256"],
-                sender_millicores: Some(100),
+                sender_millicores: Some(50),
             },
             &one,
             "cpu",

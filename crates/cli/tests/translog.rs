@@ -386,6 +386,9 @@ fn traces_of_both_sending_sides_are_summarized_and_plotted() {
     let p50 = s["total_mbps"]["p50"].as_f64().unwrap();
     assert!(p50 > 0.0, "{s}");
     assert!(s["read_bytes_per_s"].as_f64().unwrap() > 0.0, "{s}");
+    // The tracer measured its own cost (a share of one core, well under all of it).
+    let share = s["sampling_share"].as_f64().unwrap();
+    assert!(share > 0.0 && share < 1.0, "{s}");
     let text = haul()
         .args(["trace", "summary"])
         .arg(&trace)

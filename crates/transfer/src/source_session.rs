@@ -1032,11 +1032,15 @@ async fn sample_trace(sh: Arc<Shared>, file: Arc<TraceFile>, stop: CancellationT
     let mut tick = tokio::time::interval(trace::INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut n = 0u64;
+    // The tracer's own CPU time: what sampling and writing cost, measured on the thread that
+    // does it (the wake-ups between ticks are not counted; they are a hundred a second).
+    let mut cpu_ns = 0u64;
     loop {
         let last = tokio::select! {
             _ = tick.tick() => false,
             _ = stop.cancelled() => true,
         };
+        let cpu_before = sys::thread_cpu_ns();
         let t_us = file.now_us();
         {
             let sockets = sh.sockets.lock().expect("sockets lock");
@@ -1056,13 +1060,19 @@ async fn sample_trace(sh: Arc<Shared>, file: Arc<TraceFile>, stop: CancellationT
             queued_bytes: sh.budget.used(),
         }));
         n += 1;
+        if !last && n.is_multiple_of(100) {
+            file.flush();
+        }
+        cpu_ns += sys::thread_cpu_ns().saturating_sub(cpu_before);
         if last {
             break;
         }
-        if n.is_multiple_of(100) {
-            file.flush();
-        }
     }
+    file.write(&Line::End(trace::EndSample {
+        t_us: file.now_us(),
+        ticks: n,
+        sampling_cpu_us: cpu_ns / 1000,
+    }));
     file.flush();
 }
 

@@ -495,6 +495,17 @@ pub fn quota_millicores(text: &str) -> Option<u32> {
     (period > 0).then(|| (quota * 1000 / period).max(1) as u32)
 }
 
+/// CPU time of the calling thread, in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass and touches nothing else.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 /// This process's effective uid.
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.

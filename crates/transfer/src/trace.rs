@@ -36,6 +36,8 @@ pub enum Line {
     Stream(StreamSample),
     /// The session's storage side at one instant.
     Storage(StorageSample),
+    /// A session's sampling ended: what the tracer itself cost.
+    End(EndSample),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -134,6 +136,15 @@ pub struct TraceTarget {
     pub file: std::sync::Arc<TraceFile>,
     pub guid: String,
     pub peer: String,
+}
+
+/// The end of a session's sampling.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndSample {
+    pub t_us: u64,
+    pub ticks: u64,
+    /// CPU time the tracer spent sampling and writing.
+    pub sampling_cpu_us: u64,
 }
 
 /// An open trace file.

@@ -62,7 +62,7 @@ pub fn series(lines: &[Line]) -> Series {
                 }
                 last.insert(key, s.clone());
             }
-            Line::Header(_) | Line::Storage(_) => {}
+            Line::Header(_) | Line::Storage(_) | Line::End(_) => {}
         }
     }
     for (t_us, (acked, retrans, dt)) in ticks {
@@ -125,6 +125,10 @@ pub struct Summary {
     pub read_bytes_per_s: Option<f64>,
     /// Share of the traced time readers waited for the read-ahead budget.
     pub budget_wait_share: Option<f64>,
+    /// CPU time the tracer itself spent, and that as a share of one core over the traced
+    /// time (`None` for traces without end lines).
+    pub sampling_cpu_ms: Option<f64>,
+    pub sampling_share: Option<f64>,
 }
 
 pub fn summarize(lines: &[Line]) -> Summary {
@@ -149,12 +153,20 @@ pub fn summarize(lines: &[Line]) -> Summary {
                 storage.0.get_or_insert(st);
                 storage.1 = Some(st);
             }
+            Line::End(e) => {
+                *sum.sampling_cpu_ms.get_or_insert(0.0) += e.sampling_cpu_us as f64 / 1e3;
+            }
             Line::Header(_) => {}
         }
     }
     sum.sessions = session;
     sum.streams = last.len() as u32;
     sum.seconds = t_max.saturating_sub(t_min.min(t_max)) as f64 / 1e6;
+    if let Some(ms) = sum.sampling_cpu_ms
+        && sum.seconds > 0.0
+    {
+        sum.sampling_share = Some(ms / 1e3 / sum.seconds);
+    }
     let (mut span, mut busy, mut rwnd, mut sndbuf) = (0u64, 0u64, 0u64, 0u64);
     for (k, l) in &last {
         let f = first[k];
@@ -240,6 +252,13 @@ impl std::fmt::Display for Summary {
             self.sndbuf_limited_share * 100.0,
             (1.0 - self.rwnd_limited_share - self.sndbuf_limited_share).max(0.0) * 100.0
         )?;
+        if let (Some(ms), Some(share)) = (self.sampling_cpu_ms, self.sampling_share) {
+            writeln!(
+                f,
+                "tracing itself: {ms:.1} ms of CPU, {:.2}% of one core over the traced time",
+                share * 100.0
+            )?;
+        }
         if let Some(r) = self.read_bytes_per_s {
             writeln!(
                 f,

@@ -34,13 +34,19 @@ fn session() -> Line {
     })
 }
 
-/// Two streams, 10 ms apart: stream 0 at 1.25 MB per 10 ms (1 Gbit/s), stream 1 at half.
+/// Two streams, 10 ms apart: stream 0 at 1.25 MB per 10 ms (1 Gbit/s), stream 1 at half;
+/// the tracer spent 1 ms of CPU.
 fn two_streams() -> Vec<Line> {
     let mut v = vec![header(), session()];
     for i in 0..=10u64 {
         v.push(sample(i * 10, 0, i * 1_250_000, i as u32, i * 10, i * 5));
         v.push(sample(i * 10, 1, i * 625_000, 0, i * 10, 0));
     }
+    v.push(Line::End(EndSample {
+        t_us: 100_000,
+        ticks: 11,
+        sampling_cpu_us: 1000,
+    }));
     v
 }
 
@@ -84,7 +90,13 @@ fn a_summary_has_percentiles_and_where_the_time_went() {
     assert!((sum.busy_share - 1.0).abs() < 1e-9);
     assert!((sum.rwnd_limited_share - 0.25).abs() < 1e-9);
     assert_eq!(sum.sndbuf_limited_share, 0.0);
+    assert_eq!(sum.sampling_cpu_ms, Some(1.0));
+    assert!((sum.sampling_share.unwrap() - 0.01).abs() < 1e-9);
     let text = sum.to_string();
+    assert!(
+        text.contains("tracing itself: 1.0 ms of CPU, 1.00%"),
+        "{text}"
+    );
     assert!(
         text.contains("total Mbit/s") && text.contains("receiver's window 25%"),
         "{text}"
