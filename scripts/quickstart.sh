@@ -20,8 +20,10 @@ fi
 
 echo "quickstart: building haul (release)"
 cargo build --release --locked -p haul
-install -m 0755 target/release/haul "${HAUL_INSTALL_DIR:-$HOME/.cargo/bin}/haul"
+# Where cargo put it (CARGO_TARGET_DIR moves it), into a directory created when missing.
+mkdir -p "${HAUL_INSTALL_DIR:-$HOME/.cargo/bin}"
+install -m 0755 "${CARGO_TARGET_DIR:-target}/release/haul" "${HAUL_INSTALL_DIR:-$HOME/.cargo/bin}/haul"
 echo "quickstart: installed $(command -v haul || echo "${HAUL_INSTALL_DIR:-$HOME/.cargo/bin}/haul")"
 echo
 if [ $# -eq 0 ]; then set -- --exit; fi
-exec target/release/haul demo "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/haul" demo "$@"
