@@ -332,7 +332,9 @@ pub fn diagnose(t: &Transfer) -> Verdict {
     }
     // At the planned link rate (`--link-rate`): the network is the limit, whatever the
     // streams' idle time between files or at the ends.
-    if t.link_bps > 0 && goodput >= 0.8 * t.link_bps as f64 && t.send.is_some() {
+    // 70%: goodput counts the copy's set-up and end, which weigh on a copy of a second or two
+    // (a 24 MiB copy through a 200 Mbit/s link measured 77-90%).
+    if t.link_bps > 0 && goodput >= 0.7 * t.link_bps as f64 && t.send.is_some() {
         return verdict(
             Factor::Network,
             format!(
