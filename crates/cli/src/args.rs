@@ -92,6 +92,64 @@ pub struct DoctorArgs {
     pub creds: CredArgs,
 }
 
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  haul perf haul://dtn.example.org                  # TCP both ways, 10 s each, streams as a copy plans them\n  haul perf haul://dtn.example.org -P 8 -t 30s --direction send\n  haul perf haul://dtn.example.org --udp --rate 500M  # UDP loss, jitter and reordering at 500 Mbit/s\n  haul perf haul://dtn.example.org --json\n\nThe test runs over the endpoint's own port and authentication (a standalone endpoint or a\nstorage node; a UDP test uses the same port number for UDP while it runs). Endpoints run tests\nof up to --perf-max-seconds (default 60 s).\n\nExit status: 0 when the tests ran; 2 for bad arguments or a test the endpoint refuses; 4 when\nit cannot be reached; 5 when it refuses us."
+)]
+pub struct PerfArgs {
+    /// The endpoint: haul://host[:port].
+    pub endpoint: String,
+    /// TCP streams [default: what a copy on this path would plan]
+    #[arg(short = 'P', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub streams: Option<u32>,
+    /// How long each direction sends.
+    #[arg(short = 't', long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub time: std::time::Duration,
+    /// Reporting interval.
+    #[arg(short = 'i', long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub interval: std::time::Duration,
+    /// Which way the data flows: to the endpoint, from it, or both one after the other.
+    #[arg(long, value_enum, default_value = "both")]
+    pub direction: PerfDirectionArg,
+    /// Send UDP datagrams at --rate instead of TCP, and report loss, jitter and reordering.
+    #[arg(short = 'u', long)]
+    pub udp: bool,
+    /// UDP: the rate to send at, in bits/s.
+    #[arg(short = 'b', long, value_name = "RATE", default_value = "100M", value_parser = parse_rate)]
+    pub rate: u64,
+    /// UDP: bytes of payload per datagram (36 to 9000).
+    #[arg(short = 'l', long, value_name = "BYTES", default_value_t = 1400)]
+    pub length: u32,
+    /// TCP: explicit socket buffer on both ends [default: as a copy plans it]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub buffer: Option<u64>,
+    /// TCP: congestion control of the sending sockets, e.g. bbr or cubic [default: the
+    /// sending host's]
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+    /// TCP: data streams over TLS, to measure what `--protect private` costs.
+    #[arg(long)]
+    pub private: bool,
+    /// The link rate the default stream count plans for, in bits/s.
+    #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
+    pub link_rate: u64,
+    /// Print the results as JSON (intervals included).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum PerfDirectionArg {
+    /// This host sends to the endpoint.
+    Send,
+    /// The endpoint sends to this host (iperf3 -R).
+    Receive,
+    /// Send, then receive.
+    Both,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum TraceCommand {
     /// Percentiles of throughput (in total and per stream), cwnd and RTT, and where the time
@@ -181,6 +239,9 @@ pub enum Command {
     /// Check this host (and, with an endpoint, the path and the endpoint's limits) for what
     /// holds transfers back, and print the commands that fix it.
     Doctor(DoctorArgs),
+    /// Measure the path to an endpoint memory to memory, over its own port and authentication:
+    /// TCP throughput, retransmits and RTT per interval, or UDP loss, jitter and reordering.
+    Perf(PerfArgs),
     /// Export a directory tree as a standalone endpoint.
     Serve(ServeArgs),
     /// Manage a certificate authority.
@@ -411,6 +472,9 @@ pub struct ServeArgs {
     pub read_only: bool,
     #[command(flatten)]
     pub limits: ListenLimitArgs,
+    /// Longest path test (`haul perf`) run for a client, in seconds; 0 refuses them.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub perf_max_seconds: u64,
     /// Bandwidth to plan for when pushing to another endpoint, in bits/s.
     #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
     pub link_rate: u64,
@@ -479,6 +543,7 @@ impl ListenLimitArgs {
             max_streams: self.max_streams,
             session_buffer: self.session_buffer,
             total_buffer: self.max_buffer,
+            ..Default::default()
         })
     }
 }
@@ -793,6 +858,9 @@ pub struct NodeServeArgs {
     pub link_rate: u64,
     #[command(flatten)]
     pub limits: ListenLimitArgs,
+    /// Longest path test (`haul perf`) run for a client, in seconds; 0 refuses them.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub perf_max_seconds: u64,
     /// Print the bound data address on stdout once listening.
     #[arg(long)]
     pub print_addr: bool,

@@ -41,6 +41,8 @@ pub struct Serve {
     pub idle_timeout: Option<String>,
     /// Data streams one session may open.
     pub max_streams: Option<u32>,
+    /// Longest path test (`haul perf`) run for a client, in seconds; 0 refuses them.
+    pub perf_max_seconds: Option<u64>,
     /// Memory one receiving session may hold in block buffers, e.g. "256MiB".
     pub session_buffer: Option<String>,
     /// Memory all receiving sessions together may hold in block buffers, e.g. "1GiB".
@@ -146,6 +148,10 @@ impl Config {
             ("handshake_timeout", s.handshake_timeout.clone()),
             ("idle_timeout", s.idle_timeout.clone()),
             ("max_streams", s.max_streams.map(|v| v.to_string())),
+            (
+                "perf_max_seconds",
+                s.perf_max_seconds.map(|v| v.to_string()),
+            ),
             ("session_buffer", s.session_buffer.clone()),
             ("max_buffer", s.max_buffer.clone()),
             ("link_rate", s.link_rate.clone()),

@@ -22,6 +22,7 @@ mod doctor_cmd;
 mod grid_cmd;
 mod meta_cmd;
 mod node_cmd;
+mod perf_cmd;
 mod pki;
 mod progress;
 mod repl_cmd;
@@ -151,6 +152,7 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Cp(a) => cp::run(a).await,
         args::Command::Trace(args::TraceCommand::Summary(a)) => trace_cmd::summary(a),
         args::Command::Doctor(a) => doctor_cmd::run(a).await,
+        args::Command::Perf(a) => perf_cmd::run(a).await,
         args::Command::Trace(args::TraceCommand::Plot(a)) => trace_cmd::plot(a),
         args::Command::Serve(a) => serve::run(a).await.map(|()| 0),
         args::Command::Demo(a) => demo::run(a).await,

@@ -60,7 +60,10 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
             server: tls::server_config(&c)?,
             client: tls::client_config(&c)?,
         },
-        limits: a.limits.limits().map_err(TransferError::usage)?,
+        limits: transfer::limits::Limits {
+            perf_max: std::time::Duration::from_secs(a.perf_max_seconds),
+            ..a.limits.limits().map_err(TransferError::usage)?
+        },
         link_bps: a.link_rate,
         capacity: a.capacity,
         log,

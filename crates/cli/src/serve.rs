@@ -69,7 +69,10 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         root: a.root,
         tls,
         service: Arc::new(TreeService::new(mapfile, a.read_only, switch_users)),
-        limits: a.limits.limits().map_err(TransferError::usage)?,
+        limits: transfer::limits::Limits {
+            perf_max: std::time::Duration::from_secs(a.perf_max_seconds),
+            ..a.limits.limits().map_err(TransferError::usage)?
+        },
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
         stats: Default::default(),

@@ -18,6 +18,10 @@ struct Case<'a> {
     loss: f64,
     /// Run in the receiving host before the copy (sysctl settings of its namespace).
     receiver_setup: &'a [&'a str],
+    /// Run in the sending host before the copy.
+    sender_setup: &'a [&'a str],
+    /// Host TCP profile (tuned: as a data transfer node, with raised global buffer ceilings).
+    profile: netlab::Profile,
     /// Extra `haul cp` flags.
     flags: &'a [&'a str],
     /// The sender's CPU quota in thousandths of a core (its own cgroup).
@@ -33,14 +37,16 @@ fn copy(case: &Case, src: &Path) -> serde_json::Value {
         .rate_bps(case.rate_bps)
         .rtt(case.rtt)
         .loss(case.loss)
-        .profile(netlab::Profile::Tuned)
+        .profile(case.profile)
         .seed(7)
         .build()
         .expect("build lab");
     let (a, b) = (lab.host("a", 0), lab.host("b", 0));
-    for cmd in case.receiver_setup {
-        let out = b.command("sh").args(["-c", cmd]).output().unwrap();
-        assert!(out.status.success(), "{cmd}: {}", stderr(&out));
+    for (host, cmds) in [(b, case.receiver_setup), (a, case.sender_setup)] {
+        for cmd in cmds {
+            let out = host.command("sh").args(["-c", cmd]).output().unwrap();
+            assert!(out.status.success(), "{cmd}: {}", stderr(&out));
+        }
     }
     let listen = format!("{}:5811", b.addr());
     let haul_in = |h: &netlab::Host| haul_env(h.command(env!("CARGO_BIN_EXE_haul")));
@@ -140,6 +146,8 @@ fn each_real_bottleneck_is_named() {
                 rtt: Duration::from_millis(40),
                 loss: 0.0,
                 receiver_setup: &["sysctl -qw net.ipv4.tcp_rmem='4096 131072 1048576'"],
+                sender_setup: &[],
+                profile: netlab::Profile::Tuned,
                 flags: &["-p", "1", "--link-rate", "1G"],
                 sender_millicores: None,
             },
@@ -153,6 +161,8 @@ fn each_real_bottleneck_is_named() {
                 rtt: Duration::from_millis(40),
                 loss: 0.01,
                 receiver_setup: &[],
+                sender_setup: &[],
+                profile: netlab::Profile::Tuned,
                 flags: &["-p", "2", "--cc", "cubic", "--link-rate", "1G"],
                 sender_millicores: None,
             },
@@ -166,6 +176,8 @@ fn each_real_bottleneck_is_named() {
                 rtt: Duration::from_millis(10),
                 loss: 0.0,
                 receiver_setup: &[],
+                sender_setup: &[],
+                profile: netlab::Profile::Tuned,
                 flags: &["--link-rate", "200M"],
                 sender_millicores: None,
             },
@@ -179,6 +191,8 @@ fn each_real_bottleneck_is_named() {
                 rtt: Duration::from_millis(10),
                 loss: 0.0,
                 receiver_setup: &[],
+                sender_setup: &[],
+                profile: netlab::Profile::Tuned,
                 flags: &["--rate", "100M"],
                 sender_millicores: None,
             },
@@ -192,6 +206,8 @@ fn each_real_bottleneck_is_named() {
                 rtt: Duration::from_millis(40),
                 loss: 0.0,
                 receiver_setup: &[],
+                sender_setup: &[],
+                profile: netlab::Profile::Tuned,
                 flags: &["--no-fsync", "--concurrency", "2"],
                 sender_millicores: None,
             },
@@ -199,6 +215,25 @@ fn each_real_bottleneck_is_named() {
             "per_file_latency",
         ),
     ];
+    // A sender whose buffers are small: tcp_wmem's maximum at 1 MiB, and the global ceiling of
+    // explicit buffers (net.core.wmem_max) at the host's own value, not raised as the tuned
+    // profile raises it, so that an explicit SO_SNDBUF cannot make up for it either. The
+    // receiver's window is not the limit (tcp_rmem up to 64 MiB).
+    cases.push((
+        Case {
+            name: "sender tcp_wmem 1 MiB",
+            rate_bps: gbit,
+            rtt: Duration::from_millis(40),
+            loss: 0.0,
+            receiver_setup: &["sysctl -qw net.ipv4.tcp_rmem='4096 131072 67108864'"],
+            sender_setup: &["sysctl -qw net.ipv4.tcp_wmem='4096 16384 1048576'"],
+            profile: netlab::Profile::Stock,
+            flags: &["-p", "1", "--link-rate", "1G"],
+            sender_millicores: None,
+        },
+        &one,
+        "sender_buffer",
+    ));
     if cgroups_usable() {
         cases.push((
             Case {
@@ -207,6 +242,8 @@ fn each_real_bottleneck_is_named() {
                 rtt: Duration::from_millis(2),
                 loss: 0.0,
                 receiver_setup: &[],
+                sender_setup: &[],
+                profile: netlab::Profile::Tuned,
                 flags: &["--checksum", "sha256"],
                 sender_millicores: Some(50),
             },
@@ -217,6 +254,9 @@ fn each_real_bottleneck_is_named() {
         eprintln!("skipping the CPU-quota case: no cgroup CPU controller here");
     }
     let mut wrong = Vec::new();
+    let mut table = String::from(
+        "| injected | path | expected | reported | goodput | reason |\n|---|---|---|---|---|---|\n",
+    );
     for (case, src, expected) in &cases {
         let report = copy(case, src);
         let b = &report["bottleneck"];
@@ -224,9 +264,27 @@ fn each_real_bottleneck_is_named() {
             "{:<26} injected -> reported {} ({})",
             case.name, b["factor"], b["reason"]
         );
+        let reported = b["factor"].as_str().unwrap_or("none");
+        table.push_str(&format!(
+            "| {} | {} Mbit/s, {} ms | {expected} | {reported}{} | {:.0} Mbit/s | {} |\n",
+            case.name,
+            case.rate_bps / 1_000_000,
+            case.rtt.as_millis(),
+            if reported == *expected {
+                ""
+            } else {
+                " (WRONG)"
+            },
+            report["mbit_per_s"].as_f64().unwrap_or(0.0),
+            b["reason"].as_str().unwrap_or("").replace('|', "/"),
+        ));
         if b["factor"] != *expected {
             wrong.push(format!("{}: expected {expected}, got {b}", case.name));
         }
+    }
+    // The bench (bench/bottlenecks) keeps this table in its results.
+    if let Ok(path) = std::env::var("HAUL_BOTTLENECK_TABLE") {
+        std::fs::write(&path, &table).unwrap();
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
 }

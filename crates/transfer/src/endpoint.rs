@@ -93,6 +93,8 @@ struct Endpoint {
     buffers: Arc<tokio::sync::Semaphore>,
     /// Push targets that proved to be endpoints of this CA, and when (address, server name).
     push_targets: Mutex<HashMap<(String, String), std::time::Instant>>,
+    /// A UDP path test is running (one at a time: see `perf`).
+    udp_test: std::sync::atomic::AtomicBool,
 }
 
 /// Serves until `shutdown` completes. Connections beyond the limits are refused as they are
@@ -129,6 +131,7 @@ pub async fn run(
         acceptor,
         buffers: MemoryBudget::shared(cfg_total_buffer),
         push_targets: Mutex::new(HashMap::new()),
+        udp_test: std::sync::atomic::AtomicBool::new(false),
     });
     let stop = CancellationToken::new();
     tokio::pin!(shutdown);
@@ -193,8 +196,13 @@ async fn handle(
                 conn::Io::Tls(s) => crate::certid::peer_fingerprint(s.get_ref().1),
                 conn::Io::Plain(_) => None,
             };
+            let addrs = (io.tcp().local_addr(), io.tcp().peer_addr());
             let conn = conn::ControlConn::new(io, first, peer.clone());
-            if let Err(e) = control(ep, conn, subject, presenter, stop).await {
+            let addrs = match addrs {
+                (Ok(l), Ok(p)) => Some((l, p)),
+                _ => None,
+            };
+            if let Err(e) = control(ep, conn, subject, presenter, addrs, stop).await {
                 tracing::debug!(%peer, error = %e, "control connection ended");
             }
         }
@@ -358,6 +366,7 @@ async fn control(
     conn: conn::ControlConn,
     subject: Option<String>,
     presenter: Option<crate::certid::Fingerprint>,
+    addrs: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
     stop: CancellationToken,
 ) -> Result<(), TransferError> {
     let (mut reader, mut writer) = conn.split();
@@ -432,7 +441,12 @@ async fn control(
                 };
                 ctl.writer.send_response(&reply).await?;
             }
-            Request::Cancel => {}
+            Request::Cancel | Request::PerfSent { .. } => {}
+            Request::Perf { session, key, test } => {
+                perf(&ep, ctl, session, key, test, addrs)
+                    .instrument(session_span(&session))
+                    .await?
+            }
             Request::Service(body) => {
                 ep.cfg
                     .service
@@ -509,6 +523,61 @@ async fn control(
             }
         }
     }
+}
+
+/// Runs a path test (`haul perf`) for an admitted caller, within this endpoint's limits.
+async fn perf(
+    ep: &Endpoint,
+    ctl: &mut Control<'_>,
+    session: SessionId,
+    key: DataKey,
+    test: wire::perf::PerfRequest,
+    addrs: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+) -> Result<(), TransferError> {
+    let limits = &ep.cfg.limits;
+    let max_ms = limits.perf_max.as_millis() as u64;
+    let checked = wire::perf::check_request(&test, max_ms, limits.max_streams)
+        .map_err(|m| ErrorInfo::new(ErrorKind::Invalid, m))
+        .and_then(|()| {
+            addrs.ok_or_else(|| {
+                ErrorInfo::new(ErrorKind::Io, "the connection's addresses are unknown")
+            })
+        });
+    let (local, peer) = match checked {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::info!(peer = %ctl.reader.peer, error = %e.message, "path test refused");
+            return ctl.writer.send_response(&Response::Error(e)).await;
+        }
+    };
+    let conns = match &test.spec {
+        wire::perf::PerfSpec::Tcp { private, .. } => {
+            let protect = if *private {
+                Protect::Private
+            } else {
+                Protect::Clear
+            };
+            match register(ep, session, key, protect) {
+                Ok(rx) => Some(rx),
+                Err(e) => return ctl.writer.send_response(&Response::Error(e)).await,
+            }
+        }
+        wire::perf::PerfSpec::Udp { .. } => None,
+    };
+    let _guard = conns.is_some().then_some(SessionGuard { ep, id: session });
+    tracing::info!(peer = %ctl.reader.peer, ?test, "path test");
+    crate::perf::serve(
+        ctl.reader,
+        ctl.writer,
+        key,
+        test,
+        conns,
+        local,
+        peer,
+        &ep.udp_test,
+        limits.handshake_timeout,
+    )
+    .await
 }
 
 /// What a source session sends, as the service lists it on a blocking thread.

@@ -20,6 +20,7 @@ pub mod error;
 pub mod faults;
 pub mod identity;
 pub mod limits;
+pub mod perf;
 pub mod pki;
 pub mod pool;
 pub mod progress;

@@ -34,6 +34,8 @@ pub struct Limits {
     pub session_buffer: u64,
     /// Bytes all receiving sessions together may hold in block buffers.
     pub total_buffer: u64,
+    /// Longest path test (`haul perf`) run for a client; zero runs none.
+    pub perf_max: Duration,
 }
 
 impl Default for Limits {
@@ -46,6 +48,7 @@ impl Default for Limits {
             max_streams: 64,
             session_buffer: 256 << 20,
             total_buffer: 1 << 30,
+            perf_max: Duration::from_secs(60),
         }
     }
 }

@@ -22,8 +22,9 @@ use serde::{Deserialize, Serialize};
 
 /// Version of the control and data protocol; peers refuse other versions. 5: error kind
 /// `SourceDamaged`. 6: storage-node requests travel as `Service` frames ([`crate::node`]).
-/// 7: session summaries carry the bottleneck evidence of their side.
-pub const PROTOCOL_VERSION: u16 = 7;
+/// 7: session summaries carry the bottleneck evidence of their side. 8: path tests
+/// (`haul perf`, [`crate::perf`]).
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// First bytes of a clear-text data connection (control and private data connections start with
 /// a TLS ClientHello instead).
@@ -211,6 +212,16 @@ pub enum Request {
     /// A request of the endpoint's own personality (a storage node's: [`crate::node`]),
     /// encoded by that personality; the engine passes it on unread.
     Service(Vec<u8>),
+    /// Run a path test (`haul perf`); TCP data streams bind to `session` with `key`.
+    Perf {
+        session: SessionId,
+        key: DataKey,
+        test: crate::perf::PerfRequest,
+    },
+    /// The client finished sending a UDP test's datagrams: this many.
+    PerfSent {
+        datagrams: u64,
+    },
 }
 
 /// A file named explicitly in a source request.
@@ -303,6 +314,14 @@ pub enum Response {
     Error(ErrorInfo),
     /// An answer of the endpoint's personality to a [`Request::Service`].
     Service(Vec<u8>),
+    /// The endpoint accepted a path test; a UDP test's datagrams go to `udp_port`.
+    PerfReady {
+        udp_port: Option<u16>,
+    },
+    /// A reporting interval of a test the endpoint sends (TCP) or receives (UDP).
+    PerfInterval(crate::perf::PerfInterval),
+    /// The endpoint's side of a finished test.
+    PerfDone(crate::perf::PerfOutcome),
 }
 
 impl Request {
@@ -488,6 +507,20 @@ mod tests {
             Request::Stat { path: "x".into() },
             Request::Cancel,
             Request::Service(vec![1, 2, 3]),
+            Request::Perf {
+                session: [5; 16],
+                key: [6; 32],
+                test: crate::perf::PerfRequest {
+                    spec: crate::perf::PerfSpec::Udp {
+                        rate_bps: 1_000_000,
+                        length: 1400,
+                    },
+                    direction: crate::perf::Direction::Receive,
+                    duration_ms: 2000,
+                    interval_ms: 500,
+                },
+            },
+            Request::PerfSent { datagrams: 9 },
         ];
         let mut fb = FrameBuffer::new();
         for r in &reqs {
@@ -499,6 +532,23 @@ mod tests {
         }
         let resps = [
             Response::Service(vec![4]),
+            Response::PerfReady {
+                udp_port: Some(5811),
+            },
+            Response::PerfInterval(crate::perf::PerfInterval {
+                start_ms: 0,
+                end_ms: 1000,
+                streams: vec![crate::perf::StreamSample {
+                    stream: 1,
+                    bytes: 5,
+                    ..Default::default()
+                }],
+                udp: None,
+            }),
+            Response::PerfDone(crate::perf::PerfOutcome {
+                received: vec![1, 2],
+                ..Default::default()
+            }),
             Response::Error(ErrorInfo::new(ErrorKind::Unmapped, "who are you")),
         ];
         for resp in resps {

@@ -16,6 +16,7 @@ pub mod grant;
 pub mod losscause;
 pub mod node;
 pub mod pacing;
+pub mod perf;
 pub mod plan;
 pub mod ranges;
 pub mod retry;
