@@ -1,6 +1,7 @@
 //! The bottleneck report (`haul cp --explain`, `bottleneck` in `--json`) names the factor that
 //! really limited a copy: each limit is created for real in netlab hosts (a receiver's small
-//! tcp_rmem, a lossy link, a rate-limited link, a `--rate` cap, many small files, a sender
+//! tcp_rmem, a sender's small tcp_wmem, a lossy link, a rate-limited link, a `--rate` cap,
+//! many small files, a sender
 //! held to a twentieth of a core by its cgroup), never through a flag of the code under test.
 //! Behaviour only: the factor named, no rate asserted. The scenarios run one after the other
 //! (one lab at a time), so that they do not become each other's CPU bottleneck.
@@ -20,8 +21,6 @@ struct Case<'a> {
     receiver_setup: &'a [&'a str],
     /// Run in the sending host before the copy.
     sender_setup: &'a [&'a str],
-    /// Host TCP profile (tuned: as a data transfer node, with raised global buffer ceilings).
-    profile: netlab::Profile,
     /// Extra `haul cp` flags.
     flags: &'a [&'a str],
     /// The sender's CPU quota in thousandths of a core (its own cgroup).
@@ -37,7 +36,7 @@ fn copy(case: &Case, src: &Path) -> serde_json::Value {
         .rate_bps(case.rate_bps)
         .rtt(case.rtt)
         .loss(case.loss)
-        .profile(case.profile)
+        .profile(netlab::Profile::Tuned)
         .seed(7)
         .build()
         .expect("build lab");
@@ -147,7 +146,6 @@ fn each_real_bottleneck_is_named() {
                 loss: 0.0,
                 receiver_setup: &["sysctl -qw net.ipv4.tcp_rmem='4096 131072 1048576'"],
                 sender_setup: &[],
-                profile: netlab::Profile::Tuned,
                 flags: &["-p", "1", "--link-rate", "1G"],
                 sender_millicores: None,
             },
@@ -162,7 +160,6 @@ fn each_real_bottleneck_is_named() {
                 loss: 0.01,
                 receiver_setup: &[],
                 sender_setup: &[],
-                profile: netlab::Profile::Tuned,
                 flags: &["-p", "2", "--cc", "cubic", "--link-rate", "1G"],
                 sender_millicores: None,
             },
@@ -177,7 +174,6 @@ fn each_real_bottleneck_is_named() {
                 loss: 0.0,
                 receiver_setup: &[],
                 sender_setup: &[],
-                profile: netlab::Profile::Tuned,
                 flags: &["--link-rate", "200M"],
                 sender_millicores: None,
             },
@@ -192,7 +188,6 @@ fn each_real_bottleneck_is_named() {
                 loss: 0.0,
                 receiver_setup: &[],
                 sender_setup: &[],
-                profile: netlab::Profile::Tuned,
                 flags: &["--rate", "100M"],
                 sender_millicores: None,
             },
@@ -207,7 +202,6 @@ fn each_real_bottleneck_is_named() {
                 loss: 0.0,
                 receiver_setup: &[],
                 sender_setup: &[],
-                profile: netlab::Profile::Tuned,
                 flags: &["--no-fsync", "--concurrency", "2"],
                 sender_millicores: None,
             },
@@ -215,19 +209,16 @@ fn each_real_bottleneck_is_named() {
             "per_file_latency",
         ),
     ];
-    // A sender whose buffers are small: tcp_wmem's maximum at 1 MiB, and the global ceiling of
-    // explicit buffers (net.core.wmem_max) at the host's own value, not raised as the tuned
-    // profile raises it, so that an explicit SO_SNDBUF cannot make up for it either. The
-    // receiver's window is not the limit (tcp_rmem up to 64 MiB).
+    // The mirror of the first case: the sender's tcp_wmem maximum at 1 MiB, one stream (the
+    // planner would otherwise open more streams to make up for it).
     cases.push((
         Case {
             name: "sender tcp_wmem 1 MiB",
             rate_bps: gbit,
             rtt: Duration::from_millis(40),
             loss: 0.0,
-            receiver_setup: &["sysctl -qw net.ipv4.tcp_rmem='4096 131072 67108864'"],
+            receiver_setup: &[],
             sender_setup: &["sysctl -qw net.ipv4.tcp_wmem='4096 16384 1048576'"],
-            profile: netlab::Profile::Stock,
             flags: &["-p", "1", "--link-rate", "1G"],
             sender_millicores: None,
         },
@@ -243,7 +234,6 @@ fn each_real_bottleneck_is_named() {
                 loss: 0.0,
                 receiver_setup: &[],
                 sender_setup: &[],
-                profile: netlab::Profile::Tuned,
                 flags: &["--checksum", "sha256"],
                 sender_millicores: Some(50),
             },
