@@ -28,6 +28,11 @@ use wire::perf::{
 
 /// Bytes handed to the kernel per write by a TCP sender (iperf3's default for TCP).
 const WRITE_LEN: usize = 128 << 10;
+/// Bytes a sender keeps queued in a socket beyond what is in flight (`TCP_NOTSENT_LOWAT`):
+/// when a test's time is up, what remains to be delivered is what the path holds, not the
+/// megabytes an explicit or autotuned send buffer could hold (which would drain for seconds
+/// after the test, and count in no interval).
+const NOTSENT_LOWAT: u32 = 256 << 10;
 /// How long a sender waits, after its last write, for the receiver to acknowledge the rest.
 const DRAIN: Duration = Duration::from_secs(3);
 /// How long a UDP receiver keeps listening after the sender said it finished.
@@ -408,7 +413,6 @@ struct Senders {
     tasks: tokio::task::JoinSet<u64>,
     start: Instant,
     mark: Instant,
-    duration: Duration,
     tick: tokio::time::Interval,
 }
 
@@ -427,6 +431,7 @@ impl Senders {
             if let Some(cc) = cc {
                 let _ = sys::set_congestion(c.io.tcp(), cc);
             }
+            let _ = sys::set_notsent_lowat(c.io.tcp(), NOTSENT_LOWAT);
             sampler.add(c.stream, &c.io);
             tasks.spawn(send_until(c.io, until));
         }
@@ -436,7 +441,6 @@ impl Senders {
             tasks,
             start,
             mark: start,
-            duration,
             tick: tokio::time::interval_at(tokio::time::Instant::now() + every, every),
         }
     }
@@ -466,16 +470,15 @@ impl Senders {
         }
     }
 
-    /// After [`Self::next`] said the senders finished: how long they sent, and the last
-    /// interval (the bytes acknowledged since the previous one).
+    /// After [`Self::next`] said the senders finished: the time from the start until the
+    /// receiver acknowledged the last byte (or a drain passed), and the last interval.
     async fn finish(&mut self) -> (Duration, PerfInterval) {
-        // The senders also waited for their peers to close: that is not sending time.
-        let sent_for = self.start.elapsed().min(self.duration);
         let drain_until = Instant::now() + DRAIN;
         while !self.sampler.drained() && Instant::now() < drain_until {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        (sent_for, self.interval())
+        let delivered_in = self.start.elapsed();
+        (delivered_in, self.interval())
     }
 }
 
