@@ -14,7 +14,6 @@
 //! arrive after one with a higher sequence number (iperf3's count); loss is what the sender
 //! says it sent minus the distinct datagrams that arrived.
 
-use crate::control::DataKey;
 use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 
@@ -162,7 +161,7 @@ const DATAGRAM_MAGIC: &[u8; 4] = b"HAUP";
 
 /// The token every datagram of a test carries, derived from the session's data key: only the
 /// two ends of the authenticated control connection know it.
-pub fn udp_token(key: &DataKey) -> [u8; 16] {
+pub fn udp_token(key: &[u8; 32]) -> [u8; 16] {
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");
     mac.update(b"longhaul perf udp v1");
     let out = mac.finalize().into_bytes();
