@@ -945,6 +945,9 @@ pub fn commit(
         root.sync_dir(parent).map_err(err)?;
     }
     let _ = root.remove_file(&ledger_path);
+    // A process killed while writing a checkpoint leaves the ledger's temporary file; a
+    // resumed session that commits before its own first checkpoint would otherwise keep it.
+    let _ = root.remove_file(&sibling(&ledger_path, ".tmp"));
     Ok(())
 }
 
@@ -1110,7 +1113,14 @@ mod tests {
             panic!()
         };
         assert_eq!(have.pairs(), &[(0, 40)]);
+        // What a process killed in the middle of a checkpoint leaves: the commit removes it.
+        std::fs::write(
+            d.path().join("out/.f.dat.haul-ledger.tmp"),
+            b"half a ledger",
+        )
+        .unwrap();
         commit(&root, fp, &file, 0o640, mtime, true, true).unwrap();
+        assert!(!d.path().join("out/.f.dat.haul-ledger.tmp").exists());
         let m = root.metadata(fp).unwrap();
         assert_eq!((m.len, m.mode, m.mtime), (100, 0o640, mtime));
         assert!(!d.path().join("out/.f.dat.haul-part").exists());
