@@ -342,3 +342,28 @@ fn netlab_loss_and_round_trip_are_measured_as_configured() {
         }
     }
 }
+
+/// A storage node runs tests too, on its data port, for any user with a certificate of the
+/// grid's CA.
+#[test]
+fn a_storage_node_runs_tests_for_a_grid_user() {
+    let g = common::grid::Grid::start();
+    let node = format!("haul://{}", g.node("a1").addr);
+    let out = g.run(
+        "alice",
+        &["perf", "--json", "-P", "2", "-t", "500ms", &node],
+    );
+    assert_ok(&out);
+    let j = json(&out);
+    let tests = j["tests"].as_array().unwrap();
+    assert_eq!(tests.len(), 2, "{j}");
+    for t in tests {
+        assert!(t["receiver"]["bytes"].as_u64().unwrap() > 0, "{t}");
+        assert_eq!(t["streams"], 2, "{t}");
+    }
+    let out = g.run(
+        "alice",
+        &["perf", "--json", "--udp", "-b", "10M", "-t", "500ms", &node],
+    );
+    assert_ok(&out);
+}
