@@ -236,6 +236,16 @@ fn udp_receive(
             next = now + every;
         }
     }
+    // What arrived since the last interval, so that the intervals add up to the totals.
+    let last = rx.interval();
+    if last.packets > 0 || last.lost > 0 {
+        let _ = intervals.send(PerfInterval {
+            start_ms: mark.duration_since(start).as_millis() as u64,
+            end_ms: start.elapsed().as_millis() as u64,
+            streams: Vec::new(),
+            udp: Some(last),
+        });
+    }
     rx.totals().clone()
 }
 
