@@ -1,4 +1,5 @@
-//! Resolving TLS credentials from flags, environment and `~/.haul/`.
+//! Resolving TLS credentials from flags, environment and `~/.haul/`, and the endpoint a
+//! command that talks to one (`haul doctor`, `haul perf`) names.
 
 use crate::args::CredArgs;
 use std::path::PathBuf;
@@ -28,6 +29,26 @@ pub fn load(a: &CredArgs) -> Result<Option<Credentials>, TransferError> {
         return Ok(None);
     }
     Credentials::load(&paths(a)).map(Some)
+}
+
+/// The client TLS settings of these credentials (`None` with `--insecure`).
+pub fn client_tls(a: &CredArgs) -> Result<Option<transfer::conn::ClientTls>, TransferError> {
+    match load(a)? {
+        Some(c) => Ok(Some(transfer::conn::ClientTls {
+            config: transfer::tls::client_config(&c)?,
+        })),
+        None => Ok(None),
+    }
+}
+
+/// The host and port of an endpoint named as `haul://host[:port]`.
+pub fn endpoint(target: &str) -> Result<(String, u16), TransferError> {
+    match transfer::client::Location::parse(target)? {
+        transfer::client::Location::Remote { host, port, .. } => Ok((host, port)),
+        _ => Err(TransferError::usage(format!(
+            "{target}: name an endpoint as haul://host[:port]"
+        ))),
+    }
 }
 
 pub fn default_mapfile() -> PathBuf {

@@ -5,8 +5,7 @@ use crate::args::DoctorArgs;
 use crate::creds;
 use serde::Serialize;
 use transfer::TransferError;
-use transfer::client::{self, Location, Peer};
-use transfer::conn::ClientTls;
+use transfer::client::{self, Peer};
 use transfer::doctor::{self, Finding, HostFacts, PathFacts, Status};
 
 #[derive(Serialize)]
@@ -28,17 +27,8 @@ pub async fn run(a: DoctorArgs) -> Result<u8, TransferError> {
     };
     let mut toward = None;
     if let Some(target) = &a.endpoint {
-        let Location::Remote { host, port, .. } = Location::parse(target)? else {
-            return Err(TransferError::usage(format!(
-                "{target}: name an endpoint as haul://host[:port]"
-            )));
-        };
-        let tls = match creds::load(&a.creds)? {
-            Some(c) => Some(ClientTls {
-                config: transfer::tls::client_config(&c)?,
-            }),
-            None => None,
-        };
+        let (host, port) = creds::endpoint(target)?;
+        let tls = creds::client_tls(&a.creds)?;
         let p = client::probe(&Peer::new(host.clone(), port), tls.as_ref()).await?;
         path.rtt = p.rtt;
         path.measured = true;

@@ -6,8 +6,7 @@ use crate::creds;
 use serde::Serialize;
 use std::time::Duration;
 use transfer::TransferError;
-use transfer::client::Location;
-use transfer::conn::{self, ClientTls};
+use transfer::conn;
 use transfer::perf::{self, PerfOptions, PerfReport};
 use wire::perf::{Direction, PerfInterval, PerfRequest, PerfSpec};
 use wire::units::{format_bytes, format_rate};
@@ -21,12 +20,7 @@ struct Output<'a> {
 }
 
 pub async fn run(a: PerfArgs) -> Result<u8, TransferError> {
-    let Location::Remote { host, port, .. } = Location::parse(&a.endpoint)? else {
-        return Err(TransferError::usage(format!(
-            "{}: name an endpoint as haul://host[:port]",
-            a.endpoint
-        )));
-    };
+    let (host, port) = creds::endpoint(&a.endpoint)?;
     if a.time.is_zero() || a.interval < Duration::from_millis(10) {
         return Err(TransferError::usage(
             "--time must be above zero and --interval at least 10ms",
@@ -37,12 +31,7 @@ pub async fn run(a: PerfArgs) -> Result<u8, TransferError> {
             "--streams, --buffer, --congestion and --private are for TCP tests, not --udp",
         ));
     }
-    let tls = match creds::load(&a.creds)? {
-        Some(c) => Some(ClientTls {
-            config: transfer::tls::client_config(&c)?,
-        }),
-        None => None,
-    };
+    let tls = creds::client_tls(&a.creds)?;
     if a.private && tls.is_none() {
         return Err(TransferError::usage("--private needs TLS: drop --insecure"));
     }

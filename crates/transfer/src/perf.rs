@@ -157,6 +157,16 @@ fn udp_socket(bind: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(s)
 }
 
+/// Sets a flag when dropped, on every way out of a scope: a UDP test's slot is given back,
+/// its receiving thread told to stop.
+struct SetOnDrop<'a>(&'a AtomicBool, bool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(self.1, Ordering::Release);
+    }
+}
+
 fn same_host(a: IpAddr, b: IpAddr) -> bool {
     a.to_canonical() == b.to_canonical()
 }
@@ -299,13 +309,7 @@ pub(crate) async fn serve(
                 writer.send_response(&Response::Error(e)).await?;
                 return Ok(());
             }
-            struct Release<'a>(&'a AtomicBool);
-            impl Drop for Release<'_> {
-                fn drop(&mut self) {
-                    self.0.store(false, Ordering::Release);
-                }
-            }
-            let _release = Release(udp_busy);
+            let _release = SetOnDrop(udp_busy, false);
             let sock = match udp_socket(local) {
                 Ok(s) => Arc::new(s),
                 Err(e) => {
@@ -548,13 +552,7 @@ async fn serve_udp_receive(
             udp_receive(&sock, token, from, every, &stop, Instant::now(), tx)
         })
     };
-    struct StopOnDrop(Arc<AtomicBool>);
-    impl Drop for StopOnDrop {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::Relaxed);
-        }
-    }
-    let _stop = StopOnDrop(stop.clone());
+    let _stop = SetOnDrop(&stop, true);
     // The client says how many it sent; a client that never does is cut off after the
     // test's duration and a drain.
     let cutoff = tokio::time::sleep(duration + DRAIN);

@@ -240,7 +240,8 @@ impl Default for UdpReceiver {
 }
 
 impl UdpReceiver {
-    fn bit(&mut self, behind: u64) -> Option<(usize, u64)> {
+    /// Where the mark of the sequence number `behind + 1` below the highest is kept.
+    fn bit(behind: u64) -> Option<(usize, u64)> {
         (behind < DUP_WINDOW).then(|| ((behind / 64) as usize, 1u64 << (behind % 64)))
     }
 
@@ -277,7 +278,7 @@ impl UdpReceiver {
             let by = seq + 1 - t.highest;
             let had_any = t.highest > 0 || t.received > 0;
             self.shift(by);
-            if had_any && let Some((w, b)) = self.bit(by - 1) {
+            if had_any && let Some((w, b)) = Self::bit(by - 1) {
                 self.seen[w] |= b;
             }
             self.totals.highest = seq + 1;
@@ -287,7 +288,7 @@ impl UdpReceiver {
                 self.totals.duplicates += 1;
                 return;
             }
-            match self.bit(behind - 1) {
+            match Self::bit(behind - 1) {
                 Some((w, b)) if self.seen[w] & b != 0 => {
                     self.totals.duplicates += 1;
                     return;
