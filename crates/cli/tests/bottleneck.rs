@@ -3,7 +3,9 @@
 //! tcp_rmem, a sender's small tcp_wmem, a lossy link, a rate-limited link, a `--rate` cap,
 //! many small files, a sender
 //! held to a twentieth of a core by its cgroup), never through a flag of the code under test.
-//! Behaviour only: the factor named, no rate asserted. The scenarios run one after the other
+//! Behaviour only: the factor named, no rate asserted. A case whose run the emulator could not
+//! keep time for (a machine that stalls) and that named another factor makes the test
+//! inconclusive (listed as skipped, `testkit::inconclusive`) rather than failed. The scenarios run one after the other
 //! (one lab at a time), so that they do not become each other's CPU bottleneck.
 
 mod common;
@@ -27,8 +29,9 @@ struct Case<'a> {
     sender_millicores: Option<u32>,
 }
 
-/// Copies `src` from a0 to an endpoint in b0 as `case` says; returns the JSON report.
-fn copy(case: &Case, src: &Path) -> serde_json::Value {
+/// Copies `src` from a0 to an endpoint in b0 as `case` says; returns the JSON report and
+/// whether the emulator kept time (`Err(what it measured)` otherwise).
+fn copy(case: &Case, src: &Path) -> (serde_json::Value, Result<(), String>) {
     let dir = tempfile::tempdir().unwrap();
     let lab = netlab::Lab::builder()
         .site("a", 1)
@@ -71,7 +74,7 @@ fn copy(case: &Case, src: &Path) -> serde_json::Value {
     };
     drop(server);
     assert_ok(&out);
-    json(&out)
+    (json(&out), lab.stats().timekeeping())
 }
 
 /// A CPU cgroup (v2 `cpu.max`, or v1 `cpu.cfs_quota_us`) of `millicores`; removed on drop.
@@ -244,11 +247,12 @@ fn each_real_bottleneck_is_named() {
         eprintln!("skipping the CPU-quota case: no cgroup CPU controller here");
     }
     let mut wrong = Vec::new();
+    let mut untimed = Vec::new();
     let mut table = String::from(
         "| injected | path | expected | reported | goodput | reason |\n|---|---|---|---|---|---|\n",
     );
     for (case, src, expected) in &cases {
-        let report = copy(case, src);
+        let (report, timekeeping) = copy(case, src);
         let b = &report["bottleneck"];
         eprintln!(
             "{:<26} injected -> reported {} ({})",
@@ -260,16 +264,21 @@ fn each_real_bottleneck_is_named() {
             case.name,
             case.rate_bps / 1_000_000,
             case.rtt.as_millis(),
-            if reported == *expected {
-                ""
-            } else {
-                " (WRONG)"
+            match (reported == *expected, &timekeeping) {
+                (true, _) => "",
+                (false, Ok(())) => " (WRONG)",
+                (false, Err(_)) => " (inconclusive: the emulator did not keep time)",
             },
             report["mbit_per_s"].as_f64().unwrap_or(0.0),
             b["reason"].as_str().unwrap_or("").replace('|', "/"),
         ));
         if b["factor"] != *expected {
-            wrong.push(format!("{}: expected {expected}, got {b}", case.name));
+            match timekeeping {
+                Ok(()) => wrong.push(format!("{}: expected {expected}, got {b}", case.name)),
+                // A machine that stalls makes every case look like the sending side or the
+                // network: the row says nothing about the report.
+                Err(why) => untimed.push(format!("{}: {why}", case.name)),
+            }
         }
     }
     // The bench (bench/bottlenecks) keeps this table in its results.
@@ -277,4 +286,11 @@ fn each_real_bottleneck_is_named() {
         std::fs::write(&path, &table).unwrap();
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
+    if !untimed.is_empty() {
+        testkit::inconclusive(format!(
+            "{} case(s) named another factor where the emulator did not keep time: {}",
+            untimed.len(),
+            untimed.join("; ")
+        ));
+    }
 }

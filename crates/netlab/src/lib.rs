@@ -41,7 +41,9 @@ pub use lab::{
 };
 pub use model::{DropCause, LinkParams};
 pub use netns::{running, terminate};
-pub use stats::{DirectionStats, Drops, Stats};
+pub use stats::{
+    DirectionStats, Drops, LATE_MAX_LIMIT_US, LATE_MEAN_LIMIT_US, LATE_SHARE_LIMIT, Stats,
+};
 #[doc(hidden)]
 pub use testkit as __testkit;
 

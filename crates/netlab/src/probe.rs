@@ -5,7 +5,21 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::Host;
+use crate::{Host, Stats};
+
+/// For a test about time or rate, after it has asserted everything else: true when the
+/// emulator kept time in `stats`' run ([`Stats::timekeeping`]); otherwise records the test as
+/// inconclusive (listed as skipped, with what was measured) and returns false, and the caller
+/// returns before its assertions on rate or delay.
+pub fn timing_held(stats: &Stats) -> bool {
+    match stats.timekeeping() {
+        Ok(()) => true,
+        Err(why) => {
+            testkit::inconclusive(why);
+            false
+        }
+    }
+}
 
 /// Runs a command to completion, killing it after `limit`. Its output is drained while it
 /// runs (iperf3 -J with 16 streams writes more than a pipe holds, and would block for ever).

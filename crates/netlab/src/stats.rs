@@ -94,6 +94,13 @@ pub struct DirectionStats {
     pub late_over_1ms: u64,
 }
 
+/// Mean lateness above which [`Stats::timekeeping`] says the emulator did not keep time, us.
+pub const LATE_MEAN_LIMIT_US: f64 = 1_000.0;
+/// Largest lateness of one packet above which it says so, us.
+pub const LATE_MAX_LIMIT_US: f64 = 100_000.0;
+/// Share of packets more than 1 ms late above which it says so.
+pub const LATE_SHARE_LIMIT: f64 = 0.10;
+
 /// Snapshot of all counters.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Stats {
@@ -178,6 +185,43 @@ impl Stats {
             + self.host_tx_dropped
             + self.host_rx_dropped
             + self.directions.iter().map(|d| d.drops.other).sum::<u64>()
+    }
+
+    /// Whether the emulator held the path's timing in this run: `Err(what it measured)` when
+    /// it wrote packets late by more than a timer's imprecision — over [`LATE_MEAN_LIMIT_US`]
+    /// on average, any packet over [`LATE_MAX_LIMIT_US`] (the machine stalled: a virtual
+    /// machine whose host took its CPUs away for that long), or more than
+    /// [`LATE_SHARE_LIMIT`] of the packets over 1 ms. A rate or a delay measured in such a
+    /// run describes the machine, not the emulated path.
+    pub fn timekeeping(&self) -> Result<(), String> {
+        let mut why = Vec::new();
+        for d in &self.directions {
+            let share = d.late_over_1ms as f64 / d.packets.max(1) as f64;
+            if d.late_mean_us > LATE_MEAN_LIMIT_US
+                || d.late_max_us > LATE_MAX_LIMIT_US
+                || share > LATE_SHARE_LIMIT
+            {
+                why.push(format!(
+                    "{}->{}: packets written {:.1} ms late on average, {:.0} ms at most, {:.1}% over 1 ms",
+                    d.from,
+                    d.to,
+                    d.late_mean_us / 1e3,
+                    d.late_max_us / 1e3,
+                    share * 100.0
+                ));
+            }
+        }
+        if why.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the emulator could not keep time on this machine ({}; limits: {:.0} ms mean, {:.0} ms max, {:.0}% over 1 ms)",
+                why.join("; "),
+                LATE_MEAN_LIMIT_US / 1e3,
+                LATE_MAX_LIMIT_US / 1e3,
+                LATE_SHARE_LIMIT * 100.0
+            ))
+        }
     }
 
     /// One JSON object on one line.
@@ -265,5 +309,34 @@ mod tests {
 ";
         assert_eq!(device_drops(dev, "wan0"), Some((7, 42)));
         assert_eq!(device_drops(dev, "eth9"), None);
+    }
+
+    fn run_with(late_mean_us: f64, late_max_us: f64, late_over_1ms: u64) -> Stats {
+        let c = Counters::default();
+        c.dirs[0].packets.store(1000, Relaxed);
+        c.dirs[0]
+            .late_sum_ns
+            .store((late_mean_us * 1e3 * 1000.0) as u64, Relaxed);
+        c.dirs[0]
+            .late_max_ns
+            .store((late_max_us * 1e3) as u64, Relaxed);
+        c.dirs[0].late_over_1ms.store(late_over_1ms, Relaxed);
+        Stats::snapshot(&c, &["a".into(), "b".into()], 10.0, 1.0)
+    }
+
+    #[test]
+    fn a_stalled_emulator_did_not_keep_time() {
+        // A good run: tens of microseconds late on average, a few packets over 1 ms.
+        assert_eq!(run_with(40.0, 3_000.0, 4).timekeeping(), Ok(()));
+        // One stall of 250 ms (seen on a virtual machine), a late average, many late packets.
+        for (mean, max, over) in [
+            (40.0, 250_000.0, 4),
+            (1_500.0, 9_000.0, 10),
+            (90.0, 5_000.0, 150),
+        ] {
+            let why = run_with(mean, max, over).timekeeping().unwrap_err();
+            assert!(why.starts_with("the emulator could not keep time"), "{why}");
+            assert!(why.contains("a->b"), "{why}");
+        }
     }
 }

@@ -86,11 +86,6 @@ fn blackouts_drop_traffic_and_recording_shows_the_gap() {
         .filter_map(|f| f.split_whitespace().next()?.parse().ok())
         .collect();
     let (sent, received) = (nums[0], nums[1]);
-    assert!(
-        ab.drops.blackout >= 50,
-        "a->b blackout drops {}",
-        ab.drops.blackout
-    );
     assert_eq!(
         ab.drops.blackout + ba.drops.blackout,
         sent - received,
@@ -119,6 +114,16 @@ fn blackouts_drop_traffic_and_recording_shows_the_gap() {
         bins.iter().map(|b| b.1).sum::<u64>(),
         ab.bytes,
         "recording matches counters"
+    );
+    // Pings every 10 ms meet the 1.5 s of blackouts about 150 times, if ping and the
+    // emulator ran on time (a stalled machine sends fewer).
+    if !netlab::probe::timing_held(&stats) {
+        return;
+    }
+    assert!(
+        ab.drops.blackout >= 50,
+        "a->b blackout drops {}",
+        ab.drops.blackout
     );
 }
 

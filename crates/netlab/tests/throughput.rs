@@ -2,7 +2,9 @@
 //! the rate: a sanity floor, not a performance figure), and hosts of one site share a single
 //! bottleneck. The emulator's CPU cost and ceiling are printed here for information and
 //! measured for the record by `bench/netlab` (NETLAB-RESULTS.md): how much CPU a rate costs
-//! depends on the machine, so no test holds it to a bound.
+//! depends on the machine, so no test holds it to a bound. The floors hold only where the
+//! emulator kept time: on a machine that stalls, the tests say they were inconclusive
+//! (`netlab::probe::timing_held`) after checking the ceilings.
 
 mod common;
 
@@ -62,13 +64,16 @@ fn one_stream_gets_through_a_1gbit_bottleneck() {
     );
     println!("{st}");
     assert!(
-        share >= 0.5,
-        "one stream reached {:.1}% of the link: the emulator forwards less than half its rate",
-        share * 100.0
-    );
-    assert!(
         share <= 1.02,
         "one stream reached {:.1}% of the link: the emulator lets more through than its rate",
+        share * 100.0
+    );
+    if !netlab::probe::timing_held(&st) {
+        return;
+    }
+    assert!(
+        share >= 0.5,
+        "one stream reached {:.1}% of the link: the emulator forwards less than half its rate",
         share * 100.0
     );
 }
@@ -111,6 +116,9 @@ fn hosts_of_a_site_share_one_bottleneck() {
         total <= rate as f64 * 1.02,
         "two flows together exceeded the bottleneck: {total}"
     );
+    if !netlab::probe::timing_held(&lab.stats()) {
+        return;
+    }
     assert!(
         total >= rate as f64 * 0.80,
         "two flows together used only {total} bit/s of {rate}"
