@@ -277,7 +277,10 @@ fn each_real_bottleneck_is_named() {
                 Ok(()) => wrong.push(format!("{}: expected {expected}, got {b}", case.name)),
                 // A machine that stalls makes every case look like the sending side or the
                 // network: the row says nothing about the report.
-                Err(why) => untimed.push(format!("{}: {why}", case.name)),
+                Err(why) => untimed.push(format!(
+                    "{}: expected {expected}, reported {}; {why}",
+                    case.name, b["factor"]
+                )),
             }
         }
     }
