@@ -1,12 +1,12 @@
 //! The bottleneck report (`haul cp --explain`, `bottleneck` in `--json`) names the factor that
 //! really limited a copy: each limit is created for real in netlab hosts (a receiver's small
 //! tcp_rmem, a sender's small tcp_wmem, a lossy link, a rate-limited link, a `--rate` cap,
-//! many small files, a sender
-//! held to a twentieth of a core by its cgroup), never through a flag of the code under test.
-//! Behaviour only: the factor named, no rate asserted. A case whose run the emulator could not
-//! keep time for (a machine that stalls) and that named another factor makes the test
-//! inconclusive (listed as skipped, `testkit::inconclusive`) rather than failed. The scenarios run one after the other
-//! (one lab at a time), so that they do not become each other's CPU bottleneck.
+//! many small files, a sender held to a twentieth of a core by its cgroup), never through a
+//! flag of the code under test. Behaviour only: the factor named, no rate asserted. A case
+//! whose run the emulator could not keep time for (a machine that stalls) and that named
+//! another factor makes the test inconclusive (listed as skipped, `testkit::inconclusive`)
+//! rather than failed. The scenarios run one after the other (one lab at a time), so that they
+//! do not become each other's CPU bottleneck.
 
 mod common;
 
