@@ -8,8 +8,9 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-/// `haul doctor --json` from a0 against an endpoint in b0, both with `profile`.
-fn doctor_in(profile: netlab::Profile) -> (Option<i32>, serde_json::Value) {
+/// `haul doctor --json` from a0 against an endpoint in b0, both with `profile`; with whether
+/// the emulator kept time (`netlab::Stats::timekeeping`).
+fn doctor_in(profile: netlab::Profile) -> (Option<i32>, serde_json::Value, Result<(), String>) {
     let dir = tempfile::tempdir().unwrap();
     let lab = netlab::Lab::builder()
         .site("a", 1)
@@ -29,6 +30,7 @@ fn doctor_in(profile: netlab::Profile) -> (Option<i32>, serde_json::Value) {
         .output()
         .unwrap();
     drop(server);
+    let timing = lab.stats().timekeeping();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "{e}: {}{}",
@@ -36,7 +38,7 @@ fn doctor_in(profile: netlab::Profile) -> (Option<i32>, serde_json::Value) {
             stderr(&out)
         )
     });
-    (out.status.code(), v)
+    (out.status.code(), v, timing)
 }
 
 fn finding<'a>(v: &'a serde_json::Value, check: &str) -> &'a serde_json::Value {
@@ -53,31 +55,59 @@ fn a_stock_host_is_told_what_to_change_and_a_tuned_one_passes() {
     if let Err(why) = netlab::Lab::available() {
         testkit::skip!("netlab cannot run here: {why}");
     }
-    let (code, stock) = doctor_in(netlab::Profile::Stock);
+    let (code, stock, timing) = doctor_in(netlab::Profile::Stock);
     assert_eq!(code, Some(1), "{stock}");
-    let rtt = stock["path"]["rtt_ms"].as_f64().unwrap();
-    assert!((90.0..200.0).contains(&rtt), "measured {rtt} ms: {stock}");
     assert_eq!(stock["path"]["measured"], true);
     assert!(stock["failing"].as_u64().unwrap() >= 2, "{stock}");
     for check in ["tcp_rmem", "tcp_wmem", "peer tcp_rmem", "peer tcp_wmem"] {
         let f = finding(&stock, check);
         assert_eq!(f["status"], "fail", "{f}");
     }
-    // 50 MB in flight: twice that, rounded up, for this host and for the peer (a fresh
-    // namespace's tcp_rmem max is 32 MiB on recent kernels, 6 MiB on older ones).
-    assert_eq!(
-        finding(&stock, "tcp_rmem")["fix"][0],
-        "sysctl -w net.ipv4.tcp_rmem=\"4096 131072 134217728\""
-    );
-    assert_eq!(
-        finding(&stock, "peer tcp_rmem")["fix"][0],
-        "sysctl -w net.ipv4.tcp_rmem=\"4096 131072 134217728\""
-    );
+    if plan_is_for_100ms(&stock, timing) {
+        // 50 MB in flight: twice that, rounded up, for this host and for the peer (a fresh
+        // namespace's tcp_rmem max is 32 MiB on recent kernels, 6 MiB on older ones).
+        assert_eq!(
+            finding(&stock, "tcp_rmem")["fix"][0],
+            "sysctl -w net.ipv4.tcp_rmem=\"4096 131072 134217728\""
+        );
+        assert_eq!(
+            finding(&stock, "peer tcp_rmem")["fix"][0],
+            "sysctl -w net.ipv4.tcp_rmem=\"4096 131072 134217728\""
+        );
+    }
 
-    let (code, tuned) = doctor_in(netlab::Profile::Tuned);
+    let (code, tuned, timing) = doctor_in(netlab::Profile::Tuned);
+    if !plan_is_for_100ms(&tuned, timing) {
+        return;
+    }
     assert_eq!(code, Some(0), "{tuned}");
     assert_eq!(tuned["failing"], 0, "{tuned}");
     for check in ["tcp_rmem", "tcp_wmem", "peer tcp_rmem", "peer tcp_wmem"] {
         assert_eq!(finding(&tuned, check)["status"], "ok");
+    }
+}
+
+/// Whether the doctor planned for the 100 ms path, so that its figures can be checked exactly:
+/// never below the path's round trip; up to 134 ms twice the window rounds up to the same
+/// 128 MiB. A stalled machine delays the handshake's few round trips (the doctor's sample)
+/// beyond that: only where the emulator kept time is that a failure; elsewhere the test is
+/// inconclusive.
+fn plan_is_for_100ms(report: &serde_json::Value, timing: Result<(), String>) -> bool {
+    let rtt = report["path"]["rtt_ms"].as_f64().unwrap();
+    assert!(
+        rtt >= 90.0,
+        "measured {rtt} ms over a 100 ms path: {report}"
+    );
+    if rtt < 134.0 {
+        return true;
+    }
+    match timing {
+        Ok(()) => panic!("measured {rtt} ms over a 100 ms path on a machine that kept time"),
+        Err(why) => {
+            testkit::inconclusive(format!(
+                "measured {rtt:.1} ms over a 100 ms path; the advice's figures follow it: {why}"
+            ));
+            false
+        }
     }
 }

@@ -332,7 +332,14 @@ fn netlab_loss_and_round_trip_are_measured_as_configured() {
     assert_ok(&out);
     let j = json(&out);
     let rtt = j["rtt_ms"].as_f64().unwrap();
-    assert!((39.0..80.0).contains(&rtt), "{j}");
+    assert!(rtt >= 39.0, "{j}");
+    // The handshake's few round trips are the sample: a stalled machine stretches them.
+    if rtt >= 80.0 {
+        match lab.stats().timekeeping() {
+            Ok(()) => panic!("round trip {rtt} ms over a 40 ms path: {j}"),
+            Err(why) => testkit::inconclusive(format!("round trip {rtt:.1} ms: {why}")),
+        }
+    }
     let t = &j["tests"][0];
     assert!(
         t["sender"]["retransmits"].as_u64().unwrap() > 0,

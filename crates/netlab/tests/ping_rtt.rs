@@ -1,7 +1,7 @@
 //! Ping round-trip time through the emulator is never shorter than the configured RTT and
 //! averages to it (within a margin a busy machine cannot exceed by accident, and only where the
 //! emulator kept time: see `netlab::probe::timing_held`), and hosts of the same site reach each
-//! other directly (no added delay).
+//! other without entering the bottleneck (counted apart; no added delay where time was kept).
 
 mod common;
 
@@ -36,21 +36,25 @@ fn ping_rtt_matches_configured_rtt() {
         );
         let (_, local, _) = common::ping(a0, a1, 3, 0.1);
         println!("netlab ping: same-site RTT {local:.3} ms");
-        assert!(
-            local < want / 4.0,
-            "same-site ping took {local} ms: it must bypass the bottleneck's {want} ms"
-        );
         let stats = lab.stats();
         let ab = stats.direction("a").expect("a->b");
         println!(
             "netlab ping: emulator wrote packets {:.1} us late on average, {:.1} us at most",
             ab.late_mean_us, ab.late_max_us
         );
+        // Structure, on any machine: the same-site echoes were forwarded without entering the
+        // bottleneck's queue (its count has the 10 cross-site requests only).
         assert_eq!(stats.direction("a").expect("a->b").packets, 10);
         assert_eq!(stats.local_packets, 6);
         if !netlab::probe::timing_held(&stats) {
             return;
         }
+        // Timing, only where the emulator kept time: a stalled machine wakes ping and the
+        // emulator late for same-site packets too (CI measured 46 ms with 20 ms configured).
+        assert!(
+            local < want / 4.0,
+            "same-site ping took {local} ms: it must bypass the bottleneck's {want} ms"
+        );
         // The delay is applied once per direction: the average sits at the configured RTT.
         // The margin is generous (a busy machine wakes ping and the emulator late); a delay
         // applied twice or a packet held in a queue is off by far more than 5 ms. `max` is
