@@ -11,6 +11,7 @@
 
 mod cache;
 pub mod conformance;
+mod migrations;
 mod paths;
 
 pub use cache::DentryCache;
@@ -234,9 +235,6 @@ pub struct Catalog {
 /// answers lookups with sequential scans (seen: stats 50x slower right after 200,000 creates).
 const ANALYZE_EVERY: u64 = 20_000;
 
-static MIGRATE_SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
-static MIGRATE_POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
-
 const INODE_COLS: &str =
     "id, parent, name, kind, owner, grp, mode, size, mtime_ns, checksum, flags";
 
@@ -396,8 +394,18 @@ impl Catalog {
         }
         .map_err(|e| CatalogError::Database(format!("cannot open {}: {e}", redact(url))))?;
         match backend {
-            Backend::Sqlite => MIGRATE_SQLITE.run(&pool).await?,
-            Backend::Postgres => MIGRATE_POSTGRES.run(&pool).await?,
+            Backend::Sqlite => {
+                migrations::migrator(migrations::SQLITE)
+                    .await?
+                    .run(&pool)
+                    .await?
+            }
+            Backend::Postgres => {
+                migrations::migrator(migrations::POSTGRES)
+                    .await?
+                    .run(&pool)
+                    .await?
+            }
         }
         let sqlite = backend == Backend::Sqlite;
         Ok(Self {
