@@ -334,10 +334,33 @@ pub enum ProtectArg {
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum ProgressArg {
-    /// A progress bar when stderr is a terminal.
+    /// A progress bar when stderr is a terminal; otherwise nothing until the summary line.
     Auto,
+    /// A progress bar on a terminal; otherwise a status line every --progress-interval (for
+    /// logs).
     Always,
+    /// No bar and no status lines; failures and the summary line are still printed.
     Never,
+}
+
+/// How progress is shown on stderr.
+#[derive(Args, Debug, Clone)]
+pub struct ProgressArgs {
+    /// Progress on stderr.
+    #[arg(long = "progress", value_enum, default_value = "auto")]
+    pub mode: ProgressArg,
+    /// With --progress always and stderr not a terminal: one status line this often (bytes,
+    /// files, rate over the interval, ETA).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_progress_interval)]
+    pub progress_interval: std::time::Duration,
+}
+
+fn parse_progress_interval(s: &str) -> Result<std::time::Duration, String> {
+    let d = parse_duration(s)?;
+    if d < std::time::Duration::from_millis(100) {
+        return Err(format!("{s}: at least 100ms"));
+    }
+    Ok(d)
 }
 
 const CP_EXAMPLES: &str = "\
@@ -437,9 +460,8 @@ pub struct CpArgs {
     /// Grid copies: data sessions with storage nodes at once.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub node_sessions: usize,
-    /// Progress bar on stderr.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub progress: ProgressArg,
+    #[command(flatten)]
+    pub progress: ProgressArgs,
     #[command(flatten)]
     pub log: TransferLogArgs,
     /// Trace the copy into FILE: each data stream's TCP_INFO and the storage side every
@@ -890,9 +912,8 @@ pub struct ReplicateArgs {
     /// always copied privately.
     #[arg(long, value_enum, default_value = "clear")]
     pub protect: ProtectArg,
-    /// Progress bar on stderr.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub progress: ProgressArg,
+    #[command(flatten)]
+    pub progress: ProgressArgs,
     #[command(flatten)]
     pub p: PathsArgs,
 }

@@ -3,7 +3,6 @@
 use crate::args::{CpArgs, ProtectArg};
 use crate::creds;
 use crate::progress::{self, Progress};
-use std::io::IsTerminal;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -113,7 +112,7 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
         }
     });
     let bar = Progress::start(
-        progress::wanted(a.progress),
+        progress::display(&a.progress),
         counters.clone(),
         erx,
         recorder,
@@ -140,9 +139,11 @@ pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
     match result {
         Ok(report) => {
             let code = exit_code(&report);
+            // The summary goes to stderr on a terminal and off it (for logs); stdout is for
+            // --json and --explain.
             if a.json {
                 print_json(&report, code);
-            } else if std::io::stderr().is_terminal() {
+            } else {
                 eprintln!("{}", summary_line(&report));
             }
             if a.explain && !a.json {
@@ -287,12 +288,12 @@ fn summary_line(r: &CopyReport) -> String {
         String::new()
     };
     format!(
-        "{} in {} files, {:.1} s, {} ({} streams, {}{}{})",
+        "{} in {}, {:.1} s, {} ({}, {}{}{})",
         wire::units::format_bytes(r.bytes_total),
-        r.files,
+        wire::units::count(r.files, "file", "files"),
         r.seconds,
         wire::units::format_rate(r.mbit_per_s * 1e6),
-        r.streams,
+        wire::units::count(r.streams as u64, "stream", "streams"),
         if r.congestion.is_empty() {
             "default cc".to_string()
         } else {

@@ -31,7 +31,7 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
     let m = connect(&peer, &a.p.creds).await?;
     let counters = Arc::new(Counters::default());
     let (_etx, erx) = tokio::sync::mpsc::unbounded_channel();
-    let bar = Progress::start(progress::wanted(a.progress), counters.clone(), erx, None);
+    let bar = Progress::start(progress::display(&a.progress), counters.clone(), erx, None);
     let mut stream = m
         .replicate(pb::ReplicateRequest {
             paths,

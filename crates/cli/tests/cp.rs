@@ -768,6 +768,70 @@ fn garbage_on_the_port_does_not_hurt_the_endpoint() {
     assert_ok(&cp(&[src.to_str().unwrap(), &a.url("f.dat")]));
 }
 
+/// Off a terminal (stderr captured, as in a batch job's log): `--progress always` prints a
+/// status line every `--progress-interval`; `auto` and `never` print none; every copy ends
+/// with one summary line on stderr.
+#[test]
+fn off_a_terminal_status_lines_when_asked_and_always_a_summary() {
+    let t = tempfile::tempdir().unwrap();
+    let a = serve_insecure(&t.path().join("a"));
+    let src = t.path().join("f.dat");
+    write_file(&src, 3, 8 << 20);
+    let copy = |mode: &str, rate: &str, to: &str| {
+        haul()
+            .args(["cp", "--insecure", "--progress", mode])
+            .args(["--progress-interval", "200ms", "--rate", rate])
+            .arg(&src)
+            .arg(a.url(to))
+            .output()
+            .unwrap()
+    };
+    let is_status = |l: &&str| l.starts_with("haul: ") && l.contains(" of 1 file, ");
+    let summary = |err: &str| {
+        err.lines()
+            .find(|l| l.starts_with("8.0 MiB in 1 file, "))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no summary line: {err}"))
+    };
+
+    // 8 MiB at 24 Mbit/s: about 2.8 s, many 200 ms intervals.
+    let out = copy("always", "24M", "f.dat");
+    assert_ok(&out);
+    let err = stderr(&out);
+    let status: Vec<&str> = err.lines().filter(is_status).collect();
+    assert!(!status.is_empty(), "no status line: {err}");
+    for l in &status {
+        assert!(
+            l.contains(" MiB of 8.0 MiB (") || l.contains(" B of 8.0 MiB ("),
+            "{l}"
+        );
+        assert!(l.contains("bit/s, ETA "), "{l}");
+    }
+    let last = summary(&err);
+    assert!(
+        last.contains("(1 stream, ") || last.contains(" streams, "),
+        "{last}"
+    );
+    assert_same_file(&src, &a.root.join("f.dat"));
+
+    for mode in ["auto", "never"] {
+        let out = copy(mode, "10G", &format!("{mode}.dat"));
+        assert_ok(&out);
+        let err = stderr(&out);
+        assert_eq!(err.lines().filter(is_status).count(), 0, "{mode}: {err}");
+        summary(&err);
+    }
+
+    let out = haul()
+        .args(["cp", "--insecure", "--progress-interval", "10ms"])
+        .arg(&src)
+        .arg(a.url("h.dat"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("at least 100ms"), "{}", stderr(&out));
+}
+
 #[test]
 fn json_error_and_help() {
     let out = haul().args(["help", "cp"]).output().unwrap();

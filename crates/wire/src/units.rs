@@ -116,6 +116,11 @@ pub fn format_bytes(bytes: u64) -> String {
     }
 }
 
+/// `(1, "file", "files")` -> `1 file`; `(3, ...)` -> `3 files`.
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Bits per second -> `943.2 Mbit/s`.
 pub fn format_rate(bps: f64) -> String {
     const UNITS: [&str; 5] = ["bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s"];
@@ -131,6 +136,13 @@ pub fn format_rate(bps: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts() {
+        assert_eq!(count(0, "file", "files"), "0 files");
+        assert_eq!(count(1, "file", "files"), "1 file");
+        assert_eq!(count(2, "copy", "copies"), "2 copies");
+    }
 
     #[test]
     fn sizes() {
