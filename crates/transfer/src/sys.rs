@@ -565,11 +565,20 @@ mod tests {
     /// A corked stream's small frames (a hello, a block header) leave with the bytes written
     /// after them, in full segments; uncorked with TCP_NODELAY each leaves in a packet of its
     /// own. Segments are counted by the kernel (tcpi_data_segs_out) with the MSS held at 1000.
+    ///
+    /// The kernel holds corked bytes for at most 200 ms, then sends them as they are: an
+    /// attempt during which this process was stalled that long (a busy VM) proves nothing
+    /// about cork and is made again, up to five times; if none ran in time the test is
+    /// inconclusive. The uncorked count does not depend on time and is asserted always.
     #[test]
     fn cork_sends_small_frames_with_the_bytes_that_follow() {
         use std::io::{Read, Write};
+        use std::time::{Duration, Instant};
+        /// Under the kernel's cork ceiling (TCP_CORK's 200 ms) with room to spare.
+        const IN_TIME: Duration = Duration::from_millis(150);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
+        // (segments sent, MSS, time from the first write to the uncork)
         let segments = |cork: bool| {
             let sock =
                 socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
@@ -580,29 +589,43 @@ mod tests {
             set_nodelay(&client).unwrap();
             let before = tcp_info(&client).unwrap().data_segs_out;
             set_cork(&client, cork).unwrap();
+            let started = Instant::now();
             client.write_all(&[1u8; 50]).unwrap(); // the hello
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(10));
             client.write_all(&[2u8; 10]).unwrap(); // a block's header
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(10));
             client.write_all(&[3u8; 3000]).unwrap(); // its payload
             set_cork(&client, false).unwrap();
+            let took = started.elapsed(); // the uncork came no later than this
             let mut got = vec![0u8; 3060];
             server.read_exact(&mut got).unwrap();
             assert_eq!(&got[..50], &[1u8; 50][..]);
             assert_eq!(&got[50..60], &[2u8; 10][..]);
+            assert_eq!(&got[60..], &[3u8; 3000][..]);
             let info = tcp_info(&client).unwrap();
-            (info.data_segs_out - before, info.snd_mss)
+            (info.data_segs_out - before, info.snd_mss, took)
         };
         // The MSS in use is 1000 less the TCP options (timestamps).
-        let (corked, mss) = segments(true);
+        let (uncorked, mss, _) = segments(false);
         assert!((500..=1000).contains(&mss), "mss {mss}");
-        assert_eq!(corked, 3060_u32.div_ceil(mss), "corked: full segments only");
-        let (uncorked, mss) = segments(false);
         assert_eq!(
             uncorked,
             2 + 3000_u32.div_ceil(mss),
             "uncorked: the hello and the header in packets of their own"
         );
+        let mut slow = Vec::new();
+        for _ in 0..5 {
+            let (corked, mss, took) = segments(true);
+            if took < IN_TIME {
+                assert_eq!(corked, 3060_u32.div_ceil(mss), "corked: full segments only");
+                return;
+            }
+            slow.push(format!("{} ms", took.as_millis()));
+        }
+        testkit::inconclusive(format!(
+            "every corked attempt was stalled past the kernel's 200 ms cork limit: {}",
+            slow.join(", ")
+        ));
     }
 
     /// On tmpfs the space is checked, not allocated: nothing is taken before the data comes,
