@@ -32,11 +32,13 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   command -v sha256sum >/dev/null || need+=(coreutils)
   command -v mount >/dev/null || need+=(mount)
   command -v c++ >/dev/null || need+=(g++)
+  # The metrics tests check every /metrics page with promtool, Prometheus's own parser.
+  command -v promtool >/dev/null || need+=(prometheus)
   # `haul trace plot` draws its text with DejaVu Sans.
   [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
   if [ ${#need[@]} -gt 0 ]; then
     echo "test: installing ${need[*]}"
-    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
   fi
 fi
 

@@ -399,7 +399,8 @@ pub struct CpArgs {
     /// Socket buffer per stream, e.g. 64M [default: kernel autotuning, or sized from RTT x rate]
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub tcp_buffer: Option<u64>,
-    /// Congestion control for the data streams [default: bbr if available]
+    /// Congestion control for the data streams [default: the host's, switched to bbr on a
+    /// stream whose losses are random rather than queue overflows]
     #[arg(long, value_name = "ALGO", value_parser = ["bbr", "cubic", "reno"])]
     pub cc: Option<String>,
     /// Rate cap for the whole transfer in bits/s, e.g. 800M, 2.5G; paced, not bursty.
@@ -503,15 +504,27 @@ pub struct ServeArgs {
     /// How often received files are synced and their restart markers recorded.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub checkpoint_interval: std::time::Duration,
-    /// Print the bound address on stdout once listening (useful with port 0).
+    /// Print the bound address on stdout once listening (useful with port 0); with
+    /// --metrics, followed by the metrics URL on the same line.
     #[arg(long)]
     pub print_addr: bool,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     #[command(flatten)]
     pub log: TransferLogArgs,
     #[command(flatten)]
     pub trace: TraceDirArgs,
     #[command(flatten)]
     pub creds: CredArgs,
+}
+
+/// Prometheus metrics of a daemon.
+#[derive(Args, Debug, Clone, Default)]
+pub struct MetricsArgs {
+    /// Serve Prometheus metrics at http://ADDR/metrics (plain HTTP, read-only: keep it on a
+    /// trusted interface, e.g. 127.0.0.1:9812; port 0 for any) [default: none]
+    #[arg(long = "metrics", value_name = "ADDR")]
+    pub addr: Option<String>,
 }
 
 /// What a listener admits: connections in all and per source, and how long they may take.
@@ -681,7 +694,7 @@ pub struct LsArgs {
     /// Long format: mode, owner, group, size, modification time, name.
     #[arg(short, long)]
     pub long: bool,
-    /// Show sizes as KB, MB, GB.
+    /// Show sizes in binary units: KiB, MiB, GiB (as `ls -lh`).
     #[arg(short = 'H', long)]
     pub human: bool,
     #[command(flatten)]
@@ -883,9 +896,12 @@ pub struct NodeServeArgs {
     /// Longest path test (`haul perf`) run for a client, in seconds; 0 refuses them.
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub perf_max_seconds: u64,
-    /// Print the bound data address on stdout once listening.
+    /// Print the bound data address on stdout once listening; with --metrics, followed by the
+    /// metrics URL on the same line.
     #[arg(long)]
     pub print_addr: bool,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     #[command(flatten)]
     pub log: TransferLogArgs,
     #[command(flatten)]

@@ -189,6 +189,7 @@ async fn start_node(
         capacity: Some(20_000_000_000),
         log: None,
         trace_dir: None,
+        metrics: None,
     };
     let s = stop.clone();
     let name = name.to_string();

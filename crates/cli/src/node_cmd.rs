@@ -44,12 +44,9 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
         None if addr.ip().is_unspecified() => format!("{}:{}", name, addr.port()),
         None => addr.to_string(),
     };
+    let metrics = crate::serve::metrics_listener(&a.metrics).await?;
     tracing::info!(%addr, %advertise, node = %name, site = %a.site, "storage node up");
-    if a.print_addr {
-        println!("{addr}");
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-    }
+    crate::serve::print_addrs(a.print_addr, addr, metrics.as_ref().map(|m| m.1));
     let cfg = node::NodeConfig {
         name,
         site: a.site.clone(),
@@ -68,6 +65,7 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
         capacity: a.capacity,
         log,
         trace_dir: a.trace.dir()?,
+        metrics: metrics.map(|m| m.0),
     };
     node::run(cfg, listener, shutdown_signal())
         .await

@@ -57,11 +57,21 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         )));
     }
     let (listener, addr) = listen(&a.listen).await?;
+    let metrics = metrics_listener(&a.metrics).await?;
     tracing::info!(%addr, root = %a.root.display(), tls = tls.is_some(), "serving");
-    if a.print_addr {
-        println!("{addr}");
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
+    print_addrs(a.print_addr, addr, metrics.as_ref().map(|m| m.1));
+    let stats = Arc::new(transfer::endpoint::EndpointStats::default());
+    let stop_metrics = tokio_util::sync::CancellationToken::new();
+    let _stop_metrics = stop_metrics.clone().drop_guard();
+    if let Some((listener, _)) = metrics {
+        let mut registry = prometheus_client::registry::Registry::default();
+        stats.metrics.register(&mut registry);
+        transfer::metrics::register_build_info(&mut registry);
+        tokio::spawn(transfer::metrics::serve(
+            listener,
+            Arc::new(registry),
+            stop_metrics,
+        ));
     }
     // As root with TLS, every session acts as the local account its certificate maps to.
     let switch_users = tls.is_some() && transfer::sys::effective_uid() == 0;
@@ -75,11 +85,46 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
         },
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
-        stats: Default::default(),
+        stats,
         log,
         trace_dir,
     };
     transfer::endpoint::run(cfg, listener, shutdown_signal()).await
+}
+
+/// The listener of `--metrics`, when given, and the address it got.
+pub async fn metrics_listener(
+    a: &crate::args::MetricsArgs,
+) -> Result<Option<(tokio::net::TcpListener, std::net::SocketAddr)>, TransferError> {
+    match &a.addr {
+        None => Ok(None),
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                TransferError::usage(format!("--metrics: cannot listen on {addr}: {e}"))
+            })?;
+            let local = listener
+                .local_addr()
+                .map_err(|e| TransferError::local(e.to_string()))?;
+            tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
+            Ok(Some((listener, local)))
+        }
+    }
+}
+
+/// `--print-addr`: the service's address on stdout, followed on the same line by the metrics
+/// URL when there is one (`127.0.0.1:5811 http://127.0.0.1:9812/metrics`, as `haul meta
+/// serve` prints its dashboard's).
+pub fn print_addrs(print: bool, addr: std::net::SocketAddr, metrics: Option<std::net::SocketAddr>) {
+    if !print {
+        return;
+    }
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = match metrics {
+        Some(m) => writeln!(out, "{addr} http://{m}/metrics"),
+        None => writeln!(out, "{addr}"),
+    };
+    let _ = out.flush();
 }
 
 /// Listens on `addr` (`host:port`, port 0 for any): the listener and the address it got.

@@ -1,6 +1,6 @@
 //! The monitoring side of the metadata server over plain HTTP (bind it to a trusted
 //! interface): `/` a dashboard that refreshes itself, `/api/status` the same as JSON, and
-//! `/metrics` in the Prometheus text format. Read-only; nothing here changes the grid. No one
+//! `/metrics` in the Prometheus text format (see [`crate::exposition`]). Read-only; nothing here changes the grid. No one
 //! is authenticated here: events show only paths that anybody could list.
 
 use crate::state::Meta;
@@ -110,61 +110,10 @@ async fn api_status(State(meta): State<Arc<Meta>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(meta): State<Arc<Meta>>) -> impl IntoResponse {
-    let s = status(&meta).await;
-    let mut out = String::new();
-    out.push_str("# TYPE haul_meta_entries gauge\n");
-    out.push_str(&format!("haul_meta_entries {}\n", s.entries));
-    out.push_str("# TYPE haul_meta_cache_hit_ratio gauge\n");
-    out.push_str(&format!(
-        "haul_meta_cache_hit_ratio {}\n",
-        s.cache_hit_ratio
-    ));
-    out.push_str("# TYPE haul_meta_rpc_calls_total counter\n");
-    for o in &s.ops {
-        out.push_str(&format!(
-            "haul_meta_rpc_calls_total{{op=\"{}\"}} {}\n",
-            o.op, o.calls
-        ));
-    }
-    out.push_str("# TYPE haul_meta_rpc_errors_total counter\n");
-    for o in &s.ops {
-        out.push_str(&format!(
-            "haul_meta_rpc_errors_total{{op=\"{}\"}} {}\n",
-            o.op, o.errors
-        ));
-    }
-    out.push_str("# TYPE haul_meta_rpc_items_total counter\n");
-    for o in &s.ops {
-        out.push_str(&format!(
-            "haul_meta_rpc_items_total{{op=\"{}\"}} {}\n",
-            o.op, o.items
-        ));
-    }
-    for (name, help) in [
-        ("haul_node_up", "gauge"),
-        ("haul_node_free_bytes", "gauge"),
-        ("haul_node_capacity_bytes", "gauge"),
-        ("haul_node_load", "gauge"),
-        ("haul_node_rate_bytes_per_second", "gauge"),
-        ("haul_node_replicas", "gauge"),
-    ] {
-        out.push_str(&format!("# TYPE {name} {help}\n"));
-        for n in &s.nodes {
-            let v = match name {
-                "haul_node_up" => (n.up as u8).to_string(),
-                "haul_node_free_bytes" => n.free.to_string(),
-                "haul_node_capacity_bytes" => n.capacity.to_string(),
-                "haul_node_load" => n.load.to_string(),
-                "haul_node_rate_bytes_per_second" => n.rate_bytes_per_s.to_string(),
-                _ => n.replicas.to_string(),
-            };
-            out.push_str(&format!(
-                "{name}{{node=\"{}\",site=\"{}\"}} {v}\n",
-                n.name, n.site
-            ));
-        }
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+    (
+        [(header::CONTENT_TYPE, transfer::metrics::CONTENT_TYPE)],
+        crate::exposition::exposition(&meta).await,
+    )
 }
 
 fn esc(s: &str) -> String {
@@ -233,7 +182,8 @@ async fn dashboard(State(meta): State<Arc<Meta>>) -> impl IntoResponse {
     Html(h)
 }
 
-/// Serves the dashboard until `stop`.
+/// Serves the dashboard until `stop`, on the hardened listener of `transfer::http`
+/// (connection limits, header timeout, bounded connection lifetime).
 pub async fn serve(
     meta: Arc<Meta>,
     listener: TcpListener,
@@ -244,7 +194,11 @@ pub async fn serve(
         .route("/api/status", get(api_status))
         .route("/metrics", get(metrics))
         .with_state(meta);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
+    transfer::http::serve(
+        listener,
+        hyper_util::service::TowerToHyperService::new(app),
+        transfer::http::HttpLimits::default(),
+        stop,
+    )
+    .await
 }

@@ -9,9 +9,11 @@
 pub mod auth;
 pub mod enrol;
 pub mod error;
+pub mod exposition;
 mod files;
 mod grpc;
 pub mod http;
+pub mod metrics;
 mod namespace;
 mod nodes;
 pub mod perm;

@@ -961,6 +961,14 @@ async fn run_session(
             let _ = meta.catalog.remove_replica(*id, &dst.node.name).await;
         }
     }
+    meta.metrics.replication(
+        &src.node.site,
+        &dst.node.site,
+        out.bytes,
+        out.done.len().saturating_sub(already.len()) as u64,
+        out.failed.len() as u64,
+        out.session_error.is_none(),
+    );
     out.tasks = tasks;
     out.seconds = started.elapsed().as_secs_f64();
     out.released = released.load(Ordering::Relaxed);

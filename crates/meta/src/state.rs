@@ -115,6 +115,8 @@ pub struct Meta {
     /// node that had just registered, and a refresh could put back a node's older figures.
     nodes_refresh: tokio::sync::Mutex<()>,
     pub ops: Mutex<BTreeMap<&'static str, std::sync::Arc<OpStats>>>,
+    /// Latency of each operation, and replication by site pair, for `/metrics`.
+    pub metrics: crate::metrics::MetaMetrics,
     pub started: Instant,
     /// Inventories being uploaded in parts, by node.
     pub inventories: Mutex<HashMap<String, HashMap<i64, u64>>>,
@@ -184,6 +186,7 @@ impl Meta {
             nodes: RwLock::new(HashMap::new()),
             nodes_refresh: tokio::sync::Mutex::new(()),
             ops: Mutex::new(BTreeMap::new()),
+            metrics: Default::default(),
             started: Instant::now(),
             inventories: Mutex::new(HashMap::new()),
             events: Mutex::new(Default::default()),
@@ -343,10 +346,12 @@ impl Meta {
             let mut ops = self.ops.lock().expect("ops lock");
             ops.entry(op).or_default().clone()
         };
+        let took = since.elapsed();
         s.calls.fetch_add(1, Ordering::Relaxed);
         s.items.fetch_add(items, Ordering::Relaxed);
         s.micros
-            .fetch_add(since.elapsed().as_micros() as u64, Ordering::Relaxed);
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        self.metrics.rpc(op, took.as_secs_f64());
         if !ok {
             s.errors.fetch_add(1, Ordering::Relaxed);
         }

@@ -51,6 +51,8 @@ pub struct NodeConfig {
     pub log: Option<Arc<transfer::translog::TransferLog>>,
     /// Sessions the node sends in are traced into this directory (`--trace-dir`).
     pub trace_dir: Option<PathBuf>,
+    /// Where Prometheus metrics are served (`--metrics`), labelled with the node and site.
+    pub metrics: Option<TcpListener>,
 }
 
 /// The node's link to its metadata server, as its data service uses it.
@@ -303,7 +305,7 @@ async fn remove_dead(cfg: &NodeConfig, meta: &MetaClient, ids: &[i64]) {
 
 /// Runs the node until `shutdown` completes.
 pub async fn run(
-    cfg: NodeConfig,
+    mut cfg: NodeConfig,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), NodeError> {
@@ -337,6 +339,22 @@ pub async fn run(
         trace_dir: cfg.trace_dir.clone(),
     };
     let stop = CancellationToken::new();
+    if let Some(listener) = cfg.metrics.take() {
+        let mut registry = prometheus_client::registry::Registry::with_labels(
+            [
+                ("node".into(), cfg.name.clone().into()),
+                ("site".into(), cfg.site.clone().into()),
+            ]
+            .into_iter(),
+        );
+        stats.metrics.register(&mut registry);
+        transfer::metrics::register_build_info(&mut registry);
+        tokio::spawn(transfer::metrics::serve(
+            listener,
+            Arc::new(registry),
+            stop.clone(),
+        ));
+    }
     let data = {
         let stop = stop.clone();
         tokio::spawn(async move {

@@ -14,6 +14,7 @@ use crate::conn::{
 };
 use crate::error::TransferError;
 use crate::limits::{ConnLimiter, Limits};
+use crate::metrics::{Direction, SessionTally};
 use crate::pool::MemoryBudget;
 use crate::progress::{Counters, Event};
 use crate::service::{Caller, Service, SinkNaming, SourceList, SourceSelection};
@@ -68,13 +69,7 @@ pub struct EndpointConfig {
     pub trace_dir: Option<PathBuf>,
 }
 
-/// Sessions running and bytes moved by an endpoint.
-#[derive(Default, Debug)]
-pub struct EndpointStats {
-    pub sessions: std::sync::atomic::AtomicU32,
-    /// Payload bytes sent or received, updated while sessions run.
-    pub bytes: std::sync::atomic::AtomicU64,
-}
+pub use crate::metrics::EndpointStats;
 
 struct Registered {
     key: DataKey,
@@ -147,9 +142,11 @@ pub async fn run(
                     }
                 };
                 let Ok(admission) = limiter.admit(addr.ip()) else {
+                    ep.cfg.stats.metrics.connection_refused();
                     crate::limits::reset(tcp);
                     continue;
                 };
+                let open = ep.cfg.stats.metrics.connection_opened();
                 let ep = ep.clone();
                 let stop = stop.child_token();
                 // Every log line of this connection names its peer and, once known, its
@@ -162,7 +159,7 @@ pub async fn run(
                 tokio::spawn(
                     async move {
                         handle(ep, tcp, addr.to_string(), stop).await;
-                        drop(admission);
+                        drop((admission, open));
                     }
                     .instrument(span),
                 );
@@ -598,17 +595,6 @@ fn session_span(id: &control::SessionId) -> tracing::Span {
     tracing::info_span!("session", id = %hex::encode(id))
 }
 
-/// Counts a session as running while alive.
-struct Running<'a>(&'a EndpointStats);
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0
-            .sessions
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// The control connection a session runs on: requests in, responses out.
 struct Control<'a> {
     reader: &'a mut ControlReader,
@@ -630,26 +616,33 @@ struct Live {
     cancel: CancellationToken,
     /// Writes the session's records when the endpoint keeps a transfer log.
     recorder: Option<Recorder>,
+    /// Counts the session into the endpoint's figures and metrics.
+    tally: SessionTally,
 }
 
 impl Live {
     /// A new session's, and the sender its machines report events on.
-    fn new(recorder: Option<Recorder>) -> (Self, crate::progress::EventSender) {
+    fn new(
+        recorder: Option<Recorder>,
+        tally: SessionTally,
+    ) -> (Self, crate::progress::EventSender) {
         let (tx, events) = mpsc::unbounded_channel();
         let live = Live {
             counters: Arc::default(),
             events,
             cancel: CancellationToken::new(),
             recorder,
+            tally,
         };
         (live, tx)
     }
 
     /// Writes the session's own record (when there is a log) and hands the result on.
     fn finish(
-        &self,
+        &mut self,
         result: Result<SessionSummary, TransferError>,
     ) -> Result<SessionSummary, TransferError> {
+        self.tally.finish(&result);
         if let Some(r) = &self.recorder {
             r.finish(match &result {
                 Ok(summary) => Ok(summary.into()),
@@ -682,7 +675,6 @@ fn session_facts(
 /// written, or `Cancel` cancels the session, which still runs to its end: what it did is
 /// recorded (ledgers, the transfer log) even when nobody is left to tell.
 async fn relay<T>(
-    stats: &EndpointStats,
     ctl: &mut Control<'_>,
     live: &mut Live,
     run: impl Future<Output = Result<T, TransferError>>,
@@ -693,6 +685,7 @@ async fn relay<T>(
         events,
         cancel,
         recorder,
+        tally,
     } = live;
     tokio::pin!(run);
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -700,15 +693,12 @@ async fn relay<T>(
     let mut client_gone = false;
     // Set when the client closed its side of the control connection.
     let mut grace: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
-    let mut reported = 0u64;
-    stats
-        .sessions
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let _running = Running(stats);
     loop {
         tokio::select! {
             r = &mut run => {
+                tally.bytes(Counters::get(&counters.bytes_done));
                 while let Ok(ev) = events.try_recv() {
+                    tally.on_event(&ev);
                     if let Some(rec) = recorder.as_mut() {
                         rec.on_event(&ev);
                     }
@@ -719,6 +709,7 @@ async fn relay<T>(
                 return r;
             }
             Some(ev) = events.recv() => {
+                tally.on_event(&ev);
                 if let Some(rec) = recorder.as_mut() {
                     rec.on_event(&ev);
                 }
@@ -729,8 +720,7 @@ async fn relay<T>(
             }
             _ = tick.tick() => {
                 let now = Counters::get(&counters.bytes_done);
-                stats.bytes.fetch_add(now.saturating_sub(reported), std::sync::atomic::Ordering::Relaxed);
-                reported = reported.max(now);
+                tally.bytes(now);
                 let p = Response::Progress {
                     bytes: now,
                     files: Counters::get(&counters.files_done),
@@ -821,7 +811,8 @@ async fn sink(
         Role::Receive,
         &open.options,
     );
-    let (mut live, events) = Live::new(recorder);
+    let tally = SessionTally::new(ep.cfg.stats.clone(), Direction::Receive);
+    let (mut live, events) = Live::new(recorder, tally);
     let spec = SinkSpec {
         root: caller.root.clone(),
         naming,
@@ -833,7 +824,7 @@ async fn sink(
     let (counters, cancel) = (live.counters.clone(), live.cancel.clone());
     let run = run_sink(spec, conns, counters.clone(), events, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
-    let result = relay(&ep.cfg.stats, ctl, &mut live, run).await;
+    let result = relay(ctl, &mut live, run).await;
     let summary = live.finish(result.map(|o| o.summary()));
     finish(ctl.writer, summary).await
 }
@@ -897,7 +888,8 @@ async fn source(
         r.facts.range = range;
         r.facts.zero_copy = Some(options.protect == Protect::Clear);
     }
-    let (mut live, events) = Live::new(recorder);
+    let tally = SessionTally::new(ep.cfg.stats.clone(), Direction::Send);
+    let (mut live, events) = Live::new(recorder, tally);
     let cancel = live.cancel.clone();
     let mut options = options;
     let (conns, _guard, plan_text) = match &push {
@@ -998,7 +990,7 @@ async fn source(
     let counters = live.counters.clone();
     let run = run_source(spec, conns, counters.clone(), events, cancel.clone());
     let run = with_first_stream_deadline(run, &counters, &cancel);
-    let result = relay(&ep.cfg.stats, ctl, &mut live, run).await;
+    let result = relay(ctl, &mut live, run).await;
     let summary = live.finish(result.map(|o| o.summary(plan_text)));
     finish(ctl.writer, summary).await
 }

@@ -8,7 +8,6 @@
 
 use super::*;
 use serde_json::Value;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -71,6 +70,8 @@ pub struct Node {
     pub site: String,
     pub root: PathBuf,
     pub addr: String,
+    /// `host:port` of its `/metrics`, when started with `--metrics`.
+    pub metrics: Option<String>,
     pub proc: Option<Proc>,
 }
 
@@ -119,6 +120,7 @@ impl Grid {
                 site: site.into(),
                 root,
                 addr: String::new(),
+                metrics: None,
                 proc: None,
             };
             g.start_node(&mut n);
@@ -187,9 +189,13 @@ impl Grid {
             "127.0.0.1:0",
         );
         cmd.args(["--capacity", "10G"]).args(extra);
-        let (p, addr) = start_server(cmd, &self.path().join(format!("{}.log", n.name)));
-        assert!(addr.starts_with("127.0.0.1:"), "node address: {addr:?}");
+        let (p, line) = start_server(cmd, &self.path().join(format!("{}.log", n.name)));
+        // "ADDR" or, with --metrics, "ADDR http://METRICS/metrics"
+        let mut words = line.split_whitespace();
+        let addr = words.next().unwrap_or_default().to_string();
+        assert!(addr.starts_with("127.0.0.1:"), "node address: {line:?}");
         n.addr = addr;
+        n.metrics = words.next().map(url_host);
         n.proc = Some(p);
     }
 
@@ -200,21 +206,14 @@ impl Grid {
             site: site.into(),
             root: self.path().join("nodes").join(name),
             addr: String::new(),
+            metrics: None,
             proc: None,
         }
     }
 
     /// The body of `GET path` from the dashboard (plain HTTP/1.0, no authentication).
     pub fn http_get(&self, path: &str) -> String {
-        use std::io::Write;
-        let mut c = std::net::TcpStream::connect(&self.meta_http).expect("dashboard");
-        c.set_read_timeout(Some(CMD_TIMEOUT)).unwrap();
-        write!(c, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.meta_http).unwrap();
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        out.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or(out)
+        super::http_get(&self.meta_http, path)
     }
 
     /// `haul cert issue ARGS` in the grid's PKI directory; returns its stdout.
@@ -487,6 +486,12 @@ pub fn make_pki(dir: &Path) -> harness::pki::Pki {
         groups: vec![("atlas".into(), s(&["alice", "bob"]))],
     };
     harness::pki::Pki::create(dir, &spec, &haul_clean).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `host:port` of a URL `http://host:port/...`.
+pub fn url_host(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    rest.split('/').next().unwrap_or_default().to_string()
 }
 
 /// The enrolment line (`NAME sha256:...`) that `haul cert issue --host` printed.

@@ -45,6 +45,8 @@ pub fn haul_env(mut c: Command) -> Command {
 pub struct Endpoint {
     pub child: Child,
     pub addr: String,
+    /// `host:port` of its `/metrics`, when started with `--metrics`.
+    pub metrics: Option<String>,
     pub root: PathBuf,
 }
 
@@ -73,6 +75,84 @@ impl Drop for Endpoint {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The response to `request` (HTTP/1.0: the server closes after it) from the plain-HTTP
+/// server at `addr`: its status code and body; status 0 and the error when it cannot connect.
+pub fn http_request(addr: &str, request: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut c = match std::net::TcpStream::connect(addr) {
+        Ok(c) => c,
+        Err(e) => return (0, format!("cannot connect to {addr}: {e}")),
+    };
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The body of `GET path` from the plain-HTTP server at `addr`.
+pub fn http_get(addr: &str, path: &str) -> String {
+    let (status, body) = http_request(
+        addr,
+        &format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n"),
+    );
+    assert_eq!(status, 200, "GET http://{addr}{path}: {body}");
+    body
+}
+
+/// Checks an exposition with `promtool check metrics` (Debian's `prometheus`), the parser
+/// and linter Prometheus itself uses: Ok(false) when promtool is not installed.
+pub fn promtool_check(text: &str) -> Result<bool, String> {
+    use std::io::Write;
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("promtool: {e}")),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // promtool exits 0 with lint findings printed, 1 with lint findings, 3 on a parse error.
+    if out.status.success() && said.trim().is_empty() {
+        Ok(true)
+    } else {
+        Err(format!(
+            "promtool check metrics: {:?}: {said}\n{text}",
+            out.status.code()
+        ))
+    }
+}
+
+/// The value of the series `series` (`name{labels}` exactly as written) in an exposition.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// Starts `haul serve` on an ephemeral loopback port.
@@ -122,11 +202,14 @@ pub fn serve_logging(
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .expect("read address");
-    let addr = line.trim().to_string();
+    // "ADDR" or, with --metrics, "ADDR http://METRICS/metrics"
+    let mut words = line.split_whitespace();
+    let addr = words.next().unwrap_or_default().to_string();
     assert!(addr.contains(':'), "endpoint did not start: {line:?}");
     Endpoint {
         child,
         addr,
+        metrics: words.next().map(grid::url_host),
         root: root.to_path_buf(),
     }
 }
