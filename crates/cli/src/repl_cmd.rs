@@ -9,6 +9,7 @@ use serde_json::json;
 use std::sync::Arc;
 use transfer::TransferError;
 use transfer::progress::Counters;
+use wire::units::count;
 
 /// The exit code for per-file failures: the first one's kind's (4 when a file has no healthy
 /// replica or its copies failed, 5 for permissions, 6 when no eligible node or site can take a
@@ -87,9 +88,9 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
         );
     } else {
         eprintln!(
-            "{} files: {} copies made ({}), {} already as asked, {} failed, {:.1} s, {}",
-            p.files,
-            p.copies_made,
+            "{}: {} made ({}), {} already as asked, {} failed, {:.1} s, {}",
+            count(p.files, "file", "files"),
+            count(p.copies_made, "copy", "copies"),
             wire::units::format_bytes(p.bytes_done),
             p.already,
             p.failures.len(),
@@ -206,10 +207,10 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
             eprintln!("haul: {}", one_line(&f.message));
         }
         eprintln!(
-            "{} files, {} of {} replicas checked ({}), {} bad, {} repaired, {:.1} s",
-            p.files,
+            "{}, {} of {} checked ({}), {} bad, {} repaired, {:.1} s",
+            count(p.files, "file", "files"),
             p.checked,
-            p.replicas,
+            count(p.replicas, "replica", "replicas"),
             wire::units::format_bytes(p.bytes_checked),
             p.damaged.len(),
             p.repaired,
@@ -249,10 +250,10 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
         out!("  {}  {}", shown(&p.path), policy_text(p));
     }
     out!(
-        "reconciler: {} files missing copies, {} surplus copies, {} copies being made; {} made and {} removed so far; last pass {:.1} s",
-        st.under_replicated,
-        st.over_replicated,
-        st.repairs_running,
+        "reconciler: {} missing copies, {}, {} being made; {} made and {} removed so far; last pass {:.1} s",
+        count(st.under_replicated, "file", "files"),
+        count(st.over_replicated, "surplus copy", "surplus copies"),
+        count(st.repairs_running, "copy", "copies"),
         st.repairs_done,
         st.removals_done,
         st.last_pass_seconds

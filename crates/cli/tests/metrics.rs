@@ -173,7 +173,7 @@ fn grid_metrics_escape_labels_and_count_replication_by_site_pair() {
         ],
     );
     assert!(out.status.success(), "{out:?}");
-    g.ok(
+    let out = g.ok(
         "alice",
         &[
             "replicate",
@@ -186,6 +186,9 @@ fn grid_metrics_escape_labels_and_count_replication_by_site_pair() {
             "/alice/m.bin",
         ],
     );
+    // The summary counts in words that agree with the numbers.
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("1 file: 1 copy made ("), "{said}");
 
     let text = g.http_get("/metrics");
     let node_up = format!("haul_node_up{{node=\"q1\",site=\"{escaped}\"}}");
