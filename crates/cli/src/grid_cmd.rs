@@ -337,12 +337,19 @@ pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
         let e = w.entry.unwrap_or_default();
         if a.json {
             out.push(json!({
-                "path": e.path, "size": e.size, "checksum": e.checksum,
+                "path": e.path, "size": e.size,
+                "type": if e.is_dir { "dir" } else { "file" },
+                "checksum": if e.is_dir { None } else { Some(&e.checksum) },
                 "replicas": w.replicas.iter().map(|r| json!({
                     "node": r.node, "site": r.site, "address": r.address, "state": r.state,
                     "checksum": r.checksum, "node_up": r.node_up,
                 })).collect::<Vec<_>>(),
             }));
+            continue;
+        }
+        if e.is_dir {
+            // Directories live in the catalog only: no size, checksum or replicas to show.
+            out!("{} (a directory: only files have replicas)", shown(&e.path));
             continue;
         }
         out!("{} ({} bytes, {})", shown(&e.path), e.size, e.checksum);

@@ -80,6 +80,17 @@ fn upload_list_where_download_and_copy_to_another_site() {
     let e = g.where_(&["/alice/tree/empty".to_string()]);
     assert_eq!(e[0]["size"], 0);
     assert_eq!(e[0]["replicas"].as_array().unwrap().len(), 0);
+    assert_eq!(e[0]["type"], "file");
+    // A directory is said to be one: no empty checksum, no "no replicas".
+    let d = g.where_(&["/alice/tree/sub".to_string()]);
+    assert_eq!(d[0]["type"], "dir", "{d:?}");
+    assert!(d[0]["checksum"].is_null(), "{d:?}");
+    let out = g.ok("alice", &["where", "/alice/tree/sub"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim(),
+        "/alice/tree/sub (a directory: only files have replicas)"
+    );
 
     // Download: byte-identical, the empty file and the nested directories included.
     assert_download_same(&g, "alice", &g.url("/alice/tree"), &src, &[]);
