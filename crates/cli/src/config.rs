@@ -94,8 +94,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// Parses `text`; an error names the file, line and column (`FILE:LINE:COL: what`, as
+    /// compilers do, so that editors jump to it).
     pub fn parse(text: &str, origin: &Path) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| format!("{}: {}", origin.display(), e.message()))
+        toml::from_str(text).map_err(|e| {
+            let at = e
+                .span()
+                .map(|s| line_column(text, s.start))
+                .map(|(line, col)| format!(":{line}:{col}"))
+                .unwrap_or_default();
+            format!("{}{at}: {}", origin.display(), e.message())
+        })
     }
 
     /// Finds and reads the configuration. `explicit` is `--config`; it must exist.
@@ -182,6 +191,20 @@ impl Config {
     }
 }
 
+/// Line and column (from 1; the column in characters) of byte `offset` of `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut at = offset.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    let before = &text[..at];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (
+        before.matches('\n').count() + 1,
+        before[line_start..].chars().count() + 1,
+    )
+}
+
 fn set_default(cmd: Command, sub: &str, arg: &str, value: Option<String>) -> Command {
     let Some(value) = value else { return cmd };
     cmd.mut_subcommand(sub, |s| {
@@ -223,6 +246,24 @@ mod tests {
     fn unknown_keys_are_errors() {
         let err = Config::parse("[serve]\nlisten_on = \"x\"\n", Path::new("c.toml")).unwrap_err();
         assert!(err.contains("listen_on"), "{err}");
+        assert!(err.starts_with("c.toml:2:1: "), "{err}");
+    }
+
+    #[test]
+    fn errors_name_the_line_and_column() {
+        let err = Config::parse(
+            "[cp]\nretries = 3\n# é\nrate = \"800M\"\nconcurrency = \"many\"\n",
+            Path::new("/etc/haul/config.toml"),
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("/etc/haul/config.toml:5:15: "),
+            "the value of line 5: {err}"
+        );
+        let err = Config::parse("[cp]\nretries = \n", Path::new("c.toml")).unwrap_err();
+        assert!(err.starts_with("c.toml:2:"), "{err}");
+        assert_eq!(line_column("ab\ncé\nd", 6), (2, 3));
+        assert_eq!(line_column("ab", 99), (1, 3));
     }
 
     #[test]
