@@ -14,7 +14,7 @@
 //! | `haul_sessions_active` | gauge | `direction` |
 //! | `haul_sessions_total` | counter | `direction`, `result` (`ok`, `failed`) |
 //! | `haul_tcp_retransmits_total` | counter | `direction` |
-//! | `haul_connections_open` | gauge | (control and data connections held) |
+//! | `haul_connections_open` | gauge | (control connections, and data connections until they join their session) |
 //! | `haul_connections_refused_total` | counter | (over the connection limits) |
 //! | `haul_build_info` | gauge | `version` |
 //!
@@ -168,7 +168,7 @@ impl EndpointMetrics {
         );
         registry.register(
             "haul_connections_open",
-            "Connections held by the endpoint (control and data)",
+            "Connections admitted and not yet closed: control connections, and data connections until they join their session",
             self.connections_open.clone(),
         );
         registry.register(
