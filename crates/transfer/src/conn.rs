@@ -856,27 +856,53 @@ mod tests {
 
     /// A stream its opener sends on keeps its hello corked, for the first block to join it;
     /// any other stream sends the hello at once.
+    ///
+    /// The kernel holds corked bytes for at most 200 ms: an attempt during which this process
+    /// was stalled that long (a busy VM) proves nothing about cork and is made again, up to
+    /// five times, else the test is inconclusive. The cork option itself, and the uncorked
+    /// stream, are asserted always.
     #[tokio::test]
     async fn a_sending_stream_holds_its_hello_for_the_first_block() {
+        /// Under the kernel's cork ceiling with room to spare.
+        const IN_TIME: Duration = Duration::from_millis(150);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let corked = |c: &DataConn| socket2::SockRef::from(c.io.tcp()).tcp_cork().unwrap();
 
-        let held = open_data_stream(&target(addr, true, false), 0)
-            .await
-            .unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
-        assert!(corked(&held), "hello held back");
-        let mut byte = [0u8; 1];
-        let early = tokio::time::timeout(Duration::from_millis(50), server.read(&mut byte)).await;
-        assert!(early.is_err(), "nothing arrives while corked");
+        let mut slow = Vec::new();
+        let mut in_time = None;
+        for stream in 0..5 {
+            let started = std::time::Instant::now();
+            let held = open_data_stream(&target(addr, true, false), stream)
+                .await
+                .unwrap();
+            let (mut server, _) = listener.accept().await.unwrap();
+            assert!(corked(&held), "hello held back");
+            let mut byte = [0u8; 1];
+            let early =
+                tokio::time::timeout(Duration::from_millis(50), server.read(&mut byte)).await;
+            let took = started.elapsed(); // the read's window ended no earlier than this
+            if took < IN_TIME {
+                assert!(early.is_err(), "nothing arrives while corked");
+                in_time = Some((held, server));
+                break;
+            }
+            slow.push(format!("{} ms", took.as_millis()));
+        }
+        let Some((held, mut server)) = in_time else {
+            testkit::inconclusive(format!(
+                "every attempt was stalled past the kernel's 200 ms cork limit: {}",
+                slow.join(", ")
+            ));
+            return;
+        };
         sys::set_cork(held.io.tcp(), false).unwrap();
         let magic = control::DATA_MAGIC;
         let mut got = vec![0u8; magic.len()];
         server.read_exact(&mut got).await.unwrap();
         assert_eq!(got, magic, "the hello leaves once uncorked");
 
-        let at_once = open_data_stream(&target(addr, false, false), 1)
+        let at_once = open_data_stream(&target(addr, false, false), 9)
             .await
             .unwrap();
         let (mut server, _) = listener.accept().await.unwrap();
