@@ -31,6 +31,7 @@ pub async fn run(c: &Catalog) {
     replicas_complete_only_where_being_written(c).await;
     writing_replicas_expire_with_their_lease(c).await;
     files_remember_they_arrived_privately(c).await;
+    draining_and_removing_nodes(c).await;
 }
 
 async fn batch_creates(c: &Catalog) {
@@ -916,4 +917,89 @@ async fn files_remember_they_arrived_privately(c: &Catalog) {
         .unwrap();
     assert!(!c.stat("/priv/secret").await.unwrap().private);
     c.remove("/priv", true).await.unwrap();
+}
+
+async fn draining_and_removing_nodes(c: &Catalog) {
+    let e = entry("dora");
+    c.mkdir("/drain", &e, false).await.unwrap();
+    for n in ["d1", "d2"] {
+        c.register_node(n, "S", "127.0.0.1:1", 1000, 900)
+            .await
+            .unwrap();
+    }
+    let mut ids = Vec::new();
+    for (name, size) in [("both", 10u64), ("only", 20), ("empty", 0)] {
+        let p = c
+            .create_pending(&format!("/drain/{name}"), &e)
+            .await
+            .unwrap();
+        c.commit_file(p.id, size, "crc32c:00000001", 0)
+            .await
+            .unwrap();
+        ids.push(p.id);
+    }
+    let (both, only, empty) = (ids[0], ids[1], ids[2]);
+    for (id, node) in [(both, "d1"), (both, "d2"), (only, "d1"), (empty, "d1")] {
+        c.set_replica(id, node, ReplicaState::Complete, "crc32c:00000001")
+            .await
+            .unwrap();
+    }
+    // A record keeps the time it was made through later changes.
+    let made = c.replicas(both).await.unwrap()[0].created_ms;
+    assert!(made > 0);
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    c.set_replica(both, "d1", ReplicaState::Complete, "crc32c:00000001")
+        .await
+        .unwrap();
+    let again = &c.replicas(both).await.unwrap()[0];
+    assert_eq!(again.created_ms, made);
+    assert!(again.updated_ms > made);
+    let usage = c.node_usage().await.unwrap();
+    assert_eq!(usage.get("d1"), Some(&(3, 30)), "{usage:?}");
+    assert_eq!(usage.get("d2"), Some(&(1, 10)), "{usage:?}");
+
+    assert_eq!(c.node("d1").await.unwrap().drain_ms, 0);
+    let d = c.set_drain("d1", true).await.unwrap();
+    assert!(d.drain_ms > 0);
+    assert_eq!(d.drain_replicas, 3);
+    // Draining again keeps the start; heartbeats and re-registration keep the drain.
+    c.remove_replica(only, "d1").await.unwrap();
+    let again = c.set_drain("d1", true).await.unwrap();
+    assert_eq!((again.drain_ms, again.drain_replicas), (d.drain_ms, 3));
+    c.heartbeat("d1", 1000, 800, 0.5).await.unwrap();
+    c.register_node("d1", "S", "127.0.0.1:2", 1000, 800)
+        .await
+        .unwrap();
+    assert_eq!(c.node("d1").await.unwrap().drain_ms, d.drain_ms);
+    assert!(matches!(
+        c.set_drain("ghost", true).await,
+        Err(CatalogError::NotFound(_))
+    ));
+    let off = c.set_drain("d1", false).await.unwrap();
+    assert_eq!((off.drain_ms, off.drain_replicas), (0, 0));
+    c.set_replica(only, "d1", ReplicaState::Complete, "crc32c:00000001")
+        .await
+        .unwrap();
+
+    // A plain removal is refused while replicas remain; a forced one says what is lost: the
+    // file whose one copy was there (not the empty file, not the one with a copy on d2).
+    assert!(matches!(
+        c.remove_node("d1").await,
+        Err(CatalogError::NotEmpty(_))
+    ));
+    let lost = c.remove_node_forced("d1").await.unwrap();
+    assert_eq!(lost.replicas, 3);
+    assert_eq!(lost.orphaned, vec![only]);
+    assert!(matches!(c.node("d1").await, Err(CatalogError::NotFound(_))));
+    assert!(c.replicas(only).await.unwrap().is_empty());
+    assert_eq!(c.replicas(both).await.unwrap().len(), 1);
+    assert!(c.stat("/drain/only").await.is_ok(), "the file stays listed");
+    assert!(matches!(
+        c.remove_node_forced("d1").await,
+        Err(CatalogError::NotFound(_))
+    ));
+    c.remove("/drain", true).await.unwrap();
+    c.remove_replica(both, "d2").await.unwrap();
+    c.forget_dead("d2", &[both]).await.unwrap();
+    c.remove_node("d2").await.unwrap();
 }

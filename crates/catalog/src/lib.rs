@@ -144,6 +144,9 @@ pub struct Replica {
     pub state: ReplicaState,
     pub checksum: String,
     pub updated_ms: i64,
+    /// When the record was made (0: before this was recorded). A drain tells the copies it
+    /// made from those the file had by this.
+    pub created_ms: i64,
 }
 
 /// A storage node as registered.
@@ -158,6 +161,11 @@ pub struct Node {
     pub heartbeat_ms: i64,
     pub registered_ms: i64,
     pub up: bool,
+    /// When an administrator began draining it (ms since the epoch; 0: not draining). A
+    /// draining node takes no new replicas and its replicas are moved off.
+    pub drain_ms: i64,
+    /// Complete replicas it held when its drain began.
+    pub drain_replicas: u64,
 }
 
 /// A node's registration (see [`Catalog::register_node_with_key`]).
@@ -174,6 +182,15 @@ pub struct NodeRegistration<'a> {
     pub cert: &'a str,
     /// The enrolment lists this very certificate: it may replace another one.
     pub may_rotate: bool,
+}
+
+/// What [`Catalog::remove_node_forced`] dropped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForcedRemoval {
+    /// Replica records of the node (any state).
+    pub replicas: u64,
+    /// Files (non-empty) that had no complete replica on any other node: their data is lost.
+    pub orphaned: Vec<i64>,
 }
 
 /// The outcome of a checked change that failed: refused by its authorization (with the
@@ -1567,7 +1584,7 @@ impl Catalog {
         checksum: &str,
     ) -> Result<()> {
         sqlx::query(
-            "INSERT INTO replicas (inode, node, state, checksum, updated_ms) VALUES ($1, $2, $3, $4, $5) \
+            "INSERT INTO replicas (inode, node, state, checksum, updated_ms, created_ms) VALUES ($1, $2, $3, $4, $5, $5) \
              ON CONFLICT (inode, node) DO UPDATE SET state = excluded.state, checksum = excluded.checksum, updated_ms = excluded.updated_ms",
         )
         .bind(inode)
@@ -1743,7 +1760,7 @@ impl Catalog {
     }
 
     pub async fn replicas(&self, inode: i64) -> Result<Vec<Replica>> {
-        let rows = sqlx::query("SELECT inode, node, state, checksum, updated_ms FROM replicas WHERE inode = $1 ORDER BY node")
+        let rows = sqlx::query("SELECT inode, node, state, checksum, updated_ms, created_ms FROM replicas WHERE inode = $1 ORDER BY node")
             .bind(inode)
             .fetch_all(&self.pool)
             .await?;
@@ -1762,7 +1779,7 @@ impl Catalog {
             // Ids are integers: formatting them into the statement is safe and lets one query
             // serve a whole batch on both backends.
             let q = format!(
-                "SELECT inode, node, state, checksum, updated_ms FROM replicas WHERE inode IN ({list}) ORDER BY inode, node"
+                "SELECT inode, node, state, checksum, updated_ms, created_ms FROM replicas WHERE inode IN ({list}) ORDER BY inode, node"
             );
             for r in sqlx::query(&q).fetch_all(&self.pool).await? {
                 let r = replica_from(&r)?;
@@ -1774,7 +1791,7 @@ impl Catalog {
 
     /// Every replica a node is supposed to hold.
     pub async fn node_replicas(&self, node: &str) -> Result<Vec<Replica>> {
-        let rows = sqlx::query("SELECT inode, node, state, checksum, updated_ms FROM replicas WHERE node = $1 ORDER BY inode")
+        let rows = sqlx::query("SELECT inode, node, state, checksum, updated_ms, created_ms FROM replicas WHERE node = $1 ORDER BY inode")
             .bind(node)
             .fetch_all(&self.pool)
             .await?;
@@ -2081,7 +2098,7 @@ impl Catalog {
 
     pub async fn node(&self, name: &str) -> Result<Node> {
         let row = sqlx::query(
-            "SELECT name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up FROM nodes WHERE name = $1",
+            "SELECT name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up, drain_ms, drain_replicas FROM nodes WHERE name = $1",
         )
         .bind(name)
         .fetch_optional(&self.pool)
@@ -2093,7 +2110,7 @@ impl Catalog {
 
     pub async fn nodes(&self) -> Result<Vec<Node>> {
         let rows = sqlx::query(
-            "SELECT name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up FROM nodes ORDER BY site, name",
+            "SELECT name, site, address, capacity, free, load, heartbeat_ms, registered_ms, up, drain_ms, drain_replicas FROM nodes ORDER BY site, name",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -2141,6 +2158,104 @@ impl Catalog {
             Ok(())
         })
         .await
+    }
+
+    /// Starts (`on`) or ends the drain of a node. Starting records the time and the complete
+    /// replicas it holds; starting again keeps both (the drain goes on from where it is).
+    pub async fn set_drain(&self, name: &str, on: bool) -> Result<Node> {
+        self.write(async |w| {
+            let done = if on {
+                sqlx::query(
+                    "UPDATE nodes SET drain_replicas = CASE WHEN drain_ms = 0 THEN \
+                     (SELECT COUNT(*) FROM replicas WHERE node = $1 AND state = $2) ELSE drain_replicas END, \
+                     drain_ms = CASE WHEN drain_ms = 0 THEN $3 ELSE drain_ms END WHERE name = $1",
+                )
+                .bind(name)
+                .bind(ReplicaState::Complete.to_i64())
+                .bind(now_ms())
+                .execute(&mut *w.tx)
+                .await?
+            } else {
+                sqlx::query("UPDATE nodes SET drain_ms = 0, drain_replicas = 0 WHERE name = $1")
+                    .bind(name)
+                    .execute(&mut *w.tx)
+                    .await?
+            };
+            if done.rows_affected() == 0 {
+                return Err(CatalogError::NotFound(format!("node {name}")));
+            }
+            Ok(())
+        })
+        .await?;
+        self.node(name).await
+    }
+
+    /// Removes a node that still holds replicas (a dead one: its disk is gone). Its replica
+    /// records go (the files stay in the namespace); returns what was lost: the records, and
+    /// the files (non-empty) left without a complete replica anywhere else.
+    pub async fn remove_node_forced(&self, name: &str) -> Result<ForcedRemoval> {
+        self.write(async |w| {
+            let known = sqlx::query("SELECT 1 FROM nodes WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&mut *w.tx)
+                .await?;
+            if known.is_none() {
+                return Err(CatalogError::NotFound(format!("node {name}")));
+            }
+            let replicas: i64 = sqlx::query("SELECT COUNT(*) FROM replicas WHERE node = $1")
+                .bind(name)
+                .fetch_one(&mut *w.tx)
+                .await?
+                .try_get(0)?;
+            let rows = sqlx::query(
+                "SELECT r.inode FROM replicas r JOIN inodes i ON i.id = r.inode \
+                 WHERE r.node = $1 AND i.size > 0 AND NOT EXISTS \
+                 (SELECT 1 FROM replicas o WHERE o.inode = r.inode AND o.node <> $1 AND o.state = $2) \
+                 ORDER BY r.inode",
+            )
+            .bind(name)
+            .bind(ReplicaState::Complete.to_i64())
+            .fetch_all(&mut *w.tx)
+            .await?;
+            let orphaned = rows
+                .iter()
+                .map(|r| Ok(r.try_get::<i64, _>(0)?))
+                .collect::<Result<Vec<i64>>>()?;
+            for table in ["replicas", "dead_replicas", "nodes"] {
+                let col = if table == "nodes" { "name" } else { "node" };
+                sqlx::query(&format!("DELETE FROM {table} WHERE {col} = $1"))
+                    .bind(name)
+                    .execute(&mut *w.tx)
+                    .await?;
+            }
+            Ok(ForcedRemoval {
+                replicas: replicas as u64,
+                orphaned,
+            })
+        })
+        .await
+    }
+
+    /// Per node: complete replicas and the bytes they hold.
+    pub async fn node_usage(&self) -> Result<HashMap<String, (u64, u64)>> {
+        let rows = sqlx::query(
+            "SELECT r.node, COUNT(*), CAST(COALESCE(SUM(i.size), 0) AS BIGINT) FROM replicas r \
+             JOIN inodes i ON i.id = r.inode WHERE r.state = $1 GROUP BY r.node",
+        )
+        .bind(ReplicaState::Complete.to_i64())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String, _>(0)?,
+                    (
+                        r.try_get::<i64, _>(1)? as u64,
+                        r.try_get::<i64, _>(2)? as u64,
+                    ),
+                ))
+            })
+            .collect()
     }
 
     /// Counts of entries (for reports and benchmarks).
@@ -2194,6 +2309,7 @@ fn replica_from(r: &AnyRow) -> Result<Replica> {
         state: ReplicaState::from_i64(r.try_get("state")?),
         checksum: r.try_get("checksum")?,
         updated_ms: r.try_get("updated_ms")?,
+        created_ms: r.try_get("created_ms")?,
     })
 }
 
@@ -2208,6 +2324,8 @@ fn node_from(r: &AnyRow) -> Result<Node> {
         heartbeat_ms: r.try_get("heartbeat_ms")?,
         registered_ms: r.try_get("registered_ms")?,
         up: r.try_get::<i64, _>("up")? != 0,
+        drain_ms: r.try_get("drain_ms")?,
+        drain_replicas: r.try_get::<i64, _>("drain_replicas")? as u64,
     })
 }
 

@@ -31,6 +31,7 @@ pub(crate) const SQLITE: Files = embed!("sqlite":
     "0003_node_certificates.sql",
     "0004_writing_leases.sql",
     "0005_file_privacy.sql",
+    "0006_node_drain.sql",
 );
 
 pub(crate) const POSTGRES: Files = embed!("postgres":
@@ -39,6 +40,7 @@ pub(crate) const POSTGRES: Files = embed!("postgres":
     "0003_node_certificates.sql",
     "0004_writing_leases.sql",
     "0005_file_privacy.sql",
+    "0006_node_drain.sql",
 );
 
 /// The migrator for one database's files.

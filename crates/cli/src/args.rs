@@ -858,7 +858,54 @@ pub struct MetaServeArgs {
 #[derive(Subcommand, Debug)]
 pub enum NodeCommand {
     /// Run a storage node.
-    Serve(NodeServeArgs),
+    Serve(Box<NodeServeArgs>),
+    /// Drain a node (administrators): it takes no new files, and its replicas are copied to
+    /// other nodes (its own site first) while every policy holds, then removed from it.
+    #[command(after_help = NODE_DRAIN_HELP)]
+    Drain(NodeDrainArgs),
+    /// Remove a stopped node from the registry (administrators): once drained, or with
+    /// --force when its disk is lost.
+    #[command(after_help = NODE_REMOVE_HELP)]
+    Remove(NodeRemoveArgs),
+}
+
+const NODE_DRAIN_HELP: &str = "Progress shows in `haul status`, `haul nodes` (state \"draining\", then \"drained\"), the dashboard and /metrics (haul_node_draining, haul_reconcile_moving_files).\n\
+Files under a policy keep it throughout; other files keep as many copies as they have. A drain stalls (and `haul status` says why) while a policy cannot be kept without the node, e.g. when it is the last node of a site the policy names.\n\n\
+Example:\n  haul node drain a1 haul://meta.example.org --wait\n  (stop the node)\n  haul node remove a1 haul://meta.example.org\n\n\
+Exit status: 0 done (with --wait: drained), 1 with --wait: --timeout passed first, 2 bad arguments, 3 unknown node, 4 metadata server unreachable, 5 not an administrator.";
+
+const NODE_REMOVE_HELP: &str = "A node is removed only when it is stopped (a running one would register again at its next heartbeat; to keep it out, also take its line out of the metadata server's --nodes file). Without --force it must hold no replica (drain it first).\n\
+--force drops the records of the replicas it holds: files under a policy get their missing copies made again from the others; files whose only copy was there are lost (their count and first paths are printed, and they stay listed so that they can be uploaded again).\n\n\
+Exit status: 0 removed, 2 bad arguments, 3 unknown node, 4 metadata server unreachable, 5 not an administrator, 6 the node is running or still holds replicas (drain it, or --force).";
+
+#[derive(Args, Debug)]
+pub struct NodeDrainArgs {
+    /// The node's name, as `haul nodes` lists it.
+    #[arg(value_name = "NODE")]
+    pub node: String,
+    /// End the drain: the node takes new files again (copies already moved stay where they are).
+    #[arg(long)]
+    pub cancel: bool,
+    /// Wait until the node holds no replica, printing progress on stderr.
+    #[arg(long, conflicts_with = "cancel")]
+    pub wait: bool,
+    /// With --wait: give up (exit 1; the drain goes on) after this long [default: no limit]
+    #[arg(long, value_name = "DURATION", requires = "wait", value_parser = parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    #[command(flatten)]
+    pub grid: GridArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct NodeRemoveArgs {
+    /// The node's name, as `haul nodes` lists it.
+    #[arg(value_name = "NODE")]
+    pub node: String,
+    /// Remove it although it holds replicas (its disk is lost): they are dropped from the catalog.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub grid: GridArgs,
 }
 
 #[derive(Args, Debug)]

@@ -388,26 +388,64 @@ pub(crate) fn meta_of(a: &GridArgs) -> Result<Peer, TransferError> {
     Ok(target(&s)?.0)
 }
 
-fn node_json(n: &pb::NodeInfo) -> serde_json::Value {
+/// A node's state in one word: up or DOWN, and draining (replicas left) or drained.
+pub(crate) fn node_state(n: &pb::NodeInfo) -> &'static str {
+    match (n.up, n.drain_ms != 0, n.replicas == 0) {
+        (true, false, _) => "up",
+        (false, false, _) => "DOWN",
+        (true, true, false) => "draining",
+        (false, true, false) => "DOWN,draining",
+        (_, true, true) => "drained",
+    }
+}
+
+pub(crate) fn node_json(n: &pb::NodeInfo) -> serde_json::Value {
     json!({
         "name": n.name, "site": n.site, "address": n.address, "up": n.up,
+        "state": node_state(n).to_lowercase(),
         "capacity": n.capacity, "free": n.free, "load": n.load,
         "heartbeat_ms": n.heartbeat_ms, "replicas": n.replicas,
+        "stored_bytes": n.stored_bytes,
+        "other_used_bytes": other_used(n),
+        "draining": n.drain_ms != 0,
+        "drain_started_ms": (n.drain_ms != 0).then_some(n.drain_ms),
+        "drain_replicas": (n.drain_ms != 0).then_some(n.drain_replicas),
     })
+}
+
+/// Space used on a node's file system by anything but longhaul's replicas.
+fn other_used(n: &pb::NodeInfo) -> u64 {
+    n.capacity
+        .saturating_sub(n.free)
+        .saturating_sub(n.stored_bytes)
 }
 
 pub async fn df(a: GridArgs) -> Result<u8, TransferError> {
     let m = connect(&meta_of(&a)?, &a.creds).await?;
     let d = m.df().await?;
+    // Per site: what longhaul stores there (the sites' figures come from the same nodes).
+    let stored_at = |site: &str| -> u64 {
+        d.nodes
+            .iter()
+            .filter(|n| n.site == site)
+            .map(|n| n.stored_bytes)
+            .sum()
+    };
     if a.json {
         out!(
             "{}",
             json!({
                 "nodes": d.nodes.iter().map(node_json).collect::<Vec<_>>(),
-                "sites": d.sites.iter().map(|s| json!({
-                    "site": s.site, "capacity": s.capacity, "free": s.free,
-                    "used": s.capacity.saturating_sub(s.free), "nodes": s.nodes, "up": s.up,
-                })).collect::<Vec<_>>(),
+                "sites": d.sites.iter().map(|s| {
+                    let stored = stored_at(&s.site);
+                    let used = s.capacity.saturating_sub(s.free);
+                    json!({
+                        "site": s.site, "capacity": s.capacity, "free": s.free,
+                        "used": used, "stored_bytes": stored,
+                        "other_used_bytes": used.saturating_sub(stored),
+                        "nodes": s.nodes, "up": s.up,
+                    })
+                }).collect::<Vec<_>>(),
             })
         );
         return Ok(0);
@@ -419,45 +457,52 @@ pub async fn df(a: GridArgs) -> Result<u8, TransferError> {
             cap.saturating_sub(free) as f64 * 100.0 / cap as f64
         }
     };
+    let b = wire::units::format_bytes;
+    // "used" is the file system's; "haul" is what longhaul stores in it, "other" the rest.
     out!(
-        "{:<16} {:<10} {:>10} {:>10} {:>10} {:>5} {:>9}  state",
+        "{:<16} {:<10} {:>10} {:>10} {:>10} {:>10} {:>5} {:>9}  state",
         "node",
         "site",
         "size",
-        "used",
+        "haul",
+        "other",
         "free",
         "use%",
         "replicas"
     );
     for n in &d.nodes {
         out!(
-            "{:<16} {:<10} {:>10} {:>10} {:>10} {:>4.0}% {:>9}  {}",
+            "{:<16} {:<10} {:>10} {:>10} {:>10} {:>10} {:>4.0}% {:>9}  {}",
             n.name,
             n.site,
-            wire::units::format_bytes(n.capacity),
-            wire::units::format_bytes(n.capacity.saturating_sub(n.free)),
-            wire::units::format_bytes(n.free),
+            b(n.capacity),
+            b(n.stored_bytes),
+            b(other_used(n)),
+            b(n.free),
             pct(n.capacity, n.free),
             n.replicas,
-            if n.up { "up" } else { "DOWN" }
+            node_state(n)
         );
     }
     out!();
     out!(
-        "{:<16} {:>10} {:>10} {:>10} {:>5}  nodes up",
+        "{:<16} {:>10} {:>10} {:>10} {:>10} {:>5}  nodes up",
         "site",
         "size",
-        "used",
+        "haul",
+        "other",
         "free",
         "use%"
     );
     for s in &d.sites {
+        let stored = stored_at(&s.site);
         out!(
-            "{:<16} {:>10} {:>10} {:>10} {:>4.0}%  {}/{}",
+            "{:<16} {:>10} {:>10} {:>10} {:>10} {:>4.0}%  {}/{}",
             s.site,
-            wire::units::format_bytes(s.capacity),
-            wire::units::format_bytes(s.capacity.saturating_sub(s.free)),
-            wire::units::format_bytes(s.free),
+            b(s.capacity),
+            b(stored),
+            b(s.capacity.saturating_sub(s.free).saturating_sub(stored)),
+            b(s.free),
             pct(s.capacity, s.free),
             s.up,
             s.nodes
@@ -481,7 +526,7 @@ pub async fn nodes(a: GridArgs) -> Result<u8, TransferError> {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
     out!(
-        "{:<16} {:<10} {:<22} {:<5} {:>10} {:>6} {:>9} {:>10}",
+        "{:<16} {:<10} {:<22} {:<13} {:>10} {:>6} {:>9} {:>10}",
         "node",
         "site",
         "address",
@@ -493,11 +538,11 @@ pub async fn nodes(a: GridArgs) -> Result<u8, TransferError> {
     );
     for n in &nodes {
         out!(
-            "{:<16} {:<10} {:<22} {:<5} {:>10} {:>6.2} {:>9} {:>8.1}s",
+            "{:<16} {:<10} {:<22} {:<13} {:>10} {:>6.2} {:>9} {:>8.1}s",
             n.name,
             n.site,
             n.address,
-            if n.up { "up" } else { "DOWN" },
+            node_state(n),
             wire::units::format_bytes(n.free),
             n.load,
             n.replicas,

@@ -20,6 +20,7 @@ mod creds;
 mod demo;
 mod doctor_cmd;
 mod grid_cmd;
+mod lifecycle_cmd;
 mod meta_cmd;
 mod node_cmd;
 mod perf_cmd;
@@ -128,7 +129,7 @@ fn init_logging(cli: &args::Cli) {
         (_, 1) => "info",
         (args::Command::Serve(_), _)
         | (args::Command::Meta(_), _)
-        | (args::Command::Node(_), _) => "info",
+        | (args::Command::Node(args::NodeCommand::Serve(_)), _) => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("HAUL_LOG")
@@ -157,7 +158,9 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Serve(a) => serve::run(a).await.map(|()| 0),
         args::Command::Demo(a) => demo::run(a).await,
         args::Command::Meta(args::MetaCommand::Serve(a)) => meta_cmd::run(a).await.map(|()| 0),
-        args::Command::Node(args::NodeCommand::Serve(a)) => node_cmd::run(a).await.map(|()| 0),
+        args::Command::Node(args::NodeCommand::Serve(a)) => node_cmd::run(*a).await.map(|()| 0),
+        args::Command::Node(args::NodeCommand::Drain(a)) => lifecycle_cmd::drain(a).await,
+        args::Command::Node(args::NodeCommand::Remove(a)) => lifecycle_cmd::remove(a).await,
         args::Command::Ls(a) => grid_cmd::ls(a).await,
         args::Command::Stat(a) => grid_cmd::stat(a).await,
         args::Command::Mkdir(a) => grid_cmd::mkdir(a).await,

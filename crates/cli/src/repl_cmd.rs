@@ -239,6 +239,8 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
                 "repairs_running": st.repairs_running, "repairs_done": st.repairs_done,
                 "removals_done": st.removals_done, "nodes_up": st.nodes_up, "nodes_down": st.nodes_down,
                 "last_pass_ms": st.last_pass_ms, "last_pass_seconds": st.last_pass_seconds,
+                "moving": st.moving,
+                "draining": st.draining.iter().map(crate::grid_cmd::node_json).collect::<Vec<_>>(),
                 "events": st.events,
             })
         );
@@ -258,6 +260,24 @@ pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
         st.removals_done,
         st.last_pass_seconds
     );
+    for n in &st.draining {
+        let moved = n.drain_replicas.saturating_sub(n.replicas);
+        out!(
+            "node {} ({}): {}; {} of {} moved off, {} left",
+            n.name,
+            n.site,
+            crate::grid_cmd::node_state(n),
+            moved,
+            count(n.drain_replicas, "replica", "replicas"),
+            n.replicas
+        );
+    }
+    if st.moving > 0 {
+        out!(
+            "draining: {} being copied off (their policies hold)",
+            count(st.moving, "file", "files")
+        );
+    }
     out!("recent events:");
     for e in &st.events {
         out!("  {}", one_line(e));

@@ -987,3 +987,235 @@ fn replication_and_refusals_are_in_the_metadata_servers_transfer_log() {
         .unwrap();
     assert!(refused.contains("CN=mallory"), "{refused}");
 }
+
+/// Issue 15 item 4: an administrator drains a node (no new files land on it; its replicas,
+/// governed by a policy or not, are copied off and then removed from it, and every policy
+/// holds at every moment), then removes it once it is stopped; removal is refused while the
+/// node runs or holds replicas, and to other users; `--force` on a dead node drops its replica
+/// records, the policy makes the missing copies again, and files whose only copy was there are
+/// reported lost.
+#[test]
+fn drain_then_remove_a_node_and_force_out_a_dead_one() {
+    let mut g = Grid::start_with(&["--admin", "bob"]);
+    let (src, _files, tree) = upload_sample(&g);
+    let loose_src = g.path().join("loose.bin");
+    write_file(&loose_src, 7, 300_000);
+    let out = g.cp(
+        "alice",
+        &[
+            loose_src.to_str().unwrap(),
+            &g.url("/alice/loose"),
+            "--site",
+            "A",
+        ],
+    );
+    assert_ok(&out);
+    let loose = "/alice/loose".to_string();
+    g.ok(
+        "alice",
+        &[
+            "policy",
+            "set",
+            "/alice/tree",
+            "--copies",
+            "2",
+            "--sites",
+            "A,B",
+        ],
+    );
+    let placed = wait_for(SETTLE, || {
+        let ok = all_have(&g.where_(&tree), 2, &[]);
+        if !ok {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        ok
+    });
+    assert!(placed, "policy not met: {:?}", g.where_(&tree));
+    // The victim: the node holding the file no policy governs.
+    let holders = live_complete(&g.where_(std::slice::from_ref(&loose))[0], &[]);
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    let victim = holders[0].0.clone();
+    let other_a = if victim == "a1" { "a2" } else { "a1" };
+    let on_victim = |w: &[Value]| {
+        w.iter()
+            .filter(|f| live_complete(f, &[]).iter().any(|r| r.0 == victim))
+            .count()
+    };
+    let held = on_victim(&g.where_(&tree));
+    assert!(held >= 1, "{victim} holds no file of the tree");
+
+    // Only an administrator; only a registered node.
+    let out = g.run("alice", &["node", "drain", &victim]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(stderr(&out).contains("administrator"), "{}", stderr(&out));
+    let out = g.run("bob", &["node", "drain", "zz9"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("a1, a2, b1, b2"), "{}", stderr(&out));
+    // Removal of a running node that holds replicas: refused.
+    let out = g.run("bob", &["node", "remove", &victim]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stderr(&out).contains("running"), "{}", stderr(&out));
+
+    let mut drain = g
+        .cmd(
+            "bob",
+            &["node", "drain", &victim, "--wait", "--timeout", "60s"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A file written while the node drains goes elsewhere.
+    let during_src = g.path().join("during.bin");
+    write_file(&during_src, 8, 200_000);
+    // Every policy holds at every look: each tree file has a complete copy at A and at B.
+    let t = Instant::now();
+    let mut looks = 0;
+    let status = loop {
+        if let Some(s) = drain.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(90), "drain --wait hung");
+        let w = g.where_(&tree);
+        for f in &w {
+            let sites: Vec<String> = live_complete(f, &[]).into_iter().map(|r| r.1).collect();
+            assert!(
+                sites.contains(&"A".to_string()) && sites.contains(&"B".to_string()),
+                "policy broken during the drain: {f}"
+            );
+        }
+        let l = &g.where_(std::slice::from_ref(&loose))[0];
+        assert!(
+            !live_complete(l, &[]).is_empty(),
+            "loose file unreadable: {l}"
+        );
+        if looks == 0 {
+            let out = g.cp(
+                "alice",
+                &[
+                    during_src.to_str().unwrap(),
+                    &g.url("/alice/during"),
+                    "--site",
+                    "A",
+                ],
+            );
+            assert_ok(&out);
+            let d = live_complete(&g.where_(&["/alice/during".to_string()])[0], &[]);
+            assert!(
+                d.len() == 1 && d[0].0 != victim,
+                "a new file placed on the draining {victim}: {d:?}"
+            );
+        }
+        looks += 1;
+    };
+    let mut so = String::new();
+    let mut se = String::new();
+    use std::io::Read;
+    drain
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut so)
+        .unwrap();
+    drain
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut se)
+        .unwrap();
+    assert!(
+        status.success(),
+        "drain --wait: {status}: {se}\n{}",
+        g.logs()
+    );
+    assert!(so.contains(&format!("node {victim}: drained")), "{so}");
+
+    // Nothing left on the victim; the tree keeps 2 copies at A and B (surplus removed), the
+    // loose file its one copy, moved to the other node of the victim's site.
+    let w = g.where_(&tree);
+    assert_eq!(on_victim(&w), 0, "{w:?}");
+    assert!(all_have(&w, 2, &[]), "{w:?}");
+    let l = live_complete(&g.where_(std::slice::from_ref(&loose))[0], &[]);
+    assert_eq!(l, vec![(other_a.to_string(), "A".to_string())]);
+    let d = live_complete(&g.where_(&["/alice/during".to_string()])[0], &[]);
+    assert_eq!(d, vec![(other_a.to_string(), "A".to_string())]);
+    assert_download_same(&g, "alice", &g.url("/alice/tree"), &src, &[]);
+    let n = g
+        .nodes_json()
+        .into_iter()
+        .find(|n| n["name"] == victim.as_str())
+        .unwrap();
+    assert_eq!(n["state"], "drained", "{n}");
+    assert_eq!(n["replicas"], 0, "{n}");
+    assert_eq!(n["stored_bytes"], 0, "{n}");
+    assert!(n["drain_replicas"].as_u64().unwrap() > held as u64, "{n}");
+    let st = g.json("alice", &["status", "--json"]);
+    assert!(
+        st["draining"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["name"] == victim.as_str() && n["replicas"] == 0),
+        "{st}"
+    );
+    let m = g.http_get("/metrics");
+    assert!(
+        m.contains(&format!(
+            "haul_node_draining{{node=\"{victim}\",site=\"A\"}} 1"
+        )),
+        "{m}"
+    );
+
+    // Drained but running: still refused; stopped: removed.
+    let out = g.run("bob", &["node", "remove", &victim]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stderr(&out).contains("stop it first"), "{}", stderr(&out));
+    g.kill_node(&victim);
+    g.wait_node_down(&victim);
+    let out = g.run("alice", &["node", "remove", &victim]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    g.ok("bob", &["node", "remove", &victim]);
+    assert!(
+        !g.nodes_json().iter().any(|n| n["name"] == victim.as_str()),
+        "{:?}",
+        g.nodes_json()
+    );
+
+    // A dead node that still holds replicas: refused without --force; with it, its records
+    // go and the policy makes the missing copies at B again (on b2).
+    g.kill_node("b1");
+    g.wait_node_down("b1");
+    let out = g.run("bob", &["node", "remove", "b1"]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    let r = g.json("bob", &["node", "remove", "b1", "--force", "--json"]);
+    assert_eq!(r["orphaned"], 0, "{r}");
+    let dropped = r["replicas_dropped"].as_u64().unwrap();
+    let healed = wait_for(SETTLE, || {
+        let w = g.where_(&tree);
+        let ok = all_have(&w, 2, &[])
+            && w.iter()
+                .all(|f| live_complete(f, &[]).iter().any(|r| r.0 == "b2"));
+        if !ok {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        ok
+    });
+    assert!(
+        healed,
+        "{dropped} dropped, not healed: {:?}",
+        g.where_(&tree)
+    );
+    // The last node of site A dies: the files only it held are reported lost, and stay listed.
+    g.kill_node(other_a);
+    g.wait_node_down(other_a);
+    let out = g.run("bob", &["node", "remove", other_a, "--force"]);
+    assert_ok(&out);
+    let e = stderr(&out);
+    assert!(e.contains("2 files had no other copy"), "{e}");
+    assert!(
+        e.contains("/alice/loose") && e.contains("/alice/during"),
+        "{e}"
+    );
+    g.ok("alice", &["stat", "/alice/loose"]);
+}

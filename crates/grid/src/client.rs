@@ -606,6 +606,40 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner())
     }
 
+    /// Starts (or with `cancel` ends) the drain of a node; the node as it is now.
+    pub async fn drain_node(
+        &self,
+        node: &str,
+        cancel: bool,
+    ) -> Result<pb::NodeInfo, TransferError> {
+        let r = self
+            .files
+            .clone()
+            .drain_node(pb::DrainRequest {
+                node: node.into(),
+                cancel,
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    /// Removes a stopped node from the registry (`force`: one that still holds replicas).
+    pub async fn remove_node(
+        &self,
+        node: &str,
+        force: bool,
+    ) -> Result<pb::RemoveNodeReply, TransferError> {
+        let r = self
+            .files
+            .clone()
+            .remove_node(pb::RemoveNodeRequest {
+                node: node.into(),
+                force,
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
     pub async fn who_am_i(&self) -> Result<pb::Identity, TransferError> {
         let r = self.files.clone().who_am_i(pb::Empty {}).await;
         Ok(r.map_err(from_status)?.into_inner())

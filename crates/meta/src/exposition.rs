@@ -99,6 +99,8 @@ pub async fn exposition(meta: &Meta) -> String {
     let sessions: Family<NodeLabels, Gauge> = Family::default();
     let replicas: Family<NodeLabels, Gauge> = Family::default();
     let heartbeat: Family<NodeLabels, Gauge<f64, AtomicU64>> = Family::default();
+    let stored: Family<NodeLabels, Gauge> = Family::default();
+    let draining: Family<NodeLabels, Gauge> = Family::default();
     for n in meta.nodes() {
         let l = NodeLabels {
             node: n.node.name.clone(),
@@ -110,13 +112,16 @@ pub async fn exposition(meta: &Meta) -> String {
         load.get_or_create(&l).set(n.node.load);
         rate.get_or_create(&l).set(n.rate as i64);
         sessions.get_or_create(&l).set(n.sessions as i64);
-        replicas.get_or_create(&l).set(
-            infos
-                .iter()
-                .find(|i| i.name == n.node.name)
-                .map(|i| i.replicas as i64)
-                .unwrap_or(0),
-        );
+        let info = infos.iter().find(|i| i.name == n.node.name);
+        replicas
+            .get_or_create(&l)
+            .set(info.map_or(0, |i| i.replicas as i64));
+        stored
+            .get_or_create(&l)
+            .set(info.map_or(0, |i| i.stored_bytes as i64));
+        draining
+            .get_or_create(&l)
+            .set((n.node.drain_ms != 0) as i64);
         heartbeat
             .get_or_create(&l)
             .set((now - n.node.heartbeat_ms) as f64 / 1000.0);
@@ -149,6 +154,16 @@ pub async fn exposition(meta: &Meta) -> String {
         replicas,
     );
     r.register(
+        "haul_node_stored_bytes",
+        "Bytes of the complete replicas the catalog places on the node",
+        stored,
+    );
+    r.register(
+        "haul_node_draining",
+        "1 while the node is being drained (or drained and not yet removed), else 0",
+        draining,
+    );
+    r.register(
         "haul_node_heartbeat_age_seconds",
         "Seconds since the node's last heartbeat",
         heartbeat,
@@ -161,6 +176,12 @@ pub async fn exposition(meta: &Meta) -> String {
         "haul_reconcile_under_replicated_files",
         "Files with fewer complete copies than their policy asks, at the last pass",
         st.under_replicated as i64,
+    );
+    gauge(
+        &mut r,
+        "haul_reconcile_moving_files",
+        "Files being copied off draining nodes (their policies hold meanwhile), at the last pass",
+        st.moving as i64,
     );
     gauge(
         &mut r,

@@ -494,17 +494,11 @@ impl Meta {
     }
 
     pub async fn node_infos(&self) -> Result<Vec<pb::NodeInfo>, Error> {
-        let counts = self.catalog.replica_counts().await?;
-        let mut complete: HashMap<String, u64> = HashMap::new();
-        for (n, s, c) in counts {
-            if s == ReplicaState::Complete {
-                *complete.entry(n).or_default() += c;
-            }
-        }
+        let usage = self.catalog.node_usage().await?;
         Ok(self
             .nodes()
             .iter()
-            .map(|n| node_info(n, *complete.get(&n.node.name).unwrap_or(&0)))
+            .map(|n| node_info(n, *usage.get(&n.node.name).unwrap_or(&(0, 0))))
             .collect())
     }
 }
@@ -625,6 +619,28 @@ impl Files for FilesService {
         m.user_call(Op::one("policies"), &req, async |user, q| {
             let path = if q.path.is_empty() { "/" } else { &q.path };
             m.policies_reply(&user, path).await
+        })
+        .await
+    }
+
+    async fn drain_node(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::NodeInfo>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("drain_node"), &req, async |user, q| {
+            m.drain_node(&user, q).await
+        })
+        .await
+    }
+
+    async fn remove_node(
+        &self,
+        req: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::RemoveNodeReply>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("remove_node"), &req, async |user, q| {
+            m.remove_node(&user, q).await
         })
         .await
     }

@@ -13,6 +13,7 @@ pub mod exposition;
 mod files;
 mod grpc;
 pub mod http;
+mod lifecycle;
 pub mod metrics;
 mod namespace;
 mod nodes;

@@ -15,6 +15,8 @@ pub struct NodeView {
     pub capacity: u64,
     pub load: f64,
     pub up: bool,
+    /// Being drained: takes no new files.
+    pub draining: bool,
     /// Delivery rate recently measured for the node (bytes/s), 0 if unknown.
     pub rate: u64,
 }
@@ -28,7 +30,7 @@ pub fn reserve(n: &NodeView) -> u64 {
 /// Why no node could be chosen.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PlaceError {
-    #[error("no storage node is up")]
+    #[error("no storage node is up and open for new files (the others are down or draining)")]
     NoNodes,
     #[error("no storage node has {need} bytes free (largest free space: {best} bytes)")]
     NoSpace { need: u64, best: u64 },
@@ -42,7 +44,9 @@ pub fn place(
     nodes: &[NodeView],
     client_site: Option<&str>,
 ) -> Result<Vec<usize>, PlaceError> {
-    let up: Vec<usize> = (0..nodes.len()).filter(|i| nodes[*i].up).collect();
+    let up: Vec<usize> = (0..nodes.len())
+        .filter(|i| nodes[*i].up && !nodes[*i].draining)
+        .collect();
     if up.is_empty() {
         return Err(PlaceError::NoNodes);
     }
@@ -150,6 +154,7 @@ mod tests {
                 capacity: 1 << 40,
                 load: 0.0,
                 up: true,
+                draining: false,
                 rate: 0,
             })
             .collect();
@@ -171,6 +176,7 @@ mod tests {
             capacity: 100 * G,
             load,
             up: true,
+            draining: false,
             rate: 0,
         }
     }
@@ -212,6 +218,15 @@ mod tests {
         let mut down = node("a1", "A", 10 * G, 0.0);
         down.up = false;
         assert_eq!(place(&[1], &[down], None), Err(PlaceError::NoNodes));
+    }
+
+    #[test]
+    fn a_draining_node_takes_no_new_files() {
+        let mut roomy = node("a1", "A", 90 * G, 0.0);
+        roomy.draining = true;
+        let nodes = vec![roomy.clone(), node("a2", "A", 10 * G, 0.0)];
+        assert_eq!(place(&[G; 4], &nodes, Some("A")).unwrap(), vec![1; 4]);
+        assert_eq!(place(&[1], &[roomy], None), Err(PlaceError::NoNodes));
     }
 
     #[test]

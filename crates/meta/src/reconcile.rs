@@ -11,9 +11,10 @@ use crate::grpc::ProgressSender;
 use crate::perm::{self, Access};
 use crate::replication::{self, ExecOptions, FileState, Progress, Want};
 use crate::state::Meta;
+use crate::state::NodeEntry;
 use api::meta as pb;
-use catalog::{CatalogError, Inode};
-use std::collections::HashMap;
+use catalog::{CatalogError, Inode, ReplicaState};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -279,25 +280,115 @@ async fn governed(meta: &Meta) -> Result<Vec<(Want, Vec<FileState>)>, CatalogErr
     Ok(groups)
 }
 
-/// One reconciler pass: make missing copies, remove surplus ones.
+/// Files with a replica on a draining node that no policy governs, grouped by what keeps them
+/// as they were: as many copies as they had when the drain began (at least one). Their damaged and missing
+/// replica records there go (they are not copies; the node removes what is left of them).
+async fn drain_groups(
+    meta: &Meta,
+    nodes: &[NodeEntry],
+    governed: &[(Want, Vec<FileState>)],
+) -> Result<Vec<(Want, Vec<FileState>)>, CatalogError> {
+    let taken: HashSet<i64> = governed
+        .iter()
+        .flat_map(|(_, fs)| fs.iter().map(|f| f.inode.id))
+        .collect();
+    let mut ids = BTreeSet::new();
+    for n in nodes.iter().filter(|n| n.node.drain_ms != 0 && n.node.up) {
+        for r in meta.catalog.node_replicas(&n.node.name).await? {
+            match r.state {
+                ReplicaState::Complete if !taken.contains(&r.inode) => {
+                    ids.insert(r.inode);
+                }
+                ReplicaState::Damaged | ReplicaState::Missing => {
+                    meta.catalog.remove_replica(r.inode, &r.node).await?;
+                }
+                _ => {}
+            }
+        }
+    }
+    let ids: Vec<i64> = ids.into_iter().collect();
+    // For a live node: Some(when its drain began), or Some(None) when it is not draining.
+    let drain_of = |node: &str| {
+        nodes
+            .iter()
+            .find(|n| n.node.name == node && n.node.up)
+            .map(|n| (n.node.drain_ms != 0).then_some(n.node.drain_ms))
+    };
+    let mut by_copies: BTreeMap<u32, Vec<FileState>> = BTreeMap::new();
+    for chunk in ids.chunks(5000) {
+        let mut reps = meta.catalog.replicas_of(chunk).await?;
+        for id in chunk {
+            // Removed meanwhile: nothing to keep.
+            let (Ok(inode), Ok(path)) = (
+                meta.catalog.inode(*id).await,
+                meta.catalog.path_of(*id).await,
+            ) else {
+                continue;
+            };
+            let replicas = reps.remove(id).unwrap_or_default();
+            // The copies it had when the drain began: those on draining nodes, and those
+            // elsewhere made before (the others are this drain's replacements).
+            let live: Vec<&catalog::Replica> = replicas
+                .iter()
+                .filter(|r| r.state == ReplicaState::Complete && drain_of(&r.node).is_some())
+                .collect();
+            let since = live
+                .iter()
+                .filter_map(|r| drain_of(&r.node).flatten())
+                .min()
+                .unwrap_or(i64::MAX);
+            let copies = live
+                .iter()
+                .filter(|r| drain_of(&r.node).flatten().is_some() || r.created_ms < since)
+                .count()
+                .max(1) as u32;
+            by_copies.entry(copies).or_default().push(FileState {
+                path,
+                inode,
+                replicas,
+            });
+        }
+    }
+    Ok(by_copies
+        .into_iter()
+        .map(|(copies, files)| {
+            (
+                Want {
+                    copies,
+                    sites: Vec::new(),
+                    private: false,
+                },
+                files,
+            )
+        })
+        .collect())
+}
+
+/// One reconciler pass: make missing copies, move copies off draining nodes, remove surplus
+/// ones (a draining node's first, once their replacements are complete).
 pub async fn pass(meta: &Arc<Meta>, cancel: &CancellationToken) -> Result<(), CatalogError> {
     let started = Instant::now();
-    let groups = governed(meta).await?;
     let nodes = meta.nodes();
+    let mut groups = governed(meta).await?;
+    let drains = drain_groups(meta, &nodes, &groups).await?;
+    groups.extend(drains);
     let mut tasks = Vec::new();
     let mut surplus = Vec::new();
     let mut under = 0u64;
+    let mut moving = 0u64;
     for (want, files) in &groups {
         let p = replication::plan(files, &nodes, want, true);
         let mut ids: Vec<i64> = p.tasks.iter().map(|t| t.inode.id).collect();
         ids.dedup();
-        under += ids.len() as u64 + p.refused.len() as u64;
+        under += (ids.len() as u64 - p.moving) + p.refused.len() as u64;
+        moving += p.moving;
         tasks.extend(p.tasks);
         surplus.extend(p.surplus);
     }
     {
         let mut st = meta.reconciler.lock().expect("reconciler");
         st.under_replicated = under;
+        st.moving = moving;
         st.over_replicated = surplus.len() as u64;
         st.running = tasks.len() as u64;
     }
@@ -330,11 +421,36 @@ pub async fn pass(meta: &Arc<Meta>, cancel: &CancellationToken) -> Result<(), Ca
     if removed > 0 {
         meta.event(format!("reconciler: removed {removed} surplus copies"));
     }
+    announce_drained(meta, &nodes).await?;
     let mut st = meta.reconciler.lock().expect("reconciler");
     st.removals_done += removed;
     st.running = 0;
     st.last_pass_ms = catalog::now_ms();
     st.last_pass_seconds = started.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// An event when a draining node holds no replica any more (once per drain).
+async fn announce_drained(meta: &Meta, nodes: &[NodeEntry]) -> Result<(), CatalogError> {
+    let draining: Vec<&NodeEntry> = nodes.iter().filter(|n| n.node.drain_ms != 0).collect();
+    let mut done = Vec::new();
+    for n in &draining {
+        if meta.catalog.node_replicas(&n.node.name).await?.is_empty() {
+            done.push(*n);
+        }
+    }
+    let mut st = meta.reconciler.lock().expect("reconciler");
+    st.drained
+        .retain(|name| draining.iter().any(|n| n.node.name == *name));
+    for n in done {
+        if st.drained.insert(n.node.name.clone()) {
+            let secs = (catalog::now_ms() - n.node.drain_ms).max(0) as f64 / 1000.0;
+            meta.event(format!(
+                "node {} drained: {} replicas moved off in {secs:.1} s; it may be stopped and removed",
+                n.node.name, n.node.drain_replicas
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -372,6 +488,13 @@ pub async fn status_reply(meta: &Meta, user: &User) -> Result<pb::StatusReply, E
         removals_done: st.removals_done,
         events: meta.events_for(user, 20).await,
         nodes_up: nodes.iter().filter(|n| n.node.up).count() as u64,
+        draining: meta
+            .node_infos()
+            .await?
+            .into_iter()
+            .filter(|n| n.drain_ms != 0)
+            .collect(),
+        moving: st.moving,
         nodes_down: nodes.iter().filter(|n| !n.node.up).count() as u64,
         last_pass_ms: st.last_pass_ms,
         last_pass_seconds: st.last_pass_seconds,

@@ -132,14 +132,25 @@ pub struct Plan {
     pub refused: Vec<Refusal>,
     /// Replicas beyond what is wanted: `(inode, node)` that can go.
     pub surplus: Vec<(i64, String, String)>,
+    /// Files with tasks only because copies they have are on draining nodes (counting those,
+    /// they have what is wanted).
+    pub moving: u64,
 }
 
 /// Decides which replicas to make (and which are surplus) so that every file has `want`.
-/// Only complete replicas on live nodes count.
+/// Only complete replicas on live nodes count. A replica on a draining node is a source and
+/// keeps the file readable, but does not count towards `want`: a copy is made elsewhere (at the
+/// draining node's site when it has another node that can take it, so a drain keeps the spread
+/// over sites), and once it is complete the draining node's copy is the first surplus.
 pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus: bool) -> Plan {
     let by_name: HashMap<&str, &NodeEntry> =
         nodes.iter().map(|n| (n.node.name.as_str(), n)).collect();
-    let up: Vec<&NodeEntry> = nodes.iter().filter(|n| n.node.up).collect();
+    // Nodes that may take a copy.
+    let up: Vec<&NodeEntry> = nodes
+        .iter()
+        .filter(|n| n.node.up && n.node.drain_ms == 0)
+        .collect();
+    let draining = |node: &str| by_name.get(node).is_some_and(|n| n.node.drain_ms != 0);
     let mut out = Plan::default();
     for f in files {
         let good: Vec<&Replica> = f
@@ -151,8 +162,15 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
             })
             .collect();
         if f.inode.size == 0 {
-            // Empty files need no replica.
+            // Empty files need no replica (one on a draining node can simply go).
             out.already += 1;
+            if find_surplus {
+                out.surplus.extend(
+                    good.iter()
+                        .filter(|r| draining(&r.node))
+                        .map(|r| (f.inode.id, r.node.clone(), f.path.clone())),
+                );
+            }
             continue;
         }
         if good.is_empty() {
@@ -163,13 +181,18 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
             });
             continue;
         }
+        let staying: Vec<&Replica> = good
+            .iter()
+            .copied()
+            .filter(|r| !draining(&r.node))
+            .collect();
         let site_of = |node: &str| {
             by_name
                 .get(node)
                 .map(|n| n.node.site.clone())
                 .unwrap_or_default()
         };
-        let mut held_sites: Vec<String> = good.iter().map(|r| site_of(&r.node)).collect();
+        let mut held_sites: Vec<String> = staying.iter().map(|r| site_of(&r.node)).collect();
         let busy: HashSet<String> = f
             .replicas
             .iter()
@@ -177,17 +200,17 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
             .map(|r| r.node.clone())
             .collect();
         let sources: Vec<String> = good.iter().map(|r| r.node.clone()).collect();
+        let can_take = |site: &str| {
+            up.iter()
+                .any(|n| n.node.site == site && !busy.contains(&n.node.name))
+        };
         let mut tasks = Vec::new();
         let mut refused = None;
         for s in &want.sites {
             if held_sites.contains(s) {
                 continue;
             }
-            let candidates = up
-                .iter()
-                .filter(|n| n.node.site == *s && !busy.contains(&n.node.name))
-                .count();
-            if candidates == 0 {
+            if !can_take(s) {
                 refused = Some(format!("no live node at site {s} can take a copy"));
                 break;
             }
@@ -195,7 +218,7 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
             held_sites.push(s.clone());
         }
         let total = want.total() as usize;
-        let have = good.len() + tasks.len();
+        let have = staying.len() + tasks.len();
         if refused.is_none() && have < total {
             let eligible = up.iter().filter(|n| !busy.contains(&n.node.name)).count();
             let extra = total - have;
@@ -203,12 +226,22 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
                 refused = Some(format!(
                     "{} copies asked, but only {} live nodes can hold one ({} already {})",
                     total,
-                    eligible + good.len(),
-                    good.len(),
-                    if good.len() == 1 { "does" } else { "do" }
+                    eligible + staying.len(),
+                    staying.len(),
+                    if staying.len() == 1 { "does" } else { "do" }
                 ));
             } else {
-                tasks.extend(std::iter::repeat_n(None, extra));
+                // Replacements of copies on draining nodes go to those nodes' sites first.
+                let mut leaving_sites: Vec<String> = good
+                    .iter()
+                    .filter(|r| draining(&r.node))
+                    .map(|r| site_of(&r.node))
+                    .filter(|s| !held_sites.contains(s) && can_take(s))
+                    .collect();
+                leaving_sites.dedup();
+                for i in 0..extra {
+                    tasks.push(leaving_sites.get(i).cloned());
+                }
             }
         }
         if let Some(reason) = refused {
@@ -226,6 +259,11 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
             }
             continue;
         }
+        let mut sites_with_leaving: Vec<String> = good.iter().map(|r| site_of(&r.node)).collect();
+        sites_with_leaving.dedup();
+        if good.len() >= total && want.sites.iter().all(|s| sites_with_leaving.contains(s)) {
+            out.moving += 1;
+        }
         for site in tasks {
             out.tasks.push(Task {
                 path: f.path.clone(),
@@ -242,8 +280,8 @@ pub fn plan(files: &[FileState], nodes: &[NodeEntry], want: &Want, find_surplus:
     out
 }
 
-/// Replicas of `f` that can go while keeping `want`: the fullest nodes' first, never the last
-/// copy at a wanted site.
+/// Replicas of `f` that can go while keeping `want`: those on draining nodes first, then the
+/// fullest nodes'; never the last copy at a wanted site.
 fn surplus(
     f: &FileState,
     good: &[&Replica],
@@ -252,8 +290,7 @@ fn surplus(
 ) -> Vec<(i64, String, String)> {
     let info = |name: &str| nodes.iter().find(|n| n.node.name == name);
     let mut keep: Vec<&Replica> = good.to_vec();
-    // Least free space first: those are removed first.
-    keep.sort_by_key(|r| info(&r.node).map(|n| n.node.free).unwrap_or(0));
+    keep.sort_by_key(|r| info(&r.node).map_or((false, 0), |n| (n.node.drain_ms == 0, n.node.free)));
     let mut out = Vec::new();
     let mut i = 0;
     while keep.len() > want.total() as usize && i < keep.len() {
@@ -619,7 +656,8 @@ fn source_order(
 }
 
 fn eligible_dst(t: &Task, n: &NodeEntry, inflight: &HashMap<i64, HashSet<String>>) -> bool {
-    !t.avoid.contains(&n.node.name)
+    n.node.drain_ms == 0
+        && !t.avoid.contains(&n.node.name)
         && !t.sources.contains(&n.node.name)
         && t.site.as_ref().is_none_or(|s| *s == n.node.site)
         && !inflight
@@ -1026,6 +1064,8 @@ mod tests {
                 heartbeat_ms: 0,
                 registered_ms: 0,
                 up,
+                drain_ms: 0,
+                drain_replicas: 0,
             },
             key: vec![1],
             rate: 0,
@@ -1058,6 +1098,7 @@ mod tests {
                     state: *s,
                     checksum: String::new(),
                     updated_ms: 0,
+                    created_ms: 0,
                 })
                 .collect(),
         }
@@ -1138,6 +1179,55 @@ mod tests {
         assert_eq!(Want::parse(&p.format()).unwrap(), p);
         assert!(Want::parse("protect=sometimes").is_err());
         assert_eq!(Want::parse("copies=1 sites=A,B,C").unwrap().total(), 3);
+    }
+
+    #[test]
+    fn a_draining_nodes_copies_are_replaced_at_its_site_then_go_first() {
+        let mut ns = nodes();
+        ns[1].node.up = true;
+        ns.push(node("b3", "B", true));
+        ns[0].node.drain_ms = 1; // a1 drains
+        let want = Want {
+            copies: 2,
+            sites: vec!["A".into(), "B".into()],
+            private: false,
+        };
+        let c = ReplicaState::Complete;
+        // The copy on a1 still serves as a source, but does not count: a replacement at A
+        // (a2, the only other node there), never on a1 again.
+        let files = vec![file(1, &[("a1", c), ("b1", c)])];
+        let p = plan(&files, &ns, &want, true);
+        assert_eq!(p.tasks.len(), 1, "{:?}", p.refused);
+        assert_eq!(p.tasks[0].site.as_deref(), Some("A"));
+        assert_eq!(p.tasks[0].sources, vec!["a1", "b1"]);
+        assert!(p.surplus.is_empty(), "nothing goes before its replacement");
+        // Replaced: the draining node's copy is surplus, although its node has the most room.
+        ns[0].node.free = 99 << 30;
+        let files = vec![file(1, &[("a1", c), ("a2", c), ("b1", c)])];
+        let p = plan(&files, &ns, &want, true);
+        assert!(p.tasks.is_empty());
+        assert_eq!(p.surplus, vec![(1, "a1".into(), "/f1".into())]);
+        // Without a policy's sites (a drain keeps the count): the replacement stays at the
+        // draining node's site when it can.
+        let one = Want {
+            copies: 1,
+            sites: vec![],
+            private: false,
+        };
+        let p = plan(&[file(2, &[("a1", c)])], &ns, &one, true);
+        assert_eq!(p.tasks.len(), 1);
+        assert_eq!(p.tasks[0].site.as_deref(), Some("A"));
+        // No other node can take it at A: anywhere else.
+        ns[1].node.drain_ms = 1;
+        let p = plan(&[file(2, &[("a1", c)])], &ns, &one, true);
+        assert_eq!(p.tasks.len(), 1);
+        assert_eq!(p.tasks[0].site, None);
+        // A policy that wants a copy at A cannot be kept when A's only nodes drain: refused
+        // (and the copies on them stay).
+        let p = plan(&files, &ns, &want, true);
+        assert!(p.tasks.is_empty() && p.surplus.is_empty());
+        assert_eq!(p.refused.len(), 1);
+        assert!(p.refused[0].reason.contains("site A"), "{:?}", p.refused);
     }
 
     #[test]

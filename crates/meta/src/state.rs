@@ -81,6 +81,7 @@ impl NodeEntry {
             capacity: self.node.capacity,
             load: self.node.load,
             up: self.node.up,
+            draining: self.node.drain_ms != 0,
             rate: self.rate,
         }
     }
@@ -141,6 +142,10 @@ pub struct Meta {
 #[derive(Clone, Debug, Default)]
 pub struct ReconcilerState {
     pub under_replicated: u64,
+    /// Files being copied off draining nodes (their policies hold meanwhile).
+    pub moving: u64,
+    /// Draining nodes whose end of drain was announced (an event once per drain).
+    pub drained: std::collections::BTreeSet<String>,
     pub over_replicated: u64,
     pub running: u64,
     pub repairs_done: u64,
@@ -523,7 +528,8 @@ pub fn entry(path: &str, i: &Inode) -> pb::Entry {
     }
 }
 
-pub fn node_info(e: &NodeEntry, replicas: u64) -> pb::NodeInfo {
+/// A node as the API shows it, with its complete replicas and the bytes they hold.
+pub fn node_info(e: &NodeEntry, (replicas, stored_bytes): (u64, u64)) -> pb::NodeInfo {
     pb::NodeInfo {
         name: e.node.name.clone(),
         site: e.node.site.clone(),
@@ -534,6 +540,9 @@ pub fn node_info(e: &NodeEntry, replicas: u64) -> pb::NodeInfo {
         heartbeat_ms: e.node.heartbeat_ms,
         up: e.node.up,
         replicas,
+        drain_ms: e.node.drain_ms,
+        drain_replicas: e.node.drain_replicas,
+        stored_bytes,
     }
 }
 
