@@ -32,7 +32,7 @@ struct Args {
     /// Smaller sizes (a check that everything works, not a measurement).
     #[arg(long)]
     quick: bool,
-    /// Only these parts: meta, catalog, run, restore (comma separated).
+    /// Only these parts: meta, catalog, run, restore, drain (comma separated).
     #[arg(long)]
     only: Option<String>,
 }
@@ -514,19 +514,7 @@ fn restore_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<
     let nodes = [("n1", "A"), ("n2", "A"), ("n3", "B"), ("n4", "B")];
     let mut g = Grid::start(&dir, haul, None, &nodes, &[])?;
     let src = dir.join("src");
-    std::fs::create_dir_all(&src)?;
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    for i in 0..files {
-        let mut f = std::fs::File::create(src.join(format!("f{i:04}")))?;
-        let mut buf = vec![0u8; size];
-        for b in buf.chunks_mut(8) {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            b.copy_from_slice(&seed.to_le_bytes()[..b.len()]);
-        }
-        f.write_all(&buf)?;
-    }
+    write_files(&src, files, size)?;
     g.ok(&["mkdir", "/ds"])?;
     g.ok(&["policy", "set", "/ds", "--copies", "2"])?;
     g.ok(&[
@@ -634,13 +622,162 @@ fn restore_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<
     }))
 }
 
+/// `files` files of `size` pseudo-random bytes in `src`, named f0000, f0001, ...
+fn write_files(src: &Path, files: usize, size: usize) -> Result<()> {
+    std::fs::create_dir_all(src)?;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..files {
+        let mut f = std::fs::File::create(src.join(format!("f{i:04}")))?;
+        let mut buf = vec![0u8; size];
+        for b in buf.chunks_mut(8) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            b.copy_from_slice(&seed.to_le_bytes()[..b.len()]);
+        }
+        f.write_all(&buf)?;
+    }
+    Ok(())
+}
+
+/// Files of `paths` (grid paths) whose policy `copies=2 sites=A,B` does not hold now: fewer
+/// than a complete copy at A and one at B on live nodes.
+fn short_of_policy(g: &Grid, paths: &[String]) -> Result<usize> {
+    let mut args = vec!["where", "--json"];
+    args.extend(paths.iter().map(String::as_str));
+    let v = g.json(&args)?;
+    let files = v.as_array().context("where --json: not a list")?;
+    Ok(files
+        .iter()
+        .filter(|f| {
+            let sites: Vec<&str> = f["replicas"]
+                .as_array()
+                .map(|rs| {
+                    rs.iter()
+                        .filter(|r| r["state"] == "complete" && r["node_up"] == true)
+                        .filter_map(|r| r["site"].as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            !(sites.contains(&"A") && sites.contains(&"B"))
+        })
+        .count())
+}
+
+/// Issue 15's figure: the drain of a node holding `files` replicas under a 2-copy, 2-site
+/// policy; its time, and that the policy held at every look (the reconciler's count of files
+/// short of their policy, and `haul where` of a rotating sample of 500 files, every look).
+fn drain_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<Value> {
+    let dir = work.join("drain");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    // Site A has only n1 during the upload, so that it holds every file; n2 joins before the
+    // drain and takes n1's copies at A.
+    Grid::pki(&dir, haul, &["n1", "n2", "n3", "n4"])?;
+    let nodes = [("n1", "A"), ("n3", "B"), ("n4", "B")];
+    let mut g = Grid::start(&dir, haul, None, &nodes, &["--admin", TASK_ACCOUNT])?;
+    let src = dir.join("src");
+    write_files(&src, files, size)?;
+    g.ok(&["mkdir", "/ds"])?;
+    g.ok(&["policy", "set", "/ds", "--copies", "2", "--sites", "A,B"])?;
+    let t = Instant::now();
+    g.ok(&[
+        "cp",
+        "-r",
+        "--site",
+        "A",
+        &src.to_string_lossy(),
+        &format!("haul://{}/ds/", g.meta_addr),
+    ])?;
+    let upload_s = t.elapsed().as_secs_f64();
+    let paths: Vec<String> = (0..files).map(|i| format!("/ds/src/f{i:04}")).collect();
+    let t = Instant::now();
+    loop {
+        let v = g.json(&["status", "--json"])?;
+        if v["under_replicated"].as_u64() == Some(0)
+            && v["repairs_running"].as_u64() == Some(0)
+            && v["over_replicated"].as_u64() == Some(0)
+            && short_of_policy(&g, &paths[..paths.len().min(500)])? == 0
+        {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(600) {
+            bail!("policy not met within 600 s after the upload");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    g.start_node("n2", "A")?;
+    g.wait_nodes(4)?;
+    let v = g.json(&["nodes", "--json"])?;
+    let victim = v
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .filter(|n| n["site"] == "A")
+                .max_by_key(|n| n["replicas"].as_u64().unwrap_or(0))
+                .cloned()
+        })
+        .context("no node at A")?;
+    let name = victim["name"].as_str().context("node name")?.to_string();
+    let held = victim["replicas"].as_u64().unwrap_or(0);
+    let started = Instant::now();
+    g.ok(&["node", "drain", &name])?;
+    let (mut looks, mut short_looks, mut max_under) = (0u64, 0u64, 0u64);
+    let mut sample = 0usize;
+    loop {
+        if started.elapsed() > Duration::from_secs(1800) {
+            bail!("{name} not drained within 1800 s");
+        }
+        let st = g.json(&["status", "--json"])?;
+        max_under = max_under.max(st["under_replicated"].as_u64().unwrap_or(0));
+        let chunk: Vec<String> = (0..500.min(files))
+            .map(|k| paths[(sample + k) % files].clone())
+            .collect();
+        sample = (sample + 500) % files.max(1);
+        if short_of_policy(&g, &chunk)? > 0 {
+            short_looks += 1;
+        }
+        looks += 1;
+        let v = g.json(&["nodes", "--json"])?;
+        let left = v
+            .as_array()
+            .and_then(|a| a.iter().find(|n| n["name"] == name.as_str()))
+            .and_then(|n| n["replicas"].as_u64())
+            .context("victim not listed")?;
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let drained_s = started.elapsed().as_secs_f64();
+    let mut short_after = 0;
+    for chunk in paths.chunks(1000) {
+        short_after += short_of_policy(&g, chunk)?;
+    }
+    let out = g.cmd(&["node", "remove", &name]).output()?;
+    Ok(json!({
+        "files": files,
+        "file_bytes": size,
+        "upload_seconds": upload_s,
+        "node": name,
+        "replicas_on_it": held,
+        "seconds_to_drain": drained_s,
+        "replicas_per_second": held as f64 / drained_s.max(1e-9),
+        "looks": looks,
+        "looks_with_a_sampled_file_short": short_looks,
+        "max_under_replicated_reported": max_under,
+        "files_short_after": short_after,
+        "remove_while_running_refused": !out.status.success(),
+    }))
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let haul = std::fs::canonicalize(&args.haul).context("haul binary")?;
     let only: Vec<String> = args
         .only
         .as_deref()
-        .unwrap_or("meta,catalog,run,restore")
+        .unwrap_or("meta,catalog,run,restore,drain")
         .split(',')
         .map(|s| s.trim().to_string())
         .collect();
@@ -693,6 +830,17 @@ fn main() -> Result<()> {
         let v = restore_suite(&args.work, &haul, n, size)?;
         eprintln!("gridbench: {v}");
         results.insert("restore".into(), v);
+    }
+    if want("drain") {
+        let (n, size) = if args.quick {
+            (500, 4096)
+        } else {
+            (10_000, 4096)
+        };
+        eprintln!("gridbench: drain of a node holding {n} replicas under a 2-copy policy");
+        let v = drain_suite(&args.work, &haul, n, size)?;
+        eprintln!("gridbench: {v}");
+        results.insert("drain".into(), v);
     }
     let doc = json!({
         "started": started,
@@ -812,6 +960,23 @@ fn markdown(doc: &Value) -> String {
             f(&x["seconds_to_restore"]),
             x["files_with_2_live_copies"],
             x["files"],
+        );
+    }
+    let d = &r["drain"];
+    if !d.is_null() {
+        s += &format!(
+            "## Drain of a node under a 2-copy, 2-site policy\n\n{} files of {} bytes on 4 nodes (2 sites), policy `copies=2 sites=A,B`; `haul node drain {}` (holding {} replicas), reconciler every 1 s. The policy was checked at every look while it drained: the reconciler's count of files short of their policy, and `haul where` of 500 files (a different 500 each look).\n\n| | |\n|---|---|\n| seconds to drain | {} |\n| replicas moved per second | {} |\n| looks / looks where a sampled file was short of its policy | {} / {} |\n| most files the reconciler reported short of their policy | {} |\n| files short of their policy afterwards (all checked) | {} |\n| removal refused while the node runs | {} |\n\n",
+            d["files"],
+            d["file_bytes"],
+            d["node"],
+            d["replicas_on_it"],
+            f(&d["seconds_to_drain"]),
+            f(&d["replicas_per_second"]),
+            d["looks"],
+            d["looks_with_a_sampled_file_short"],
+            d["max_under_replicated_reported"],
+            d["files_short_after"],
+            d["remove_while_running_refused"],
         );
     }
     s
