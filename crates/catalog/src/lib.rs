@@ -1818,23 +1818,36 @@ impl Catalog {
 
     /// Drops a replica record (its file goes on the node's dead list for removal).
     pub async fn remove_replica(&self, inode: i64, node: &str) -> Result<()> {
+        self.remove_replicas(&[(inode, node.to_string())]).await
+    }
+
+    /// Drops replica records (`(inode, node)` pairs) in one transaction: their files go on
+    /// their nodes' dead lists for removal.
+    pub async fn remove_replicas(&self, which: &[(i64, String)]) -> Result<()> {
         self.write(async |w| {
-            sqlx::query(
-                "INSERT INTO dead_replicas (inode, node, since_ms) VALUES ($1, $2, $3) ON CONFLICT (inode, node) DO NOTHING",
-            )
-            .bind(inode)
-            .bind(node)
-            .bind(now_ms())
-            .execute(&mut *w.tx)
-            .await?;
-            sqlx::query("DELETE FROM replicas WHERE inode = $1 AND node = $2")
-                .bind(inode)
-                .bind(node)
-                .execute(&mut *w.tx)
-                .await?;
+            for (inode, node) in which {
+                Self::bury_replica(w, *inode, node).await?;
+            }
             Ok(())
         })
         .await
+    }
+
+    async fn bury_replica(w: &mut WTx, inode: i64, node: &str) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO dead_replicas (inode, node, since_ms) VALUES ($1, $2, $3) ON CONFLICT (inode, node) DO NOTHING",
+        )
+        .bind(inode)
+        .bind(node)
+        .bind(now_ms())
+        .execute(&mut *w.tx)
+        .await?;
+        sqlx::query("DELETE FROM replicas WHERE inode = $1 AND node = $2")
+            .bind(inode)
+            .bind(node)
+            .execute(&mut *w.tx)
+            .await?;
+        Ok(())
     }
 
     /// Files a node should remove now (dead replicas whose time has come).
