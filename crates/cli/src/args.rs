@@ -870,7 +870,7 @@ pub enum NodeCommand {
 }
 
 const NODE_DRAIN_HELP: &str = "Progress shows in `haul status`, `haul nodes` (state \"draining\", then \"drained\"), the dashboard and /metrics (haul_node_draining, haul_reconcile_moving_files).\n\
-Files under a policy keep it throughout; other files keep as many copies as they have. A drain stalls (and `haul status` says why) while a policy cannot be kept without the node, e.g. when it is the last node of a site the policy names.\n\n\
+Files under a policy keep it throughout; other files keep as many copies as they had when the drain began. A drain stalls (`haul status` counts the files short of their policy) while a policy cannot be kept without the node, e.g. when it is the last node of a site the policy names.\n\n\
 Example:\n  haul node drain a1 haul://meta.example.org --wait\n  (stop the node)\n  haul node remove a1 haul://meta.example.org\n\n\
 Exit status: 0 done (with --wait: drained), 1 with --wait: --timeout passed first, 2 bad arguments, 3 unknown node, 4 metadata server unreachable, 5 not an administrator.";
 
