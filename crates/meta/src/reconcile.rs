@@ -495,12 +495,16 @@ pub async fn status_reply(meta: &Meta, user: &User) -> Result<pb::StatusReply, E
         removals_done: st.removals_done,
         events: meta.events_for(user, 20).await,
         nodes_up: nodes.iter().filter(|n| n.node.up).count() as u64,
-        draining: meta
-            .node_infos()
-            .await?
-            .into_iter()
-            .filter(|n| n.drain_ms != 0)
-            .collect(),
+        // The per-node figures total every replica: only asked for when a node drains.
+        draining: if nodes.iter().any(|n| n.node.drain_ms != 0) {
+            meta.node_infos()
+                .await?
+                .into_iter()
+                .filter(|n| n.drain_ms != 0)
+                .collect()
+        } else {
+            Vec::new()
+        },
         moving: st.moving,
         nodes_down: nodes.iter().filter(|n| !n.node.up).count() as u64,
         last_pass_ms: st.last_pass_ms,
