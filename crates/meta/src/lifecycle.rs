@@ -6,6 +6,7 @@
 
 use crate::auth::User;
 use crate::error::Error;
+use crate::perm;
 use crate::state::{Meta, node_info};
 use api::meta as pb;
 use catalog::CatalogError;
@@ -14,17 +15,6 @@ use wire::error::ErrorKind;
 /// Paths of orphaned files named in a forced removal's reply and event.
 const ORPHANS_NAMED: usize = 100;
 
-fn require_admin(user: &User, what: &str) -> Result<(), Error> {
-    if user.admin {
-        Ok(())
-    } else {
-        Err(Error::permission_denied(format!(
-            "only an administrator may {what} ({} is not one: see meta serve --admin)",
-            user.name
-        )))
-    }
-}
-
 impl Meta {
     /// Starts (or with `cancel` ends) the drain of a node.
     pub async fn drain_node(
@@ -32,7 +22,7 @@ impl Meta {
         user: &User,
         q: &pb::DrainRequest,
     ) -> Result<pb::NodeInfo, Error> {
-        require_admin(user, "drain a node")?;
+        perm::require_admin(user, "drain a node")?;
         let before = self.known_node(&q.node)?;
         let node = self.catalog.set_drain(&q.node, !q.cancel).await?;
         self.refresh_nodes().await?;
@@ -65,7 +55,7 @@ impl Meta {
         user: &User,
         q: &pb::RemoveNodeRequest,
     ) -> Result<pb::RemoveNodeReply, Error> {
-        require_admin(user, "remove a node")?;
+        perm::require_admin(user, "remove a node")?;
         // The registry as the catalog has it now (a heartbeat may just have brought it back).
         self.refresh_nodes().await?;
         let entry = self.known_node(&q.node)?;

@@ -128,6 +128,18 @@ pub fn require_owner(user: &User, inode: &Inode, path: &str) -> Result<(), Error
     }
 }
 
+/// Is `user` an administrator (who alone may `what`, e.g. "drain a node")?
+pub fn require_admin(user: &User, what: &str) -> Result<(), Error> {
+    if user.admin {
+        Ok(())
+    } else {
+        Err(Error::permission_denied(format!(
+            "only an administrator may {what} ({} is not one: see meta serve --admin)",
+            user.name
+        )))
+    }
+}
+
 /// May `user` give `inode` to `owner` and/or `group`? Only administrators change owners; an
 /// owner may change the group to one of their own groups.
 pub fn require_chown(
