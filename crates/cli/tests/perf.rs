@@ -102,8 +102,11 @@ fn tcp_both_ways_over_tls_counts_the_same_bytes_on_both_sides() {
     assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("the endpoint sends to this host"), "{text}");
+    // At least one interval line (five 100 ms ticks, unless a loaded machine held the sampler
+    // up: CI once saw a single 0.69 s interval), besides the sender's total.
     assert!(
-        text.lines().filter(|l| l.contains("retr")).count() >= 3,
+        text.lines()
+            .any(|l| l.contains("retr") && !l.contains("sender")),
         "{text}"
     );
     assert!(
