@@ -73,7 +73,9 @@ step() {
 # Lints and tests share one build: clippy's driver compiles the workspace's crates (as
 # `cargo clippy` does, but producing the test binaries too), so the dependencies are compiled
 # once, not once for `cargo clippy` and again for `cargo test` (on a slow 2-core VM the cold
-# `cargo clippy` alone had run over 25 minutes, and the combined build took 52). Its warnings (clippy's and rustc's) do not stop the build, so that the tests
+# `cargo clippy` alone had run over 25 minutes, and the combined build took 52; see the
+# dependency profiles in Cargo.toml for what keeps it shorter). Its warnings (clippy's and
+# rustc's) do not stop the build, so that the tests
 # still run: each crate that has any prints "generated N warnings", and the lints step fails.
 # `cargo test` builds what `clippy --all-targets` checks (libraries, binaries, tests and
 # examples, each with and without cfg(test)); the workspace has no bench targets.
@@ -113,7 +115,9 @@ fuzz() {
   flags="$flags -Cllvm-args=-sanitizer-coverage-pc-table"
   flags="$flags -Cllvm-args=-sanitizer-coverage-trace-compares"
   flags="$flags --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
+  local t0=$SECONDS
   (cd fuzz && RUSTFLAGS="$flags" cargo build --release --locked --bins --target "$triple") || return 1
+  echo $((SECONDS - t0)) >"$logs/fuzz-build.time"
   bin=fuzz/target/$triple/release
   # Two targets at a time (the machine's two cores), each for FUZZ_SECONDS.
   local running=()
@@ -171,6 +175,10 @@ fi
 echo
 echo "== summary ($(($(date +%s) - start)) s; logs in $logs)"
 [ -f "$logs/tests.log" ] || : >"$logs/tests.log"
+# How long the build took (cargo's own line), apart from the tests' run time: on a slow
+# machine the cold build is most of the suite's time.
+grep -m1 -E '^ *Finished `test` profile' "$logs/tests.log" | sed -E 's/^ *Finished /build: /'
+for f in "$logs"/fuzz-build.time; do [ -f "$f" ] && echo "fuzz build: $(cat "$f") s"; done
 ok=$(grep -cE '^test .* \.\.\. ok$' "$logs/tests.log")
 failed=$(grep -E '^test .* \.\.\. FAILED$' "$logs/tests.log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/')
 ignored=$(grep -cE '^test .* \.\.\. ignored' "$logs/tests.log")
