@@ -818,6 +818,15 @@ async fn run_session(
         if private {
             opts.session.protect = wire::control::Protect::Private;
         }
+        // A copy records every checksum its file has (an upload with `--checksum adler32,md5`
+        // has three): the destination computes them all, and checks each against the file's.
+        for t in &tasks {
+            for d in wire::checksum::parse_digests(&t.inode.checksum).unwrap_or_default() {
+                if !opts.session.checksums.contains(&d.algorithm) {
+                    opts.session.checksums.push(d.algorithm);
+                }
+            }
+        }
         tracing::info!(
             src = %src.node.name, dst = %dst.node.name, files = ids.len(),
             protect = ?opts.session.protect, "replication session"
