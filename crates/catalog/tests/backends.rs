@@ -64,3 +64,28 @@ fn replace_db(url: &str, db: &str) -> String {
         _ => format!("{url}/{db}"),
     }
 }
+
+/// A catalog that a newer version of the server migrated is refused, naming the migration this
+/// version does not know (README "Operating a grid": an older server does not run on it).
+#[tokio::test]
+async fn a_catalog_migrated_by_a_newer_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("meta.db").display());
+    let c = Catalog::open(&url).await.unwrap();
+    c.close().await;
+    {
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (9999, 'from the future', 1, x'00', 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    }
+    let err = Catalog::open(&url).await.err().expect("refused");
+    let text = err.to_string();
+    assert!(text.contains("9999"), "{text}");
+}

@@ -30,7 +30,16 @@ storage node has room.";
 
 /// longhaul: move and replicate large datasets across long fat networks.
 #[derive(Parser, Debug)]
-#[command(name = "haul", version, about, after_help = EXIT_CODES, propagate_version = true)]
+// max_term_width = 0: help fills a wide terminal (clap stops at 100 columns otherwise);
+// examples are kept under 80 columns with `\` continuations, so that they paste as they are.
+#[command(
+    name = "haul",
+    version,
+    about,
+    after_help = EXIT_CODES,
+    propagate_version = true,
+    max_term_width = 0
+)]
 pub struct Cli {
     /// More log output on stderr (-v info, -vv debug); HAUL_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -89,12 +98,12 @@ pub struct DoctorArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub creds: CredArgs,
+    pub creds: EndpointCredArgs,
 }
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  haul perf haul://dtn.example.org                  # TCP both ways, 10 s each, streams as a copy plans them\n  haul perf haul://dtn.example.org -P 8 -t 30s --direction send\n  haul perf haul://dtn.example.org --udp --rate 500M  # UDP loss, jitter and reordering at 500 Mbit/s\n  haul perf haul://dtn.example.org --json\n\nThe test runs over the endpoint's own port and authentication (a standalone endpoint or a\nstorage node; a UDP test uses the same port number for UDP while it runs). Endpoints run tests\nof up to --perf-max-seconds (default 60 s).\n\nExit status: 0 when the tests ran; 2 for bad arguments or a test the endpoint refuses; 4 when\nit cannot be reached; 5 when it refuses us."
+    after_help = "Examples:\n  TCP both ways, 10 s each, with as many streams as a copy would plan:\n    haul perf haul://dtn.example.org\n  haul perf haul://dtn.example.org -P 8 -t 30s --direction send\n  UDP loss, jitter and reordering at 500 Mbit/s:\n    haul perf haul://dtn.example.org --udp --rate 500M\n  haul perf haul://dtn.example.org --json\n\nThe test runs over the endpoint's own port and authentication (a standalone endpoint or a\nstorage node; a UDP test uses the same port number for UDP while it runs). Endpoints run tests\nof up to --perf-max-seconds (default 60 s).\n\nExit status: 0 when the tests ran; 2 for bad arguments or a test the endpoint refuses; 4 when\nit cannot be reached; 5 when it refuses us."
 )]
 pub struct PerfArgs {
     /// The endpoint: haul://host[:port].
@@ -137,7 +146,7 @@ pub struct PerfArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub creds: CredArgs,
+    pub creds: EndpointCredArgs,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -297,6 +306,11 @@ pub enum Command {
     /// Run a command once per grid file on a node holding it: haul run PATH... -- CMD {}
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
+    /// Print a shell completion script: haul completions bash > /etc/bash_completion.d/haul
+    Completions(CompletionsArgs),
+    /// Write the manual pages (haul.1 and haul-SUBCOMMAND.1) into a directory, or haul.1 to
+    /// stdout: haul man --dir /usr/local/share/man/man1
+    Man(ManArgs),
     /// Emulated long fat networks for tests and benchmarks (`haul netlab --help`).
     #[command(disable_help_flag = true)]
     Netlab {
@@ -306,7 +320,26 @@ pub enum Command {
     },
 }
 
-/// Where TLS credentials come from.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  haul completions bash > /etc/bash_completion.d/haul\n  haul completions zsh > \"${fpath[1]}/_haul\"\n  haul completions fish > ~/.config/fish/completions/haul.fish"
+)]
+pub struct CompletionsArgs {
+    /// The shell the script is for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub struct ManArgs {
+    /// Write haul.1 and a page per subcommand (haul-cp.1, haul-meta-serve.1, ...) into DIR
+    /// (created if missing) instead of haul.1 to stdout.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// Where TLS credentials come from. The grid's commands and daemons always use them: only
+/// the commands that may talk to a standalone endpoint add `--insecure` ([`EndpointCredArgs`]).
 #[derive(Args, Debug, Clone)]
 pub struct CredArgs {
     /// Certificate (PEM) [default: ~/.haul/cert.pem]
@@ -318,8 +351,17 @@ pub struct CredArgs {
     /// CA certificate(s) to trust (PEM) [default: ~/.haul/ca.pem]
     #[arg(long, env = "HAUL_CA", value_name = "FILE")]
     pub ca: Option<PathBuf>,
-    /// No TLS and no certificates: for local tests only. Anyone who can reach the port can
-    /// read and write. Both sides must use it.
+}
+
+/// Credentials of a command that may talk to a standalone endpoint (`cp`, `serve`, `perf`,
+/// `doctor`): TLS, or `--insecure` for local tests.
+#[derive(Args, Debug, Clone)]
+pub struct EndpointCredArgs {
+    #[command(flatten)]
+    pub tls: CredArgs,
+    /// No TLS and no certificates: for local tests with standalone endpoints only (the grid
+    /// always needs certificates). Anyone who can reach the port can read and write. Both
+    /// sides must use it.
     #[arg(long)]
     pub insecure: bool,
 }
@@ -377,6 +419,9 @@ Examples:
     haul cp --rate 800M --protect private --checksum adler32,md5 big.h5 haul://dtn2:5811/in/
   A byte range of a file:
     haul cp --offset 1G --length 256M haul://dtn1/big.dat part.dat
+  A file of the grid whose metadata server HAUL_META names (haul:///path: no host; a plain
+  /path is a local path here):
+    HAUL_META=haul://meta.example.org haul cp haul:///cmip/tas/tas_1.nc .
 
 Without flags, haul picks streams from the path's round-trip time and both hosts' TCP
 buffer limits, uses BBR when the host has it, checksums everything with CRC32C while it
@@ -385,10 +430,11 @@ streams, retries and resumes on failure, and stops a transfer that moves no data
 #[derive(Args, Debug)]
 #[command(after_help = CP_EXAMPLES)]
 pub struct CpArgs {
-    /// Source: a local path or haul://host[:port]/path
+    /// Source: a local path, haul://host[:port]/path, or haul:///path on the grid HAUL_META
+    /// names
     pub src: String,
-    /// Destination: a local path or haul://host[:port]/path (an existing directory receives
-    /// the source under its own name)
+    /// Destination: a local path, haul://host[:port]/path or haul:///path (an existing
+    /// directory receives the source under its own name)
     pub dst: String,
     /// Copy directories recursively.
     #[arg(short, long)]
@@ -471,12 +517,12 @@ pub struct CpArgs {
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     #[command(flatten)]
-    pub creds: CredArgs,
+    pub creds: EndpointCredArgs,
 }
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  haul serve --root /data --listen 0.0.0.0:5811 --cert host.pem --key host.key --ca ca.pem --mapfile mapfile"
+    after_help = "Example:\n  haul serve --root /data --listen 0.0.0.0:5811 \\\n      --cert host.pem --key host.key --ca ca.pem --mapfile mapfile"
 )]
 pub struct ServeArgs {
     /// Directory tree to export; no path may leave it.
@@ -515,7 +561,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub trace: TraceDirArgs,
     #[command(flatten)]
-    pub creds: CredArgs,
+    pub creds: EndpointCredArgs,
 }
 
 /// Prometheus metrics of a daemon.
@@ -680,6 +726,7 @@ pub struct GridArgs {
 /// Grid paths: haul://META/path, or /path with HAUL_META set.
 #[derive(Args, Debug, Clone)]
 pub struct PathsArgs {
+    /// Grid paths: haul://META/path, or /path (and haul:///path) with HAUL_META set.
     #[arg(value_name = "PATH", required = true)]
     pub paths: Vec<String>,
     /// Print JSON on stdout.
@@ -764,7 +811,9 @@ pub enum XattrCommand {
 
 #[derive(Args, Debug, Clone)]
 pub struct XattrNameArgs {
+    /// Grid path: haul://META/path, or /path with HAUL_META set.
     pub path: String,
+    /// Attribute name, e.g. user.experiment (names under haul. are the grid's own).
     pub name: String,
     #[command(flatten)]
     pub creds: CredArgs,
@@ -772,8 +821,11 @@ pub struct XattrNameArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct XattrSetArgs {
+    /// Grid path: haul://META/path, or /path with HAUL_META set.
     pub path: String,
+    /// Attribute name, e.g. user.experiment.
     pub name: String,
+    /// Attribute value (text).
     pub value: String,
     #[command(flatten)]
     pub creds: CredArgs,
@@ -787,7 +839,7 @@ pub enum MetaCommand {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  haul meta serve --data /var/lib/haul-meta --cert meta.pem --key meta.key --ca ca.pem --mapfile mapfile\n  haul meta serve --db postgres://haul@dbhost/haul ...   (several servers may share it)"
+    after_help = "Examples:\n  haul meta serve --data /var/lib/haul-meta \\\n      --cert meta.pem --key meta.key --ca ca.pem --mapfile mapfile\n  haul meta serve --db postgres://haul@dbhost/haul ...   (several servers may share it)"
 )]
 pub struct MetaServeArgs {
     /// Catalog database: postgres://user@host/db [default: SQLite in --data]
@@ -910,7 +962,7 @@ pub struct NodeRemoveArgs {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  haul node serve --meta haul://meta.example.org --site KEK --root /data/haul --listen 0.0.0.0:5812 \\\n      --cert node1.pem --key node1.key --ca ca.pem\nThe node's name is its host certificate's CN (--name must agree). The metadata server admits it only if its --nodes file lists it: add the line `haul cert issue --host` printed (a refused node logs the line and keeps trying)."
+    after_help = "Example:\n  haul node serve --meta haul://meta.example.org --site KEK \\\n      --root /data/haul --listen 0.0.0.0:5812 \\\n      --cert node1.pem --key node1.key --ca ca.pem\nThe node's name is its host certificate's CN (--name must agree). The metadata server admits it only if its --nodes file lists it: add the line `haul cert issue --host` printed (a refused node logs the line and keeps trying)."
 )]
 pub struct NodeServeArgs {
     /// The metadata server: haul://host[:port]
@@ -1044,6 +1096,7 @@ pub enum PolicyCommand {
 pub struct PolicySetArgs {
     /// Grid path (a directory applies to everything below it).
     pub path: String,
+    /// Complete copies each file below the path must have in total (1 to 64).
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub copies: u32,
     /// Sites that must each hold a copy, comma separated.

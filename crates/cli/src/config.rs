@@ -7,7 +7,7 @@ use clap::Command;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
-/// Credentials used by every command that connects or serves.
+/// Credentials used by every command that connects or serves (each command with `--cert`).
 #[derive(Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Credentials {
@@ -81,6 +81,72 @@ pub struct Cp {
     pub log_transfer_format: Option<String>,
 }
 
+/// `haul meta serve` settings.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MetaServe {
+    /// Catalog database URL ("sqlite:///var/lib/haul-meta/catalog.db", "postgres://...").
+    pub db: Option<String>,
+    /// Directory of the server's state (its SQLite catalog unless `db` is set).
+    pub data: Option<PathBuf>,
+    /// Address of the gRPC listener, e.g. "0.0.0.0:5811".
+    pub listen: Option<String>,
+    /// Address of the dashboard and /metrics, e.g. "127.0.0.1:5880".
+    pub http: Option<String>,
+    /// Mapfile of user certificate subjects and their grid identities.
+    pub mapfile: Option<PathBuf>,
+    /// Groups file ("group: user user ...").
+    pub groups: Option<PathBuf>,
+    /// Grid identities with administrator rights, e.g. ["root", "gridadmin"].
+    pub admins: Option<Vec<String>>,
+    /// Enrolled storage nodes (the lines `haul cert issue --host` prints).
+    pub nodes: Option<PathBuf>,
+    /// Node heartbeat interval, e.g. "2s".
+    pub heartbeat: Option<String>,
+    /// A node silent for this long is down, e.g. "10s".
+    pub node_timeout: Option<String>,
+    /// How often the reconciler checks every policy, e.g. "30s".
+    pub reconcile_every: Option<String>,
+    /// How long a transfer grant is valid, e.g. "5m".
+    pub grant_ttl: Option<String>,
+    /// Verify every replica's checksum on its node this often, e.g. "7d" (none by default).
+    pub scrub_every: Option<String>,
+    /// Transfer log of the replication sessions the server directs.
+    pub log_transfer: Option<PathBuf>,
+    /// Its format: "netlogger", "json" or "gridftp".
+    pub log_transfer_format: Option<String>,
+}
+
+/// `haul node serve` settings.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeServe {
+    /// The metadata server, e.g. "haul://meta.example.org".
+    pub meta: Option<String>,
+    /// The node's site.
+    pub site: Option<String>,
+    /// Directory holding the node's replicas.
+    pub root: Option<PathBuf>,
+    /// Address of the data listener, e.g. "0.0.0.0:5812".
+    pub listen: Option<String>,
+    /// Address clients and other nodes reach it at, when not the listener's.
+    pub advertise: Option<String>,
+    /// Most the node stores, e.g. "40TiB" (the file system's free space otherwise).
+    pub capacity: Option<String>,
+    /// Bandwidth to plan for when pushing to other nodes, e.g. "10G".
+    pub link_rate: Option<String>,
+    /// Longest path test (`haul perf`) run for a client, in seconds; 0 refuses them.
+    pub perf_max_seconds: Option<u64>,
+    /// Address of its Prometheus /metrics, e.g. "127.0.0.1:9812".
+    pub metrics: Option<String>,
+    /// Transfer log of every file and session the node moves.
+    pub log_transfer: Option<PathBuf>,
+    /// Its format: "netlogger", "json" or "gridftp".
+    pub log_transfer_format: Option<String>,
+    /// Directory of TCP_INFO traces of the sessions the node sends.
+    pub trace_dir: Option<PathBuf>,
+}
+
 /// The whole file.
 #[derive(Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -91,6 +157,10 @@ pub struct Config {
     pub serve: Serve,
     #[serde(default)]
     pub cp: Cp,
+    #[serde(default)]
+    pub meta: MetaServe,
+    #[serde(default)]
+    pub node: NodeServe,
 }
 
 impl Config {
@@ -142,9 +212,10 @@ impl Config {
             ("key", path(&self.credentials.key)),
             ("ca", path(&self.credentials.ca)),
         ];
-        for sub in ["cp", "serve"] {
-            for (name, value) in &creds {
-                cmd = set_default(cmd, sub, name, value.clone());
+        // Every command that has the flags: the grid's clients and daemons, cp, serve, perf.
+        for (name, value) in &creds {
+            if value.is_some() {
+                cmd = set_everywhere(cmd, name, value.clone());
             }
         }
         let s = &self.serve;
@@ -187,6 +258,53 @@ impl Config {
         ] {
             cmd = set_default(cmd, "cp", name, value);
         }
+        let m = &self.meta;
+        if let Some(admins) = &m.admins {
+            cmd = cmd.mut_subcommand("meta", |c| {
+                c.mut_subcommand("serve", |s| {
+                    s.mut_arg("admins", |a| a.default_values(admins.clone()))
+                })
+            });
+        }
+        for (name, value) in [
+            ("db", m.db.clone()),
+            ("data", path(&m.data)),
+            ("listen", m.listen.clone()),
+            ("http", m.http.clone()),
+            ("mapfile", path(&m.mapfile)),
+            ("groups", path(&m.groups)),
+            ("nodes", path(&m.nodes)),
+            ("heartbeat", m.heartbeat.clone()),
+            ("node_timeout", m.node_timeout.clone()),
+            ("reconcile_every", m.reconcile_every.clone()),
+            ("grant_ttl", m.grant_ttl.clone()),
+            ("scrub_every", m.scrub_every.clone()),
+            ("log_transfer", path(&m.log_transfer)),
+            ("log_transfer_format", m.log_transfer_format.clone()),
+        ] {
+            cmd = set_default(cmd, "meta serve", name, value);
+        }
+        let n = &self.node;
+        for (name, value) in [
+            ("meta", n.meta.clone()),
+            ("site", n.site.clone()),
+            ("root", path(&n.root)),
+            ("listen", n.listen.clone()),
+            ("advertise", n.advertise.clone()),
+            ("capacity", n.capacity.clone()),
+            ("link_rate", n.link_rate.clone()),
+            (
+                "perf_max_seconds",
+                n.perf_max_seconds.map(|v| v.to_string()),
+            ),
+            // MetricsArgs's field: `--metrics ADDR` has the id `addr`.
+            ("addr", n.metrics.clone()),
+            ("log_transfer", path(&n.log_transfer)),
+            ("log_transfer_format", n.log_transfer_format.clone()),
+            ("trace_dir", path(&n.trace_dir)),
+        ] {
+            cmd = set_default(cmd, "node serve", name, value);
+        }
         cmd
     }
 }
@@ -205,11 +323,34 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     )
 }
 
-fn set_default(cmd: Command, sub: &str, arg: &str, value: Option<String>) -> Command {
+/// Makes `value` the default of `arg` of the subcommand `path` ("cp", "meta serve").
+fn set_default(cmd: Command, path: &str, arg: &str, value: Option<String>) -> Command {
     let Some(value) = value else { return cmd };
-    cmd.mut_subcommand(sub, |s| {
-        s.mut_arg(arg, |a| a.default_value(value).required(false))
-    })
+    fn at(cmd: Command, path: &[&str], arg: &str, value: String) -> Command {
+        match path.split_first() {
+            None => cmd.mut_arg(arg, |a| a.default_value(value).required(false)),
+            Some((sub, rest)) => cmd.mut_subcommand(*sub, |s| at(s, rest, arg, value)),
+        }
+    }
+    let path: Vec<&str> = path.split_whitespace().collect();
+    at(cmd, &path, arg, value)
+}
+
+/// Makes `value` the default of `arg` in every subcommand that has it.
+fn set_everywhere(mut cmd: Command, arg: &str, value: Option<String>) -> Command {
+    let Some(value) = value else { return cmd };
+    if cmd.get_arguments().any(|a| a.get_id() == arg) {
+        cmd = cmd.mut_arg(arg, |a| a.default_value(value.clone()));
+    }
+    let subs: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    for sub in subs {
+        let v = value.clone();
+        cmd = cmd.mut_subcommand(sub, |s| set_everywhere(s, arg, Some(v)));
+    }
+    cmd
 }
 
 /// `--config FILE` from the raw arguments (it must be known before parsing them).
@@ -293,5 +434,44 @@ mod tests {
         };
         assert_eq!(cp.retries, 1, "flag wins");
         assert_eq!(cp.checksum, "md5", "config value");
+    }
+
+    #[test]
+    fn meta_and_node_sections_and_credentials_everywhere() {
+        let c = Config::parse(
+            "[credentials]\ncert = \"/etc/haul/me.pem\"\n\
+             [meta]\nlisten = \"0.0.0.0:7811\"\nadmins = [\"root\", \"ops\"]\nnode_timeout = \"30s\"\n\
+             [node]\nmeta = \"haul://m.example.org\"\nsite = \"KEK\"\nroot = \"/data\"\nmetrics = \"127.0.0.1:9812\"\ncapacity = \"2TiB\"\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        let cmd = c.apply(Cli::command());
+        let parse = |argv: &[&str]| {
+            Cli::from_arg_matches(&cmd.clone().try_get_matches_from(argv).unwrap()).unwrap()
+        };
+        let crate::args::Command::Meta(crate::args::MetaCommand::Serve(m)) =
+            parse(&["haul", "meta", "serve"]).command
+        else {
+            panic!()
+        };
+        assert_eq!(m.listen, "0.0.0.0:7811");
+        assert_eq!(m.admins, ["root", "ops"]);
+        assert_eq!(m.node_timeout, std::time::Duration::from_secs(30));
+        assert_eq!(m.creds.cert, Some(PathBuf::from("/etc/haul/me.pem")));
+        let crate::args::Command::Node(crate::args::NodeCommand::Serve(n)) =
+            parse(&["haul", "node", "serve", "--site", "RIKEN"]).command
+        else {
+            panic!()
+        };
+        assert_eq!(n.site, "RIKEN", "flag wins");
+        assert_eq!(n.meta, "haul://m.example.org");
+        assert_eq!(n.root, PathBuf::from("/data"));
+        assert_eq!(n.metrics.addr.as_deref(), Some("127.0.0.1:9812"));
+        assert_eq!(n.capacity, Some(2 << 40));
+        // A grid client command takes the certificate too.
+        let crate::args::Command::Df(d) = parse(&["haul", "df", "haul://m"]).command else {
+            panic!()
+        };
+        assert_eq!(d.creds.cert, Some(PathBuf::from("/etc/haul/me.pem")));
     }
 }

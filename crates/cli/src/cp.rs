@@ -70,8 +70,20 @@ fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferEr
 }
 
 pub async fn run(a: CpArgs) -> Result<u8, TransferError> {
-    let src = Location::parse(&a.src)?;
-    let dst = Location::parse(&a.dst)?;
+    let src = Location::parse(&crate::grid_cmd::expand_default_meta(&a.src)?)?;
+    let dst = Location::parse(&crate::grid_cmd::expand_default_meta(&a.dst)?)?;
+    if let Location::Local(p) = &src
+        && p.is_absolute()
+        && p.symlink_metadata().is_err()
+        && std::env::var_os("HAUL_META").is_some_and(|m| !m.is_empty())
+    {
+        // `/path` is local in `cp`; with HAUL_META set the user may have meant the grid.
+        return Err(TransferError::not_found(format!(
+            "{}: no such local file or directory; for that path on the grid HAUL_META names, write haul://{}",
+            p.display(),
+            p.display()
+        )));
+    }
     if a.protect == ProtectArg::Private && a.creds.insecure {
         return Err(TransferError::usage(
             "--protect private needs TLS and cannot be combined with --insecure",

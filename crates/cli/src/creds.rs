@@ -1,7 +1,7 @@
 //! Resolving TLS credentials from flags, environment and `~/.haul/`, and the endpoint a
 //! command that talks to one (`haul doctor`, `haul perf`) names.
 
-use crate::args::CredArgs;
+use crate::args::{CredArgs, EndpointCredArgs};
 use std::path::PathBuf;
 use transfer::TransferError;
 use transfer::tls::{CredentialPaths, Credentials};
@@ -22,17 +22,24 @@ pub fn paths(a: &CredArgs) -> CredentialPaths {
     }
 }
 
+/// Loads the credentials (the grid's commands and daemons: no `--insecure` there).
+pub fn load_tls(a: &CredArgs) -> Result<Credentials, TransferError> {
+    Credentials::load(&paths(a))
+}
+
 /// Loads credentials unless `--insecure`, which is announced loudly.
-pub fn load(a: &CredArgs) -> Result<Option<Credentials>, TransferError> {
+pub fn load(a: &EndpointCredArgs) -> Result<Option<Credentials>, TransferError> {
     if a.insecure {
         tracing::warn!("--insecure: no TLS and no authentication; for local tests only");
         return Ok(None);
     }
-    Credentials::load(&paths(a)).map(Some)
+    load_tls(&a.tls).map(Some)
 }
 
 /// The client TLS settings of these credentials (`None` with `--insecure`).
-pub fn client_tls(a: &CredArgs) -> Result<Option<transfer::conn::ClientTls>, TransferError> {
+pub fn client_tls(
+    a: &EndpointCredArgs,
+) -> Result<Option<transfer::conn::ClientTls>, TransferError> {
     match load(a)? {
         Some(c) => Ok(Some(transfer::conn::ClientTls {
             config: transfer::tls::client_config(&c)?,

@@ -14,19 +14,31 @@ use transfer::TransferError;
 use transfer::client::{Location, Peer};
 use wire::error::ErrorKind;
 
-/// `haul://host[:port]/path` (or `/path` with `HAUL_META`) -> metadata server and path.
+/// `haul:///path` (no host) -> `$HAUL_META/path`; anything else unchanged. The form with no
+/// host is how `haul cp`, where `/path` is a local path, names a path on the default grid.
+pub fn expand_default_meta(s: &str) -> Result<String, TransferError> {
+    match s.strip_prefix("haul://") {
+        Some(path) if path.starts_with('/') => on_default_meta(path, s),
+        _ => Ok(s.to_string()),
+    }
+}
+
+fn on_default_meta(path: &str, given: &str) -> Result<String, TransferError> {
+    match std::env::var("HAUL_META") {
+        Ok(m) if !m.is_empty() => Ok(format!("{}{path}", m.trim_end_matches('/'))),
+        _ => Err(TransferError::usage(format!(
+            "{given}: give a grid path as haul://META/path (or set HAUL_META=haul://META)"
+        ))),
+    }
+}
+
+/// `haul://host[:port]/path` (or `/path` and `haul:///path` with `HAUL_META`) -> metadata
+/// server and path.
 pub fn target(s: &str) -> Result<(Peer, String), TransferError> {
     let full = if s.starts_with('/') {
-        match std::env::var("HAUL_META") {
-            Ok(m) if !m.is_empty() => format!("{}{s}", m.trim_end_matches('/')),
-            _ => {
-                return Err(TransferError::usage(format!(
-                    "{s}: give a grid path as haul://META/path (or set HAUL_META=haul://META)"
-                )));
-            }
-        }
+        on_default_meta(s, s)?
     } else {
-        s.to_string()
+        expand_default_meta(s)?
     };
     match Location::parse(&full)? {
         Location::Remote { host, port, path } => Ok((Peer::new(host, port), path)),
@@ -38,12 +50,7 @@ pub fn target(s: &str) -> Result<(Peer, String), TransferError> {
 
 /// Connects to the metadata server with the user's certificate.
 pub async fn connect(peer: &Peer, c: &CredArgs) -> Result<MetaClient, TransferError> {
-    if c.insecure {
-        return Err(TransferError::usage(
-            "the grid needs certificates; --insecure is for standalone endpoints only",
-        ));
-    }
-    let creds = creds::load(c)?.expect("not insecure");
+    let creds = creds::load_tls(c)?;
     MetaClient::connect(peer, transfer::tls::client_config(&creds)?).await
 }
 

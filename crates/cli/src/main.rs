@@ -18,6 +18,7 @@ mod config;
 mod cp;
 mod creds;
 mod demo;
+mod docs_cmd;
 mod doctor_cmd;
 mod grid_cmd;
 mod lifecycle_cmd;
@@ -68,6 +69,21 @@ fn main() -> ExitCode {
             .chain(args.iter().cloned())
             .collect();
         return ExitCode::from(netlab::cli::main(argv).clamp(0, 255) as u8);
+    }
+    // Generated from the command definition; no runtime, no logging needed.
+    let generated = match &cli.command {
+        args::Command::Completions(a) => Some(docs_cmd::completions(a)),
+        args::Command::Man(a) => Some(docs_cmd::man(a)),
+        _ => None,
+    };
+    if let Some(r) = generated {
+        return match r {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("haul: error: {}", grid_cmd::one_line(&e.to_string()));
+                ExitCode::from(e.exit_code() as u8)
+            }
+        };
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -181,6 +197,8 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),
         // Dispatched in `main` before the runtime starts.
-        args::Command::Netlab { .. } => Ok(1),
+        args::Command::Netlab { .. } | args::Command::Completions(_) | args::Command::Man(_) => {
+            Ok(1)
+        }
     }
 }

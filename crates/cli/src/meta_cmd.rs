@@ -10,12 +10,7 @@ use transfer::TransferError;
 use transfer::tls::{self, Mapfile};
 
 pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
-    if a.creds.insecure {
-        return Err(TransferError::usage(
-            "the metadata server needs TLS: users and nodes are known by their certificates",
-        ));
-    }
-    let c = creds::load(&a.creds)?.expect("not insecure");
+    let c = creds::load_tls(&a.creds)?;
     let mapfile_path = a.mapfile.clone().unwrap_or_else(creds::default_mapfile);
     let mapfile = Mapfile::load(&mapfile_path).map_err(|e| {
         TransferError::usage(format!(

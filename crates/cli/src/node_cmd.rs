@@ -8,12 +8,7 @@ use transfer::endpoint::EndpointTls;
 use transfer::tls;
 
 pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
-    if a.creds.insecure {
-        return Err(TransferError::usage(
-            "a storage node needs its host certificate (no --insecure)",
-        ));
-    }
-    let c = creds::load(&a.creds)?.expect("not insecure");
+    let c = creds::load_tls(&a.creds)?;
     // The host a host certificate is for, from the parsed certificate.
     let cn = c
         .chain

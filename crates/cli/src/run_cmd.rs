@@ -14,7 +14,7 @@ pub async fn run(a: RunArgs) -> Result<u8, TransferError> {
         None => None,
     };
     let meta = connect(&peer, &a.creds).await?;
-    let creds = crate::creds::load(&a.creds)?.expect("grid needs credentials");
+    let creds = crate::creds::load_tls(&a.creds)?;
     let opts = grid::run::RunOptions {
         argv: a.command.clone(),
         output,

@@ -848,6 +848,71 @@ fn json_error_and_help() {
     assert_eq!(json(&out)["exit_code"], 3);
 }
 
+/// Completions, manual pages, `--insecure` only where it means something, help that fills a
+/// wide terminal with examples that paste as they are.
+#[test]
+fn completions_man_pages_and_help() {
+    let out = haul().args(["completions", "bash"]).output().unwrap();
+    assert_ok(&out);
+    let bash = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        bash.contains("_haul") && bash.contains("replicate"),
+        "{bash}"
+    );
+    let out = haul().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = haul().arg("man").output().unwrap();
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(".ie"));
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("man1");
+    assert_ok(&haul().args(["man", "--dir"]).arg(&dir).output().unwrap());
+    for page in [
+        "haul.1",
+        "haul-cp.1",
+        "haul-meta-serve.1",
+        "haul-node-drain.1",
+    ] {
+        let text =
+            std::fs::read_to_string(dir.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.contains(".TH"), "{page}: {text}");
+    }
+    let blocked = t.path().join("file");
+    std::fs::write(&blocked, "").unwrap();
+    let out = haul()
+        .args(["man", "--dir"])
+        .arg(blocked.join("x"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+
+    // The grid refuses --insecure: its commands and daemons do not offer it.
+    for cmd in [&["ls"][..], &["meta", "serve"], &["node", "serve"], &["df"]] {
+        let out = haul().args(cmd).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(!help.contains("--insecure"), "{cmd:?}: {help}");
+        assert!(help.contains("--cert"), "{cmd:?}: {help}");
+    }
+    let out = haul().args(["ls", "--insecure", "/"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let help = haul().args(["cp", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--insecure"));
+
+    // On a 200-column terminal nothing wraps at 100; the examples paste as shell lines.
+    let out = haul()
+        .args(["node", "serve", "--help"])
+        .env("COLUMNS", "200")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.lines().any(|l| l.len() > 100), "{help}");
+    assert!(
+        help.contains("  haul node serve --meta haul://meta.example.org --site KEK \\\n"),
+        "{help}"
+    );
+}
+
 #[allow(dead_code)]
 fn unused(_: &Path) {}
 

@@ -280,6 +280,48 @@ fn replicas_at_another_site_and_a_policy_heals_the_loss_of_a_node() {
     let mut g = Grid::start();
     let (src, _files, paths) = upload_sample(&g);
 
+    // A file uploaded with three checksums (named haul:///path: the grid HAUL_META names)
+    // keeps all three on its copies. A plain /path is local in `cp`: the error says how to
+    // name the grid's.
+    let three = g.path().join("three.dat");
+    write_file(&three, 9, 100_000);
+    let three = three.to_str().unwrap();
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            "--checksum",
+            "crc32c,adler32,md5",
+            three,
+            "haul:///alice/three.dat",
+        ],
+    ));
+    assert_exit(
+        &g.cp("alice", &["/alice/three.dat", "x"]),
+        3,
+        "haul:///alice/three.dat",
+    );
+    g.ok(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "2",
+            "--progress",
+            "never",
+            "haul:///alice/three.dat",
+        ],
+    );
+    let w = g.where_(&["/alice/three.dat".to_string()]);
+    let reps = w[0]["replicas"].as_array().unwrap();
+    assert_eq!(reps.len(), 2, "{w:?}");
+    for r in reps {
+        let c = r["checksum"].as_str().unwrap();
+        assert!(
+            c.contains("crc32c:") && c.contains("adler32:") && c.contains("md5:"),
+            "{w:?}"
+        );
+    }
+
     let j = g.json(
         "alice",
         &[
