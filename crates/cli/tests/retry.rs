@@ -9,6 +9,12 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The stall timeout of the retried copies. The injected stall lasts forever, so this only
+/// decides how long the first attempt waits; 1 s was too short for a loaded CI machine, whose
+/// second (resuming) third-party attempt once spent over a second setting up before it
+/// reported any byte, was cancelled as stalled, and made a third attempt.
+const STALL: &str = "3s";
+
 /// A tree `ds` of six 3 MiB files.
 fn dataset(dir: &Path) -> PathBuf {
     let ds = dir.join("ds");
@@ -56,7 +62,7 @@ fn a_retried_upload_into_a_new_directory_keeps_its_name() {
         &[
             "-r",
             "--stall-timeout",
-            "1s",
+            STALL,
             "--retries",
             "2",
             ds.to_str().unwrap(),
@@ -85,7 +91,7 @@ fn a_retried_download_into_a_new_directory_keeps_its_name() {
     let out = cp(&[
         "-r",
         "--stall-timeout",
-        "1s",
+        STALL,
         "--retries",
         "2",
         "--checkpoint-interval",
@@ -118,7 +124,7 @@ fn a_retried_third_party_copy_into_a_new_directory_keeps_its_name() {
     let out = cp(&[
         "-r",
         "--stall-timeout",
-        "1s",
+        STALL,
         "--retries",
         "2",
         &a.url("ds"),
