@@ -3,6 +3,7 @@
 
 use crate::{
     Catalog, CatalogError, Checked, CreateItem, CreateKind, Inode, Kind, NewEntry, ReplicaState,
+    TransferFile, TransferFilter, TransferRecord,
 };
 
 fn entry(owner: &str) -> NewEntry {
@@ -32,6 +33,7 @@ pub async fn run(c: &Catalog) {
     writing_replicas_expire_with_their_lease(c).await;
     files_remember_they_arrived_privately(c).await;
     draining_and_removing_nodes(c).await;
+    transfer_history(c).await;
 }
 
 async fn batch_creates(c: &Catalog) {
@@ -1002,4 +1004,183 @@ async fn draining_and_removing_nodes(c: &Catalog) {
     c.remove_replica(both, "d2").await.unwrap();
     c.forget_dead("d2", &[both]).await.unwrap();
     c.remove_node("d2").await.unwrap();
+}
+
+async fn transfer_history(c: &Catalog) {
+    let rec =
+        |kind: &str, user: &str, src: &str, dst: &str, ended: i64, failed: u64| TransferRecord {
+            kind: kind.into(),
+            user: user.into(),
+            source: "/a".into(),
+            destination: "/b".into(),
+            src_site: src.into(),
+            dst_site: dst.into(),
+            started_ms: ended - 10,
+            ended_ms: ended,
+            files: 3,
+            files_failed: failed,
+            bytes: 1 << 40,
+            bytes_moved: u64::MAX,
+            streams: 8,
+            retransmits: 5,
+            attempts: 2,
+            error_kind: if failed > 0 {
+                "integrity".into()
+            } else {
+                String::new()
+            },
+            exit_code: if failed > 0 { 7 } else { 0 },
+            error: if failed > 0 {
+                "checksum mismatch".into()
+            } else {
+                String::new()
+            },
+            summary: "plan: 8 streams; cubic".into(),
+            ..Default::default()
+        };
+    let file = |i: usize| TransferFile {
+        path: format!("/b/f{i}"),
+        node: "n1".into(),
+        bytes: i as u64,
+        checksum: "crc32c:00000001".into(),
+        ..Default::default()
+    };
+    let many: Vec<TransferFile> = (0..450).map(file).collect();
+    let a = c
+        .record_transfer(
+            &rec("upload", "ann", "client", "S1", 1_000, 0),
+            &many[..250],
+        )
+        .await
+        .unwrap();
+    assert_eq!(c.add_transfer_files(a, &many[250..]).await.unwrap(), 450);
+    let b = c
+        .record_transfer(&rec("download", "bob", "S2", "client", 2_000, 1), &[])
+        .await
+        .unwrap();
+    let r = c
+        .record_transfer(
+            &rec("replicate", "system", "S1", "S2", 3_000, 0),
+            &[file(7)],
+        )
+        .await
+        .unwrap();
+    assert!(a < b && b < r);
+    assert!(matches!(
+        c.add_transfer_files(r + 100, &[file(1)]).await,
+        Err(CatalogError::NotFound(_))
+    ));
+
+    let ids = |v: Vec<TransferRecord>| v.iter().map(|t| t.id).collect::<Vec<_>>();
+    let all = TransferFilter {
+        limit: 100,
+        ..Default::default()
+    };
+    let listed = c.transfers(&all).await.unwrap();
+    assert_eq!(ids(listed.clone()), vec![r, b, a], "newest first");
+    // Numbers beyond i64 are clamped, everything else comes back as stored.
+    let mut want = rec("download", "bob", "S2", "client", 2_000, 1);
+    want.id = b;
+    want.bytes_moved = i64::MAX as u64;
+    assert_eq!(listed[1], want);
+    let with = |f: TransferFilter| async move { ids(c.transfers(&f).await.unwrap()) };
+    assert_eq!(
+        with(TransferFilter {
+            user: Some("ann".into()),
+            ..all.clone()
+        })
+        .await,
+        vec![a]
+    );
+    assert_eq!(
+        with(TransferFilter {
+            site: Some("S2".into()),
+            ..all.clone()
+        })
+        .await,
+        vec![r, b]
+    );
+    assert_eq!(
+        with(TransferFilter {
+            kind: Some("replicate".into()),
+            ..all.clone()
+        })
+        .await,
+        vec![r]
+    );
+    assert_eq!(
+        with(TransferFilter {
+            since_ms: Some(2_000),
+            ..all.clone()
+        })
+        .await,
+        vec![r, b]
+    );
+    assert_eq!(
+        with(TransferFilter {
+            failed_only: true,
+            ..all.clone()
+        })
+        .await,
+        vec![b]
+    );
+    assert_eq!(
+        with(TransferFilter {
+            before_id: Some(r),
+            limit: 1,
+            ..all.clone()
+        })
+        .await,
+        vec![b]
+    );
+    // A SQL-looking value is a value.
+    assert!(
+        with(TransferFilter {
+            user: Some("x' OR '1'='1".into()),
+            ..all.clone()
+        })
+        .await
+        .is_empty()
+    );
+
+    let (t, files) = c.transfer(a, 0, 1000).await.unwrap();
+    assert_eq!(t.user, "ann");
+    assert_eq!(files.len(), 450);
+    assert_eq!(
+        files[300],
+        file(300),
+        "files keep their order across messages"
+    );
+    let (_, page) = c.transfer(a, 440, 5).await.unwrap();
+    assert_eq!(
+        page.iter().map(|f| f.bytes).collect::<Vec<_>>(),
+        vec![440, 441, 442, 443, 444]
+    );
+    assert!(matches!(
+        c.transfer(r + 100, 0, 1).await,
+        Err(CatalogError::NotFound(_))
+    ));
+
+    let vol = c.transfer_volume(0, 1_000).await.unwrap();
+    assert_eq!(
+        vol,
+        vec![
+            ("client".to_string(), "S1".to_string(), 1_000, 1 << 40),
+            ("S2".to_string(), "client".to_string(), 2_000, 1 << 40),
+            ("S1".to_string(), "S2".to_string(), 3_000, 1 << 40),
+        ]
+    );
+
+    // Retention: by age, then by count (the newest stay).
+    assert_eq!(c.count_transfers().await.unwrap(), 3);
+    assert_eq!(c.prune_transfers(1_500, 100).await.unwrap(), 1);
+    assert!(matches!(
+        c.transfer(a, 0, 1).await,
+        Err(CatalogError::NotFound(_))
+    ));
+    assert_eq!(c.prune_transfers(0, 1).await.unwrap(), 1);
+    assert_eq!(ids(c.transfers(&all).await.unwrap()), vec![r]);
+    assert_eq!(c.prune_transfers(0, 1).await.unwrap(), 0);
+    assert_eq!(c.prune_transfers(i64::MAX, 100).await.unwrap(), 1);
+    assert_eq!(c.count_transfers().await.unwrap(), 0);
 }

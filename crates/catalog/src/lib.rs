@@ -11,10 +11,12 @@
 
 mod cache;
 pub mod conformance;
+mod history;
 mod migrations;
 mod paths;
 
 pub use cache::DentryCache;
+pub use history::{TransferFile, TransferFilter, TransferRecord};
 pub use paths::{join, normalize, parent_and_name};
 
 use serde::{Deserialize, Serialize};

@@ -32,6 +32,7 @@ pub(crate) const SQLITE: Files = embed!("sqlite":
     "0004_writing_leases.sql",
     "0005_file_privacy.sql",
     "0006_node_drain.sql",
+    "0007_transfer_history.sql",
 );
 
 pub(crate) const POSTGRES: Files = embed!("postgres":
@@ -41,6 +42,7 @@ pub(crate) const POSTGRES: Files = embed!("postgres":
     "0004_writing_leases.sql",
     "0005_file_privacy.sql",
     "0006_node_drain.sql",
+    "0007_transfer_history.sql",
 );
 
 /// The migrator for one database's files.
