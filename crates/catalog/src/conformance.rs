@@ -1053,7 +1053,14 @@ async fn transfer_history(c: &Catalog) {
         )
         .await
         .unwrap();
-    assert_eq!(c.add_transfer_files(a, &many[250..]).await.unwrap(), 450);
+    assert!(matches!(
+        c.add_transfer_files(a, &many[250..], 449).await,
+        Err(CatalogError::Invalid(_))
+    ));
+    assert_eq!(
+        c.add_transfer_files(a, &many[250..], 450).await.unwrap(),
+        450
+    );
     let b = c
         .record_transfer(&rec("download", "bob", "S2", "client", 2_000, 1), &[])
         .await
@@ -1067,7 +1074,7 @@ async fn transfer_history(c: &Catalog) {
         .unwrap();
     assert!(a < b && b < r);
     assert!(matches!(
-        c.add_transfer_files(r + 100, &[file(1)]).await,
+        c.add_transfer_files(r + 100, &[file(1)], 10).await,
         Err(CatalogError::NotFound(_))
     ));
 

@@ -155,8 +155,14 @@ impl Catalog {
     }
 
     /// Adds per-file outcomes to transfer `id` after those it has (a transfer of many files
-    /// arrives in several messages). Returns how many files the record now has.
-    pub async fn add_transfer_files(&self, id: i64, files: &[TransferFile]) -> Result<u64> {
+    /// arrives in several messages), refused if the record would then have more than
+    /// `max_total`. Returns how many files the record now has.
+    pub async fn add_transfer_files(
+        &self,
+        id: i64,
+        files: &[TransferFile],
+        max_total: u64,
+    ) -> Result<u64> {
         self.write(async |w| {
             let known = sqlx::query("SELECT 1 FROM transfers WHERE id = $1")
                 .bind(id)
@@ -170,8 +176,14 @@ impl Catalog {
                 .fetch_one(&mut *w.tx)
                 .await?
                 .try_get(0)?;
+            let total = have as u64 + files.len() as u64;
+            if total > max_total {
+                return Err(CatalogError::Invalid(format!(
+                    "transfer {id}: {total} files would be more than the {max_total} it has"
+                )));
+            }
             insert_files(&mut w.tx, id, have, files).await?;
-            Ok(have as u64 + files.len() as u64)
+            Ok(total)
         })
         .await
     }

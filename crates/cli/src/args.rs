@@ -303,6 +303,9 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Replica policies, the reconciler's progress, nodes and recent events.
     Status(GridArgs),
+    /// The grid's transfer history, newest first: haul transfers --failed --since 1d
+    #[command(after_help = TRANSFERS_HELP)]
+    Transfers(TransfersArgs),
     /// Run a command once per grid file on a node holding it: haul run PATH... -- CMD {}
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
@@ -318,6 +321,57 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+}
+
+const TRANSFERS_HELP: &str = "\
+Every transfer that touched the grid is recorded by the metadata server: uploads, downloads
+and copies within the grid (sent by the client at its end), replication, repairs and the
+reconciler's copies (kind replicate, repair, reconcile) and runs. You see your own;
+administrators see everybody's (--user narrows). Records are kept as `meta serve
+--history-keep` and `--history-max` say (90 days, 1,000,000 records by default).
+
+Examples:
+  haul transfers                          # your last 50
+  haul transfers --failed --since 1d      # what failed today, and why
+  haul transfers --site KEK --kind replicate --json
+  haul transfers --id 1234                # one transfer, each file's outcome";
+
+/// `haul transfers`.
+#[derive(Args, Debug)]
+pub struct TransfersArgs {
+    /// The metadata server: haul://host[:port] [default: $HAUL_META]
+    #[arg(value_name = "META", env = "HAUL_META")]
+    pub meta: Option<String>,
+    /// One transfer in full, with each file's outcome.
+    #[arg(long, value_name = "ID")]
+    pub id: Option<i64>,
+    /// Only this user's transfers (others' need administrator rights).
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Only transfers with either end at this site.
+    #[arg(long, value_name = "SITE")]
+    pub site: Option<String>,
+    /// Only this kind.
+    #[arg(long, value_parser = ["upload", "download", "copy", "run", "replicate", "repair", "reconcile"])]
+    pub kind: Option<String>,
+    /// Only transfers that ended since then: a duration back from now (30m, 1h, 7d) or an
+    /// RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+    /// Only transfers in which something failed.
+    #[arg(long)]
+    pub failed: bool,
+    /// Transfers to list at most (the newest).
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub limit: u32,
+    /// Only transfers older than this id (the next page).
+    #[arg(long, value_name = "ID")]
+    pub before: Option<i64>,
+    /// Print JSON on stdout (a document with "version": 1).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
 }
 
 #[derive(Args, Debug)]
@@ -895,6 +949,12 @@ pub struct MetaServeArgs {
     /// Verify (and repair) every replica this often, e.g. 7d [default: off]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub scrub_every: Option<std::time::Duration>,
+    /// Transfer history: records that ended longer ago than this are dropped.
+    #[arg(long, value_name = "DURATION", default_value = "90d", value_parser = parse_duration)]
+    pub history_keep: std::time::Duration,
+    /// Transfer history: beyond this many records, the oldest are dropped.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    pub history_max: u64,
     #[command(flatten)]
     pub limits: ListenLimitArgs,
     /// Print the bound API address on stdout once listening (useful with port 0).

@@ -111,6 +111,10 @@ pub struct MetaServe {
     pub grant_ttl: Option<String>,
     /// Verify every replica's checksum on its node this often, e.g. "7d" (none by default).
     pub scrub_every: Option<String>,
+    /// Transfer history: drop records that ended longer ago than this, e.g. "90d".
+    pub history_keep: Option<String>,
+    /// Transfer history: keep at most this many records (the newest).
+    pub history_max: Option<u64>,
     /// Transfer log of the replication sessions the server directs.
     pub log_transfer: Option<PathBuf>,
     /// Its format: "netlogger", "json" or "gridftp".
@@ -279,6 +283,8 @@ impl Config {
             ("reconcile_every", m.reconcile_every.clone()),
             ("grant_ttl", m.grant_ttl.clone()),
             ("scrub_every", m.scrub_every.clone()),
+            ("history_keep", m.history_keep.clone()),
+            ("history_max", m.history_max.map(|v| v.to_string())),
             ("log_transfer", path(&m.log_transfer)),
             ("log_transfer_format", m.log_transfer_format.clone()),
         ] {

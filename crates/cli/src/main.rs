@@ -31,6 +31,7 @@ mod repl_cmd;
 mod run_cmd;
 mod serve;
 mod trace_cmd;
+mod transfers_cmd;
 
 use std::process::ExitCode;
 
@@ -193,6 +194,7 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Policy(c) => repl_cmd::policy(c).await,
         args::Command::Verify(a) => repl_cmd::verify(a).await,
         args::Command::Status(a) => repl_cmd::status(a).await,
+        args::Command::Transfers(a) => transfers_cmd::transfers(a).await,
         args::Command::Run(a) => run_cmd::run(a).await,
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),

@@ -62,6 +62,10 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         grant_ttl: a.grant_ttl,
         writing_lease: a.writing_lease,
         transfer_log: a.log.open(None)?,
+        history: meta::history::Retention {
+            max_age: a.history_keep,
+            max_records: a.history_max,
+        },
     };
     let m = Arc::new(Meta::new(
         catalog,

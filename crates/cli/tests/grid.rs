@@ -1261,3 +1261,161 @@ fn drain_then_remove_a_node_and_force_out_a_dead_one() {
     );
     g.ok("alice", &["stat", "/alice/loose"]);
 }
+
+/// Issue 15 item 2: every transfer that touches the grid is in the metadata server's history:
+/// an upload and a download (recorded by the client, with each file's node and checksum), a
+/// download that failed (with its error kind and exit code), the replication the user asked
+/// for (recorded by the server, per node-to-node session, with its site pair). Users see their
+/// own records and no one else's; an administrator sees everybody's; filters narrow them.
+#[test]
+fn transfer_history_records_every_kind_and_shows_each_user_their_own() {
+    let g = Grid::start_with(&["--admin", "bob"]);
+    let dir = g.path().join("hist");
+    write_file(&dir.join("one.bin"), 1, 300_000);
+    write_file(&dir.join("two.bin"), 2, 700_000);
+    g.ok("alice", &["mkdir", "/alice"]);
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            "-r",
+            dir.to_str().unwrap(),
+            &g.url("/alice/h"),
+            "--site",
+            "A",
+        ],
+    ));
+    let back = g.path().join("back");
+    assert_ok(&g.cp("alice", &["-r", &g.url("/alice/h"), back.to_str().unwrap()]));
+    assert_exit(
+        &g.cp("alice", &[&g.url("/alice/nope"), back.to_str().unwrap()]),
+        3,
+        "",
+    );
+    g.ok(
+        "alice",
+        &[
+            "replicate",
+            "-r",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "/alice/h",
+        ],
+    );
+    // bob's own upload.
+    g.ok("bob", &["mkdir", "/bob"]);
+    assert_ok(&g.cp(
+        "bob",
+        &[
+            dir.join("one.bin").to_str().unwrap(),
+            &g.url("/bob/one.bin"),
+        ],
+    ));
+
+    let list = |user: &str, extra: &[&str]| -> Vec<Value> {
+        let mut a = vec!["transfers", "--json"];
+        a.extend_from_slice(extra);
+        let doc = g.json(user, &a);
+        assert_eq!(doc["version"], 1, "{doc}");
+        doc["transfers"].as_array().unwrap().clone()
+    };
+    let mine = list("alice", &[]);
+    let kinds: Vec<&str> = mine.iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    // Newest first: the replication's sessions, the failed download, the download, the upload.
+    assert_eq!(kinds.last(), Some(&"upload"), "{mine:?}");
+    assert!(kinds.contains(&"replicate"), "{mine:?}");
+    assert!(mine.iter().all(|t| t["user"] == "alice"), "{mine:?}");
+    let ids: Vec<i64> = mine.iter().map(|t| t["id"].as_i64().unwrap()).collect();
+    assert!(ids.windows(2).all(|w| w[0] > w[1]), "{ids:?}");
+
+    let up = mine.last().unwrap();
+    assert_eq!(up["src_site"], "client");
+    assert_eq!(up["dst_site"], "A");
+    assert_eq!(up["files"], 2);
+    assert_eq!(up["files_failed"], 0);
+    assert_eq!(up["bytes"], 1_000_000);
+    assert!(up["error"].is_null(), "{up}");
+    assert!(up["ended"].as_str().unwrap().ends_with('Z'), "{up}");
+    let down = mine
+        .iter()
+        .find(|t| t["kind"] == "download" && t["error"].is_null())
+        .unwrap();
+    assert_eq!(
+        (&down["src_site"], &down["dst_site"]),
+        (&Value::from("A"), &Value::from("client"))
+    );
+    assert_eq!(down["bytes"], 1_000_000);
+    let failed = list("alice", &["--failed"]);
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["kind"], "download");
+    assert_eq!(failed[0]["error"]["kind"], "not_found");
+    assert_eq!(failed[0]["error"]["exit_code"], 3);
+    let repl = list("alice", &["--kind", "replicate", "--site", "B"]);
+    assert!(!repl.is_empty());
+    let files: u64 = repl.iter().map(|t| t["files"].as_u64().unwrap()).sum();
+    assert_eq!(files, 2, "{repl:?}");
+    for t in &repl {
+        assert_eq!(
+            (&t["src_site"], &t["dst_site"]),
+            (&Value::from("A"), &Value::from("B")),
+            "{t}"
+        );
+        assert_eq!(t["files_failed"], 0, "{t}");
+    }
+
+    // One transfer in full: each file with its node and checksum.
+    let id = up["id"].as_i64().unwrap().to_string();
+    let one = g.json("alice", &["transfers", "--json", "--id", &id]);
+    let fl = one["transfer"]["files_list"].as_array().unwrap();
+    assert_eq!(fl.len(), 2, "{one}");
+    let site_a = ["a1", "a2"];
+    for f in fl {
+        assert!(site_a.contains(&f["node"].as_str().unwrap()), "{f}");
+        assert!(f["checksums"]["crc32c"].is_string(), "{f}");
+        assert!(f["error"].is_null(), "{f}");
+    }
+    let text =
+        String::from_utf8_lossy(&g.ok("alice", &["transfers", "--id", &id]).stdout).into_owned();
+    assert!(
+        text.contains("by alice: ok") && text.contains("2 of 2 files"),
+        "{text}"
+    );
+    let table = String::from_utf8_lossy(&g.ok("alice", &["transfers"]).stdout).into_owned();
+    assert!(
+        table.contains("client -> A") && table.contains("FAILED not_found"),
+        "{table}"
+    );
+
+    // Others: bob (an administrator) sees everybody's, runner (not one) only their own, and
+    // neither another's list nor another's record by id.
+    let all = list("bob", &[]);
+    assert!(all.iter().any(|t| t["user"] == "alice") && all.iter().any(|t| t["user"] == "bob"));
+    assert!(
+        list("bob", &["--user", "alice"])
+            .iter()
+            .all(|t| t["user"] == "alice")
+    );
+    assert!(list("runner", &[]).is_empty());
+    assert_exit(
+        &g.run("runner", &["transfers", "--user", "alice"]),
+        5,
+        "administrators",
+    );
+    assert_exit(
+        &g.run("runner", &["transfers", "--id", &id]),
+        3,
+        "no such transfer",
+    );
+    assert_exit(
+        &g.run("alice", &["transfers", "--since", "yesterday"]),
+        2,
+        "RFC 3339",
+    );
+    assert!(list("alice", &["--since", "1h"]).len() == mine.len());
+    if std::env::var_os("SHOW_HISTORY").is_some() {
+        eprintln!("{table}\n{text}");
+    }
+}

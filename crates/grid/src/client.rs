@@ -640,6 +640,39 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner())
     }
 
+    /// Records a transfer (or more of its files) in the grid's history; returns its id.
+    pub async fn record_transfer(
+        &self,
+        req: pb::RecordTransferRequest,
+    ) -> Result<i64, TransferError> {
+        let r = self.files.clone().record_transfer(req).await;
+        Ok(r.map_err(from_status)?.into_inner().id)
+    }
+
+    /// Records of the transfer history, newest first.
+    pub async fn transfers(
+        &self,
+        req: pb::TransfersRequest,
+    ) -> Result<Vec<pb::Transfer>, TransferError> {
+        let r = self.files.clone().transfers(req).await;
+        Ok(r.map_err(from_status)?.into_inner().transfers)
+    }
+
+    /// One record of the history and `limit` of its files from the `offset`th.
+    pub async fn get_transfer(
+        &self,
+        id: i64,
+        offset: u64,
+        limit: u32,
+    ) -> Result<pb::TransferReply, TransferError> {
+        let r = self
+            .files
+            .clone()
+            .get_transfer(pb::TransferRequest { id, offset, limit })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
     pub async fn who_am_i(&self) -> Result<pb::Identity, TransferError> {
         let r = self.files.clone().who_am_i(pb::Empty {}).await;
         Ok(r.map_err(from_status)?.into_inner())

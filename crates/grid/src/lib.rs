@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod copy;
+pub mod history;
 pub mod run;
 
 pub use client::{DEFAULT_META_PORT, MetaClient};
@@ -13,6 +14,6 @@ pub use client::{DEFAULT_META_PORT, MetaClient};
 pub mod types {
     pub use api::meta::{
         Entry, FileError, NodeInfo, OpenReadRequest, Policy, PolicyRequest, ReplicateRequest,
-        VerifyRequest,
+        Transfer, TransferFile, TransferReply, TransfersRequest, VerifyRequest,
     };
 }

@@ -193,6 +193,21 @@ pub async fn run(
     opts: &RunOptions,
     on_done: &(dyn Fn(&TaskReport) + Send + Sync),
 ) -> Result<RunSummary, TransferError> {
+    let started = std::time::SystemTime::now();
+    let result = run_unrecorded(meta, paths, opts, on_done).await;
+    if !matches!(&result, Err(e) if e.kind() == wire::error::ErrorKind::Invalid) {
+        let (t, files) = crate::history::run_record(paths, &opts.argv, started, &result);
+        crate::history::send(meta, t, files).await;
+    }
+    result
+}
+
+async fn run_unrecorded(
+    meta: &MetaClient,
+    paths: &[String],
+    opts: &RunOptions,
+    on_done: &(dyn Fn(&TaskReport) + Send + Sync),
+) -> Result<RunSummary, TransferError> {
     if opts.argv.is_empty() {
         return Err(TransferError::usage(
             "no command: haul run PATH... -- CMD [ARG...] ({} is the replica's path)",

@@ -645,6 +645,40 @@ impl Files for FilesService {
         .await
     }
 
+    async fn record_transfer(
+        &self,
+        req: Request<pb::RecordTransferRequest>,
+    ) -> Result<Response<pb::RecordTransferReply>, Status> {
+        let m = &self.meta;
+        let items = req.get_ref().files.len() as u64;
+        m.user_call(Op::many("record_transfer", items), &req, async |user, q| {
+            m.record_client_transfer(&user, q).await
+        })
+        .await
+    }
+
+    async fn transfers(
+        &self,
+        req: Request<pb::TransfersRequest>,
+    ) -> Result<Response<pb::TransfersReply>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("transfers"), &req, async |user, q| {
+            m.list_transfers(&user, q).await
+        })
+        .await
+    }
+
+    async fn get_transfer(
+        &self,
+        req: Request<pb::TransferRequest>,
+    ) -> Result<Response<pb::TransferReply>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("get_transfer"), &req, async |user, q| {
+            m.get_transfer(&user, q).await
+        })
+        .await
+    }
+
     async fn status(&self, req: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {
         let m = &self.meta;
         m.caller_call(Op::one("status"), &req, async |caller, _| {

@@ -12,6 +12,7 @@ pub mod error;
 pub mod exposition;
 mod files;
 mod grpc;
+pub mod history;
 pub mod http;
 mod lifecycle;
 pub mod metrics;
@@ -319,7 +320,12 @@ fn spawn_background(
             }
         }
     });
-    let mut tasks = vec![liveness, pending, leases, reconciler, warmer];
+    let history = tokio::spawn(history::retain(
+        meta.clone(),
+        meta.settings.history,
+        stop.clone(),
+    ));
+    let mut tasks = vec![liveness, pending, leases, reconciler, warmer, history];
     if let Some(every) = meta.settings.scrub_every {
         tasks.push(tokio::spawn(verify::scrub(
             meta.clone(),

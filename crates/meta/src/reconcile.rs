@@ -201,7 +201,10 @@ impl Meta {
         let run = tokio::spawn(replication::execute(
             self.clone(),
             plan.tasks,
-            ExecOptions::default(),
+            ExecOptions {
+                origin: replication::Origin::new("replicate", &user.name),
+                ..Default::default()
+            },
             progress.clone(),
             cancel.clone(),
         ));
@@ -398,7 +401,10 @@ pub async fn pass(meta: &Arc<Meta>, cancel: &CancellationToken) -> Result<(), Ca
         replication::execute(
             meta.clone(),
             tasks,
-            ExecOptions::default(),
+            ExecOptions {
+                origin: replication::Origin::new("reconcile", "system"),
+                ..Default::default()
+            },
             progress.clone(),
             cancel.clone(),
         )

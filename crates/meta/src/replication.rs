@@ -335,6 +335,26 @@ pub struct ExecOptions {
     pub batch_files: usize,
     /// Attempts per replica.
     pub max_tries: u32,
+    /// What the copies are for, and for whom, in the transfer history.
+    pub origin: Origin,
+}
+
+/// Why a run copies, for the transfer history.
+#[derive(Clone, Debug)]
+pub struct Origin {
+    /// replicate (a user asked), repair, reconcile (policies, drains).
+    pub kind: &'static str,
+    /// Who asked ("system" for the server's own work).
+    pub user: String,
+}
+
+impl Origin {
+    pub fn new(kind: &'static str, user: &str) -> Self {
+        Self {
+            kind,
+            user: user.to_string(),
+        }
+    }
 }
 
 impl Default for ExecOptions {
@@ -343,6 +363,7 @@ impl Default for ExecOptions {
             per_node: 2,
             batch_files: 500,
             max_tries: 3,
+            origin: Origin::new("replicate", "system"),
         }
     }
 }
@@ -449,10 +470,15 @@ pub async fn execute(
                 inflight.entry(b.inode.id).or_default().insert(dst.clone());
             }
             progress.sessions.fetch_add(1, Ordering::Relaxed);
-            let (m, p, c) = (meta.clone(), progress.clone(), cancel.clone());
+            let ctx = SessionContext {
+                progress: progress.clone(),
+                cancel: cancel.clone(),
+                release: release_tx.clone(),
+                origin: opts.origin.clone(),
+            };
+            let m = meta.clone();
             let (s, d) = (nodes[&src].clone(), nodes[&dst].clone());
-            let release = release_tx.clone();
-            running.spawn(async move { run_session(m, s, d, batch, p, c, release).await });
+            running.spawn(async move { run_session(m, s, d, batch, ctx).await });
             launched = true;
         }
         if running.is_empty() {
@@ -745,16 +771,33 @@ fn with_grid_path(ev: Event, paths: &HashMap<String, &str>) -> Event {
     }
 }
 
+/// What a session shares with its run.
+struct SessionContext {
+    progress: Arc<Progress>,
+    cancel: CancellationToken,
+    release: tokio::sync::mpsc::UnboundedSender<(String, String)>,
+    origin: Origin,
+}
+
+/// What the history keeps of a session: streams, TCP retransmits, plan and congestion control.
+type SessionFigures = Option<(u32, u64, String)>;
+
 async fn run_session(
     meta: Arc<Meta>,
     src: NodeEntry,
     dst: NodeEntry,
     tasks: Vec<Task>,
-    progress: Arc<Progress>,
-    cancel: CancellationToken,
-    release: tokio::sync::mpsc::UnboundedSender<(String, String)>,
+    ctx: SessionContext,
 ) -> SessionDone {
+    let SessionContext {
+        progress,
+        cancel,
+        release,
+        origin,
+    } = ctx;
     let started = Instant::now();
+    let started_ms = catalog::now_ms();
+    let mut figures: SessionFigures = None;
     let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ids: Vec<i64> = tasks.iter().map(|t| t.inode.id).collect();
     let mut out = SessionDone {
@@ -802,7 +845,7 @@ async fn run_session(
             .filter(|i| !already.contains(i))
             .collect();
         if ids.is_empty() {
-            return Ok((None, HashSet::new(), HashMap::new(), 0));
+            return Ok((None, HashSet::new(), HashMap::new(), 0, None));
         }
         let read = meta
             .own_grant(&src, Operation::Read, ids.clone())
@@ -975,11 +1018,19 @@ async fn run_session(
                 Err(e) => Err(e.to_info()),
             });
         }
-        Ok::<_, TransferError>((result.err(), done, failed, moved))
+        let figures: SessionFigures = result.as_ref().ok().map(|a| {
+            (
+                a.source.streams,
+                a.source.tcp_retransmits,
+                format!("plan: {}; congestion control: {}", a.plan, a.source.congestion),
+            )
+        });
+        Ok::<_, TransferError>((result.err(), done, failed, moved, figures))
     }
     .await;
     match r {
-        Ok((err, done, failed, moved)) => {
+        Ok((err, done, failed, moved, f)) => {
+            figures = f;
             out.session_error = err;
             out.done = done;
             out.done.extend(already.iter().copied());
@@ -1016,10 +1067,92 @@ async fn run_session(
         out.failed.len() as u64,
         out.session_error.is_none(),
     );
+    record_session(
+        &meta, &origin, &src, &dst, &tasks, &already, &out, started_ms, figures,
+    )
+    .await;
     out.tasks = tasks;
     out.seconds = started.elapsed().as_secs_f64();
     out.released = released.load(Ordering::Relaxed);
     out
+}
+
+/// Puts a session that copied (or tried to copy) something into the transfer history, with
+/// each file's outcome. Files the destination already had are not part of it.
+#[allow(clippy::too_many_arguments)]
+async fn record_session(
+    meta: &Meta,
+    origin: &Origin,
+    src: &NodeEntry,
+    dst: &NodeEntry,
+    tasks: &[Task],
+    already: &HashSet<i64>,
+    out: &SessionDone,
+    started_ms: i64,
+    figures: SessionFigures,
+) {
+    let tried: Vec<&Task> = tasks
+        .iter()
+        .filter(|t| !already.contains(&t.inode.id))
+        .collect();
+    if tried.is_empty() {
+        return;
+    }
+    let files: Vec<catalog::TransferFile> = tried
+        .iter()
+        .map(|t| {
+            let ok = out.done.contains(&t.inode.id);
+            let err = (!ok).then(|| {
+                out.failed
+                    .get(&t.inode.id)
+                    .or(out.session_error.as_ref())
+                    .map(|e| (e.kind().name().to_string(), e.to_string()))
+                    .unwrap_or_else(|| ("cancelled".into(), "the copy did not finish".into()))
+            });
+            catalog::TransferFile {
+                path: t.path.clone(),
+                node: dst.node.name.clone(),
+                bytes: if ok { t.inode.size } else { 0 },
+                checksum: if ok {
+                    t.inode.checksum.clone()
+                } else {
+                    String::new()
+                },
+                error_kind: err.as_ref().map(|e| e.0.clone()).unwrap_or_default(),
+                error: err.map(|e| e.1).unwrap_or_default(),
+            }
+        })
+        .collect();
+    let failed: Vec<&catalog::TransferFile> =
+        files.iter().filter(|f| !f.error_kind.is_empty()).collect();
+    let first = failed.first();
+    let (streams, retransmits, summary) = figures.unwrap_or_default();
+    let kind = first.and_then(|f| wire::error::ErrorKind::from_name(&f.error_kind));
+    let rec = catalog::TransferRecord {
+        id: 0,
+        kind: origin.kind.to_string(),
+        user: origin.user.clone(),
+        source: format!("{} ({})", src.node.name, src.node.site),
+        destination: format!("{} ({})", dst.node.name, dst.node.site),
+        src_site: src.node.site.clone(),
+        dst_site: dst.node.site.clone(),
+        started_ms,
+        ended_ms: catalog::now_ms(),
+        files: files.len() as u64,
+        files_failed: failed.len() as u64,
+        bytes: files.iter().map(|f| f.bytes).sum(),
+        bytes_moved: out.bytes,
+        streams,
+        retransmits,
+        attempts: 1,
+        error_kind: first.map(|f| f.error_kind.clone()).unwrap_or_default(),
+        exit_code: kind.map(transfer::error::exit_code_of).unwrap_or(0),
+        error: first
+            .map(|f| format!("{}: {}", f.path, f.error))
+            .unwrap_or_default(),
+        summary,
+    };
+    meta.record_transfer(rec, &files).await;
 }
 
 /// Tells when a session is close enough to its end that the next one of its nodes should start:

@@ -41,6 +41,8 @@ pub struct Settings {
     /// Where replication and repair copies, and refused authentications, are recorded
     /// (`--log-transfer`).
     pub transfer_log: Option<Arc<transfer::translog::TransferLog>>,
+    /// How long the transfer history keeps records.
+    pub history: crate::history::Retention,
 }
 
 impl Default for Settings {
@@ -56,6 +58,7 @@ impl Default for Settings {
             scrub_every: None,
             listen: transfer::limits::Limits::default(),
             transfer_log: None,
+            history: Default::default(),
         }
     }
 }

@@ -37,11 +37,11 @@ pub struct Findings {
     pub repaired: AtomicU64,
 }
 
-/// Verifies (and with `repair` repairs) the replicas of `files`.
+/// Verifies (and with `repair`, for whom, repairs) the replicas of `files`.
 pub async fn verify_files(
     meta: Arc<Meta>,
     files: Vec<FileState>,
-    repair: bool,
+    repair: Option<replication::Origin>,
     findings: Arc<Findings>,
     cancel: CancellationToken,
 ) {
@@ -216,9 +216,9 @@ pub async fn verify_files(
     if !bad.is_empty() {
         meta.event(format!("verification: {} bad replicas found", bad.len()));
     }
-    if !repair || bad.is_empty() {
+    let Some(origin) = repair.filter(|_| !bad.is_empty()) else {
         return;
-    }
+    };
     // Repair: as many good copies as the file had replicas, from a good one.
     let bad_files: std::collections::HashSet<i64> = bad.iter().map(|(i, _)| *i).collect();
     let mut groups: BTreeMap<u32, Vec<FileState>> = BTreeMap::new();
@@ -269,7 +269,10 @@ pub async fn verify_files(
         replication::execute(
             meta.clone(),
             plan.tasks,
-            ExecOptions::default(),
+            ExecOptions {
+                origin: origin.clone(),
+                ..Default::default()
+            },
             progress.clone(),
             cancel.clone(),
         )
@@ -348,7 +351,8 @@ impl Meta {
         let run = tokio::spawn(verify_files(
             self.clone(),
             files,
-            req.repair,
+            req.repair
+                .then(|| replication::Origin::new("repair", &user.name)),
             findings.clone(),
             cancel.clone(),
         ));
@@ -395,7 +399,14 @@ pub async fn scrub(meta: Arc<Meta>, every: Duration, stop: CancellationToken) {
             .collect();
         meta.event(format!("scrub: verifying {} files", states.len()));
         let findings = Arc::new(Findings::default());
-        verify_files(meta.clone(), states, true, findings.clone(), stop.clone()).await;
+        verify_files(
+            meta.clone(),
+            states,
+            Some(replication::Origin::new("repair", "system")),
+            findings.clone(),
+            stop.clone(),
+        )
+        .await;
         meta.event(format!(
             "scrub: {} replicas checked, {} bad, {} repaired",
             findings.checked.load(Ordering::Relaxed),

@@ -141,6 +141,9 @@ pub struct FileReport {
     pub bytes: u64,
     pub checksums: std::collections::BTreeMap<String, String>,
     pub skipped: bool,
+    /// The grid storage node it was written to or read from (grid copies only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// What a copy did.
@@ -552,6 +555,7 @@ fn record(
                     bytes: *size,
                     checksums,
                     skipped: *skipped,
+                    node: None,
                 },
             );
         }

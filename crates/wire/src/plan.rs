@@ -121,12 +121,12 @@ pub fn plan(facts: &PathFacts, choices: &Choices) -> Plan {
         }
     };
     let mut why = format!(
-        "target {:.1} Gbit/s x rtt {:.1} ms = {} in flight; {} -> {} streams",
+        "target {:.1} Gbit/s x rtt {:.1} ms = {} in flight; {} -> {}",
         target_bps / 1e9,
         rtt * 1e3,
         mib(bdp),
         how,
-        streams
+        crate::units::count(streams, "stream", "streams")
     );
     // Slow start: every stream starts from a small window, so on long paths more streams
     // reach full rate sooner (16 streams gain 4 round trips over one).

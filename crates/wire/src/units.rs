@@ -84,14 +84,16 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 /// Parses a duration: `60s`, `100ms`, `2m`, `1h`, or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let err =
-        || format!("invalid duration {s:?}: use a number with ms, s, m or h (e.g. 60s, 500ms)");
+    let err = || {
+        format!("invalid duration {s:?}: use a number with ms, s, m, h or d (e.g. 60s, 500ms, 7d)")
+    };
     let (v, unit) = split_number(s).ok_or_else(err)?;
     let secs = match unit {
         "ms" => v / 1e3,
         "" | "s" => v,
         "m" | "min" => v * 60.0,
         "h" => v * 3600.0,
+        "d" => v * 86_400.0,
         _ => return Err(err()),
     };
     if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
@@ -178,6 +180,7 @@ mod tests {
         assert_eq!(parse_duration("100ms"), Ok(Duration::from_millis(100)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert!(parse_duration("soon").is_err());
     }
 

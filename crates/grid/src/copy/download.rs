@@ -55,7 +55,7 @@ pub(super) async fn download(
             tally.fail(&f.source.path, e);
         } else if f.source.size == 0 {
             match write_empty(&dest.map(&f.rel), &f.source) {
-                Ok(()) => tally.ok(&f.source.path, 0, &[], &events),
+                Ok(()) => tally.ok(&f.source.path, None, 0, &[], &events),
                 Err(e) => tally.fail(&f.source.path, e),
             }
         } else {
@@ -214,7 +214,7 @@ impl Rounds for Download<'_> {
         for mut f in job.chunk {
             if let Some((size, digests)) = r.done.get(&f.rel) {
                 if catalog_agrees(&f.expect, digests) {
-                    tally.ok(&f.source.path, *size, digests, &self.events);
+                    tally.ok(&f.source.path, Some(&r.node), *size, digests, &self.events);
                 } else {
                     let _ = std::fs::remove_file(self.dest.map(&f.rel));
                     tally.fail(

@@ -110,8 +110,38 @@ fn ns_of(t: Timestamp) -> i64 {
 }
 
 /// Copies between local paths and a grid, or within one grid. `src` and `dst` are the
-/// command's locations; remote ones name `meta`.
+/// command's locations; remote ones name `meta`. The copy (done, partly done or failed) goes
+/// into the grid's transfer history.
 pub async fn copy(
+    meta: &MetaClient,
+    src: &Location,
+    dst: &Location,
+    opts: &GridOptions,
+    ctx: AttemptContext,
+) -> Result<CopyReport, TransferError> {
+    let started = std::time::SystemTime::now();
+    let kind = match (src, dst) {
+        (Location::Local(_), _) => "upload",
+        (_, Location::Local(_)) => "download",
+        _ => "copy",
+    };
+    let result = copy_unrecorded(meta, src, dst, opts, ctx).await;
+    // A refused command line is no transfer.
+    if !matches!(&result, Err(e) if e.kind() == wire::error::ErrorKind::Invalid) {
+        let (mut t, files) =
+            crate::history::copy_record(kind, &src.to_string(), &dst.to_string(), started, &result);
+        if let Some(site) = &opts.site {
+            // The client's site: where a copy within the grid was asked to read or write.
+            if kind == "copy" {
+                t.dst_site = site.clone();
+            }
+        }
+        crate::history::send(meta, t, files).await;
+    }
+    result
+}
+
+async fn copy_unrecorded(
     meta: &MetaClient,
     src: &Location,
     dst: &Location,
@@ -246,7 +276,7 @@ async fn place(
             tally.fail(&e.path, from_file_error(e));
         }
         for c in &reply.created {
-            tally.ok(&c.path, 0, &[], events);
+            tally.ok(&c.path, None, 0, &[], events);
         }
         placements.extend(reply.placements);
     }

@@ -433,7 +433,15 @@ impl Tally {
         Counters::set(&counters.total_files, files);
     }
 
-    pub fn ok(&mut self, path: &str, bytes: u64, digests: &[Digest], events: &EventSender) {
+    /// `path` arrived (through `node`, when a node moved it).
+    pub fn ok(
+        &mut self,
+        path: &str,
+        node: Option<&str>,
+        bytes: u64,
+        digests: &[Digest],
+        events: &EventSender,
+    ) {
         self.failed.remove(path);
         self.done.insert(
             path.to_string(),
@@ -445,6 +453,7 @@ impl Tally {
                     .map(|d| (d.algorithm.to_string(), d.hex()))
                     .collect(),
                 skipped: false,
+                node: node.map(str::to_string),
             },
         );
         let _ = events.send(Event::FileDone {
@@ -654,7 +663,7 @@ mod tests {
             for (name, mut nodes) in job.1 {
                 let path = name.to_string();
                 if let Some((size, d)) = r.done.get(&path) {
-                    tally.ok(&path, *size, d, &self.events);
+                    tally.ok(&path, None, *size, d, &self.events);
                     continue;
                 }
                 let e = r.failed[&path].clone();

@@ -196,7 +196,7 @@ impl Rounds for Upload<'_> {
     ) {
         for (name, (size, digests)) in &r.done {
             if let Some((path, _)) = job.names.get(name) {
-                tally.ok(path, *size, digests, &self.events);
+                tally.ok(path, Some(&r.node), *size, digests, &self.events);
             }
         }
         let node_failed = r.node_unreachable();

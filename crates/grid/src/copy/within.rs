@@ -244,7 +244,7 @@ impl Rounds for Within<'_> {
         }
         for (id, path, mut f) in list {
             if let Some((size, digests)) = r.done.get(&id.to_string()) {
-                tally.ok(&path, *size, digests, &self.events);
+                tally.ok(&path, Some(&dst_node), *size, digests, &self.events);
                 continue;
             }
             self.abort.push(id);
