@@ -442,6 +442,116 @@ async fn catalog_suite(g: &Grid, total: usize) -> Result<Value> {
     }))
 }
 
+/// Adds `records` transfer-history records (5 files each, one in 20 failed, two site pairs)
+/// to the grid `catalog_suite` filled, then times `haul transfers` (whole command) with the
+/// filters an operator uses, and one record in full.
+async fn history_suite(g: &Grid, records: usize) -> Result<Value> {
+    let t = Instant::now();
+    let per_client = records.div_ceil(CLIENTS);
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let m = g.client().await?;
+        tasks.push(tokio::spawn(async move {
+            for i in (c * per_client)..((c + 1) * per_client).min(records) {
+                let failed = i % 20 == 0;
+                let files = (0..5)
+                    .map(|f| api::meta::TransferFile {
+                        path: format!("/big/d{:04}/f{:05}", i % 100, f),
+                        bytes: 1 << 20,
+                        checksum: "crc32c:0badcafe".into(),
+                        error_kind: if failed && f == 0 {
+                            "integrity".into()
+                        } else {
+                            String::new()
+                        },
+                        error: if failed && f == 0 {
+                            "checksum mismatch".into()
+                        } else {
+                            String::new()
+                        },
+                        ..Default::default()
+                    })
+                    .collect();
+                m.record_transfer(api::meta::RecordTransferRequest {
+                    transfer: Some(api::meta::Transfer {
+                        kind: if i % 2 == 0 { "upload" } else { "download" }.into(),
+                        source: format!("/data/run{i}"),
+                        destination: format!("haul://meta/big/d{:04}", i % 100),
+                        started_ms: 0,
+                        ended_ms: 1000,
+                        files: 5,
+                        files_failed: failed as u64,
+                        bytes: 5 << 20,
+                        bytes_moved: 5 << 20,
+                        streams: 4,
+                        error_kind: if failed {
+                            "integrity".into()
+                        } else {
+                            String::new()
+                        },
+                        error: if failed {
+                            "checksum mismatch".into()
+                        } else {
+                            String::new()
+                        },
+                        ..Default::default()
+                    }),
+                    files,
+                    id: 0,
+                })
+                .await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let fill_s = t.elapsed().as_secs_f64();
+    let mut timed = serde_json::Map::new();
+    for (label, args) in [
+        ("newest_50", vec!["transfers"]),
+        (
+            "failed_since_1d",
+            vec!["transfers", "--failed", "--since", "1d"],
+        ),
+        (
+            "kind_download_json",
+            vec!["transfers", "--kind", "download", "--json"],
+        ),
+        (
+            "limit_10000_json",
+            vec!["transfers", "--limit", "10000", "--json"],
+        ),
+    ] {
+        let mut ms = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let out = g.ok(&args)?;
+            ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            if out.trim().is_empty() {
+                bail!("haul {args:?} printed nothing");
+            }
+        }
+        timed.insert(label.into(), json!(pct(&mut ms, 0.5)));
+    }
+    let mid = (records / 2).max(1).to_string();
+    let t = Instant::now();
+    let out = g.ok(&["transfers", "--id", &mid])?;
+    let show_ms = t.elapsed().as_secs_f64() * 1000.0;
+    if !out.contains("transfer ") {
+        bail!("haul transfers --id printed {out}");
+    }
+    Ok(json!({
+        "records": records,
+        "fill_seconds": fill_s,
+        "records_per_s": records as f64 / fill_s.max(1e-9),
+        "cli_p50_ms": timed,
+        "show_one_ms": show_ms,
+        "meta_rss_mib": g.meta_rss_mib(),
+    }))
+}
+
 fn run_suite(work: &Path, haul: &Path, files: usize) -> Result<Value> {
     let dir = work.join("run");
     let _ = std::fs::remove_dir_all(&dir);
@@ -812,6 +922,11 @@ fn main() -> Result<()> {
         let v = rt.block_on(catalog_suite(&g, total))?;
         eprintln!("gridbench: {v}");
         results.insert("catalog".into(), v);
+        let records = if args.quick { 10_000 } else { 100_000 };
+        eprintln!("gridbench: {records} transfer-history records on that catalog");
+        let v = rt.block_on(history_suite(&g, records))?;
+        eprintln!("gridbench: {v}");
+        results.insert("history".into(), v);
     }
     if want("run") {
         let n = if args.quick { 200 } else { 1000 };
@@ -930,6 +1045,23 @@ fn markdown(doc: &Value) -> String {
             f(&c["stat_p50_ms"]),
             f(&c["stat_p99_ms"]),
             f(&c["meta_rss_mib"]),
+        );
+    }
+    let h = &r["history"];
+    if !h.is_null() {
+        let p = &h["cli_p50_ms"];
+        s += &format!(
+            "## Transfer history: {} records on that catalog\n\n| | |\n|---|---|\n| recorded in ({} clients, 5 files each) | {} s ({} records/s) |\n| `haul transfers` (newest 50), whole command, p50 | {} ms |\n| `haul transfers --failed --since 1d`, p50 | {} ms |\n| `haul transfers --kind download --json`, p50 | {} ms |\n| `haul transfers --limit 10000 --json`, p50 | {} ms |\n| `haul transfers --id N` | {} ms |\n| metadata server RSS | {} MiB |\n\n",
+            h["records"],
+            CLIENTS,
+            f(&h["fill_seconds"]),
+            f(&h["records_per_s"]),
+            f(&p["newest_50"]),
+            f(&p["failed_since_1d"]),
+            f(&p["kind_download_json"]),
+            f(&p["limit_10000_json"]),
+            f(&h["show_one_ms"]),
+            f(&h["meta_rss_mib"]),
         );
     }
     if let Some(rows) = r["run"].as_array() {
