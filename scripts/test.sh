@@ -34,6 +34,8 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   command -v c++ >/dev/null || need+=(g++)
   # The metrics tests check every /metrics page with promtool, Prometheus's own parser.
   command -v promtool >/dev/null || need+=(prometheus)
+  # The dashboard's test drives a real browser (headless).
+  command -v chromium >/dev/null || need+=(chromium)
   # `haul trace plot` draws its text with DejaVu Sans.
   [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
   if [ ${#need[@]} -gt 0 ]; then

@@ -535,6 +535,38 @@ async fn history_suite(g: &Grid, records: usize) -> Result<Value> {
         }
         timed.insert(label.into(), json!(pct(&mut ms, 0.5)));
     }
+    // The dashboard, signed in (a login link over gRPC, then plain HTTP as a browser would):
+    // the overview (nodes, live copies, two charts from the history, failures, recent
+    // transfers) and the history page.
+    let login = g.client().await?.dashboard_login().await?;
+    let (_, head, _) = http_get(&login.http, &login.path, None)?;
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or_else(|| l.strip_prefix("Set-Cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .context("the dashboard set no session cookie")?
+        .to_string();
+    let mut pages = serde_json::Map::new();
+    for (label, path) in [("overview", "/"), ("transfers", "/transfers")] {
+        let mut ms = Vec::new();
+        let mut size = 0;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let (status, _, body) = http_get(&login.http, path, Some(&cookie))?;
+            ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            if status != 200 || !body.contains("signed in as") {
+                bail!("dashboard {path}: status {status}");
+            }
+            size = body.len();
+        }
+        pages.insert(
+            label.into(),
+            json!({"p50_ms": pct(&mut ms, 0.5), "bytes": size}),
+        );
+    }
     let mid = (records / 2).max(1).to_string();
     let t = Instant::now();
     let out = g.ok(&["transfers", "--id", &mid])?;
@@ -548,8 +580,33 @@ async fn history_suite(g: &Grid, records: usize) -> Result<Value> {
         "records_per_s": records as f64 / fill_s.max(1e-9),
         "cli_p50_ms": timed,
         "show_one_ms": show_ms,
+        "dashboard": pages,
         "meta_rss_mib": g.meta_rss_mib(),
     }))
+}
+
+/// A GET of `path` from `addr` over HTTP/1.1: (status, head, body).
+fn http_get(addr: &str, path: &str, cookie: Option<&str>) -> Result<(u16, String, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let cookie = cookie
+        .map(|c| format!("Cookie: {c}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{cookie}Connection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((status, head.to_string(), body.to_string()))
 }
 
 fn run_suite(work: &Path, haul: &Path, files: usize) -> Result<Value> {
@@ -1051,7 +1108,7 @@ fn markdown(doc: &Value) -> String {
     if !h.is_null() {
         let p = &h["cli_p50_ms"];
         s += &format!(
-            "## Transfer history: {} records on that catalog\n\n| | |\n|---|---|\n| recorded in ({} clients, 5 files each) | {} s ({} records/s) |\n| `haul transfers` (newest 50), whole command, p50 | {} ms |\n| `haul transfers --failed --since 1d`, p50 | {} ms |\n| `haul transfers --kind download --json`, p50 | {} ms |\n| `haul transfers --limit 10000 --json`, p50 | {} ms |\n| `haul transfers --id N` | {} ms |\n| metadata server RSS | {} MiB |\n\n",
+            "## Transfer history: {} records on that catalog\n\n| | |\n|---|---|\n| recorded in ({} clients, 5 files each) | {} s ({} records/s) |\n| `haul transfers` (newest 50), whole command, p50 | {} ms |\n| `haul transfers --failed --since 1d`, p50 | {} ms |\n| `haul transfers --kind download --json`, p50 | {} ms |\n| `haul transfers --limit 10000 --json`, p50 | {} ms |\n| `haul transfers --id N` | {} ms |\n| dashboard overview, signed in (GET /), p50 | {} ms ({} bytes) |\n| dashboard history (GET /transfers), p50 | {} ms ({} bytes) |\n| metadata server RSS | {} MiB |\n\n",
             h["records"],
             CLIENTS,
             f(&h["fill_seconds"]),
@@ -1061,6 +1118,10 @@ fn markdown(doc: &Value) -> String {
             f(&p["kind_download_json"]),
             f(&p["limit_10000_json"]),
             f(&h["show_one_ms"]),
+            f(&h["dashboard"]["overview"]["p50_ms"]),
+            h["dashboard"]["overview"]["bytes"],
+            f(&h["dashboard"]["transfers"]["p50_ms"]),
+            h["dashboard"]["transfers"]["bytes"],
             f(&h["meta_rss_mib"]),
         );
     }

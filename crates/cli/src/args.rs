@@ -294,6 +294,9 @@ pub enum Command {
     Nodes(GridArgs),
     /// Which identity the metadata server maps your certificate to.
     Whoami(GridArgs),
+    /// A sign-in link for the metadata server's dashboard (live copies, throughput, failures,
+    /// your transfers): open it in a browser within two minutes.
+    Dashboard(GridArgs),
     /// Make replicas of grid files or trees, node to node, in parallel.
     Replicate(ReplicateArgs),
     /// Replica policies kept by the metadata server.

@@ -466,6 +466,22 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     println!(
         "  verified: {n_back} files downloaded byte-identical; {checked} catalog checksums (crc32c, adler32, md5) match an independent computation"
     );
+    let history = m
+        .transfers(grid::types::TransfersRequest {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await?;
+    let count = |kind: &str, one: &str, many: &str| {
+        let n = history.iter().filter(|t| t.kind == kind).count() as u64;
+        wire::units::count(n, one, many)
+    };
+    println!(
+        "  transfer history: {}, {}, {} recorded (haul transfers)",
+        count("upload", "upload", "uploads"),
+        count("replicate", "replication session", "replication sessions"),
+        count("download", "download", "downloads")
+    );
     println!("  total {:.1} s", started.elapsed().as_secs_f64());
 
     if a.exit {
@@ -482,7 +498,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         meta_addr.port()
     );
     println!(
-        "  haul ls -l /cmip/cmip-demo; haul where /cmip/cmip-demo/tas/run001.nc; haul df; haul status"
+        "  haul ls -l /cmip/cmip-demo; haul where /cmip/cmip-demo/tas/run001.nc; haul df; haul status; haul transfers"
     );
     println!("Ctrl-C stops the demo.");
     let _ = tokio::signal::ctrl_c().await;

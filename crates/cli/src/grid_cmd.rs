@@ -411,13 +411,24 @@ pub(crate) fn node_json(n: &pb::NodeInfo) -> serde_json::Value {
         "name": n.name, "site": n.site, "address": n.address, "up": n.up,
         "state": node_state(n).to_lowercase(),
         "capacity": n.capacity, "free": n.free, "load": n.load,
-        "heartbeat_ms": n.heartbeat_ms, "replicas": n.replicas,
+        "heartbeat_ms": n.heartbeat_ms,
+        "heartbeat": crate::transfers_cmd::rfc3339_ms(n.heartbeat_ms),
+        "heartbeat_age_s": (now_ms() - n.heartbeat_ms).max(0) as f64 / 1000.0,
+        "replicas": n.replicas,
         "stored_bytes": n.stored_bytes,
         "other_used_bytes": other_used(n),
         "draining": n.drain_ms != 0,
         "drain_started_ms": (n.drain_ms != 0).then_some(n.drain_ms),
+        "drain_started": (n.drain_ms != 0).then(|| crate::transfers_cmd::rfc3339_ms(n.drain_ms)),
         "drain_replicas": (n.drain_ms != 0).then_some(n.drain_replicas),
     })
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// Space used on a node's file system by anything but longhaul's replicas.
@@ -555,6 +566,42 @@ pub async fn nodes(a: GridArgs) -> Result<u8, TransferError> {
             n.replicas,
             (now - n.heartbeat_ms) as f64 / 1000.0
         );
+    }
+    Ok(0)
+}
+
+/// `haul dashboard`: a sign-in link for the metadata server's dashboard, as the caller.
+pub async fn dashboard(a: GridArgs) -> Result<u8, TransferError> {
+    let peer = meta_of(&a)?;
+    let m = connect(&peer, &a.creds).await?;
+    let r = m.dashboard_login().await?;
+    let bound: std::net::SocketAddr = r.http.parse().map_err(|_| {
+        TransferError::protocol(format!(
+            "the metadata server gave a bad address: {:?}",
+            r.http
+        ))
+    })?;
+    // A dashboard on every address is reached at the host this command reached.
+    let host = if bound.ip().is_unspecified() {
+        match peer.host.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(v6)) => format!("[{v6}]"),
+            _ => peer.host.clone(),
+        }
+    } else {
+        match bound.ip() {
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+            v4 => v4.to_string(),
+        }
+    };
+    let url = format!("http://{host}:{}{}", bound.port(), r.path);
+    if a.json {
+        out!(
+            "{}",
+            json!({ "version": 1, "url": url, "expires": crate::transfers_cmd::rfc3339_ms(r.expires_ms) })
+        );
+    } else {
+        out!("{url}");
+        eprintln!("open it within two minutes; it works once and signs you in for 12 hours");
     }
     Ok(0)
 }

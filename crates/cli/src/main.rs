@@ -190,6 +190,7 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Df(a) => grid_cmd::df(a).await,
         args::Command::Nodes(a) => grid_cmd::nodes(a).await,
         args::Command::Whoami(a) => grid_cmd::whoami(a).await,
+        args::Command::Dashboard(a) => grid_cmd::dashboard(a).await,
         args::Command::Replicate(a) => repl_cmd::replicate(a).await,
         args::Command::Policy(c) => repl_cmd::policy(c).await,
         args::Command::Verify(a) => repl_cmd::verify(a).await,

@@ -97,6 +97,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         use std::io::Write;
         let _ = std::io::stdout().flush();
     }
+    crate::serve::notify_ready(&format!("metadata server on {addr}"));
     meta::run(
         m,
         tls::server_config(&c)?,

@@ -42,6 +42,7 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
     let metrics = crate::serve::metrics_listener(&a.metrics).await?;
     tracing::info!(%addr, %advertise, node = %name, site = %a.site, "storage node up");
     crate::serve::print_addrs(a.print_addr, addr, metrics.as_ref().map(|m| m.1));
+    crate::serve::notify_ready(&format!("storage node {name} of site {} on {addr}", a.site));
     let cfg = node::NodeConfig {
         name,
         site: a.site.clone(),

@@ -60,6 +60,7 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
     let metrics = metrics_listener(&a.metrics).await?;
     tracing::info!(%addr, root = %a.root.display(), tls = tls.is_some(), "serving");
     print_addrs(a.print_addr, addr, metrics.as_ref().map(|m| m.1));
+    notify_ready(&format!("serving {} on {addr}", a.root.display()));
     let stats = Arc::new(transfer::endpoint::EndpointStats::default());
     let stop_metrics = tokio_util::sync::CancellationToken::new();
     let _stop_metrics = stop_metrics.clone().drop_guard();
@@ -125,6 +126,22 @@ pub fn print_addrs(print: bool, addr: std::net::SocketAddr, metrics: Option<std:
         None => writeln!(out, "{addr}"),
     };
     let _ = out.flush();
+}
+
+/// Tells the service manager (systemd's `Type=notify`, through `$NOTIFY_SOCKET`) that the
+/// daemon is listening, with a status line; nothing without `$NOTIFY_SOCKET`. Called once the
+/// listeners are bound, so a unit ordered after this one starts when it can be reached.
+pub fn notify_ready(status: &str) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    let states = [
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(status),
+    ];
+    if let Err(e) = sd_notify::notify(false, &states) {
+        tracing::warn!(error = %e, "cannot tell the service manager that this daemon is ready (NOTIFY_SOCKET)");
+    }
 }
 
 /// Listens on `addr` (`host:port`, port 0 for any): the listener and the address it got.

@@ -959,6 +959,10 @@ fn demo_runs_the_whole_grid_and_exits() {
     );
     assert!(text.contains("8 files downloaded byte-identical"), "{text}");
     assert!(text.contains("checksums recomputed, all match"), "{text}");
+    assert!(
+        text.contains("transfer history: 1 upload, ") && text.contains(", 1 download recorded"),
+        "{text}"
+    );
 }
 
 /// The metadata server's transfer log records each replication session it directs (node to
@@ -1415,7 +1419,91 @@ fn transfer_history_records_every_kind_and_shows_each_user_their_own() {
         "RFC 3339",
     );
     assert!(list("alice", &["--since", "1h"]).len() == mine.len());
+    // `haul nodes --json` gives heartbeats as a time and an age too.
+    let nodes = g.json("alice", &["nodes", "--json"]);
+    for n in nodes.as_array().unwrap() {
+        assert!(n["heartbeat"].as_str().unwrap().ends_with('Z'), "{n}");
+        assert!(n["heartbeat_age_s"].as_f64().unwrap() >= 0.0, "{n}");
+    }
     if std::env::var_os("SHOW_HISTORY").is_some() {
         eprintln!("{table}\n{text}");
     }
+}
+
+/// Issue 15 item 5: the daemons tell systemd (`Type=notify`) when they listen: `READY=1` and a
+/// status line on `$NOTIFY_SOCKET`, sent after the address is bound (a client connecting on
+/// the notification is served).
+#[test]
+fn daemons_notify_systemd_when_ready() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki(&dir.path().join("pki"));
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let recv = |what: &str| -> String {
+        let mut buf = [0u8; 4096];
+        let n = sock
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("{what}: no readiness notification: {e}"));
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+
+    let mut cmd = haul_clean();
+    harness::daemons::meta_serve(&mut cmd, &pki, "127.0.0.1:0", &dir.path().join("meta"));
+    cmd.args(["--http", "off"]).env("NOTIFY_SOCKET", &sock_path);
+    let (_meta, line) = start_server(cmd, &dir.path().join("meta.log"));
+    let meta_addr = line.split_whitespace().next().unwrap().to_string();
+    let msg = recv("meta serve");
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg:?}");
+    assert!(
+        msg.contains(&format!("STATUS=metadata server on {meta_addr}")),
+        "{msg:?}"
+    );
+    // This server has no dashboard: `haul dashboard` says so (exit 4).
+    let mut c = haul_clean();
+    pki.as_user(&mut c, "alice");
+    c.args(["dashboard", &format!("haul://{meta_addr}")]);
+    assert_exit(&run_bounded(c, CMD_TIMEOUT), 4, "no dashboard");
+
+    let mut cmd = haul_clean();
+    harness::daemons::node_serve(
+        &mut cmd,
+        &pki,
+        ("a1", "A"),
+        &format!("haul://{meta_addr}"),
+        &dir.path().join("a1"),
+        "127.0.0.1:0",
+    );
+    cmd.env("NOTIFY_SOCKET", &sock_path);
+    std::fs::create_dir_all(dir.path().join("a1")).unwrap();
+    let (_node, line) = start_server(cmd, &dir.path().join("a1.log"));
+    let msg = recv("node serve");
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg:?}");
+    assert!(
+        msg.contains(&format!(
+            "STATUS=storage node a1 of site A on {}",
+            line.trim()
+        )),
+        "{msg:?}"
+    );
+
+    let root = dir.path().join("export");
+    let _ep = serve(
+        &root,
+        &["--insecure"],
+        &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
+    );
+    let msg = recv("serve");
+    assert!(
+        msg.lines().any(|l| l == "READY=1") && msg.contains("STATUS=serving "),
+        "{msg:?}"
+    );
+    // A daemon whose NOTIFY_SOCKET leads nowhere still runs (one warning).
+    let _quiet = serve(
+        &root,
+        &["--insecure"],
+        &[("NOTIFY_SOCKET", "/nonexistent/sock")],
+    );
 }

@@ -673,6 +673,12 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner())
     }
 
+    /// A sign-in link for the dashboard (good once, for two minutes).
+    pub async fn dashboard_login(&self) -> Result<pb::DashboardLoginReply, TransferError> {
+        let r = self.files.clone().dashboard_login(pb::Empty {}).await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
     pub async fn who_am_i(&self) -> Result<pb::Identity, TransferError> {
         let r = self.files.clone().who_am_i(pb::Empty {}).await;
         Ok(r.map_err(from_status)?.into_inner())

@@ -1,6 +1,6 @@
 //! A client's part of the grid's transfer history: after each copy to, from or within the grid
 //! and after each run, the client sends the metadata server what happened (summary and
-//! per-file outcomes, in messages of at most 5,000 files). Recording is best effort: a copy's
+//! per-file outcomes, in messages of at most 2,000 files). Recording is best effort: a copy's
 //! outcome never depends on it, and a server that cannot take the record costs one log line.
 
 use crate::client::MetaClient;
@@ -10,8 +10,9 @@ use std::time::{Duration, SystemTime};
 use transfer::TransferError;
 use transfer::client::CopyReport;
 
-/// Files per message (the server takes up to 5,000).
-const FILES_PER_MESSAGE: usize = 5_000;
+/// Files per message (the server takes up to 5,000; 2,000 keeps a message of long paths
+/// under its 16 MiB request limit).
+const FILES_PER_MESSAGE: usize = 2_000;
 /// How long the client waits for the server to take a record.
 const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
 

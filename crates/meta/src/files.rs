@@ -679,6 +679,28 @@ impl Files for FilesService {
         .await
     }
 
+    async fn dashboard_login(
+        &self,
+        req: Request<pb::Empty>,
+    ) -> Result<Response<pb::DashboardLoginReply>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("dashboard_login"), &req, async |user, _| {
+            let Some(http) = m.http_addr.get() else {
+                return Err(Error::unavailable(
+                    "this metadata server has no dashboard (it runs with --http off)",
+                ));
+            };
+            let now = catalog::now_ms();
+            let token = m.web.issue(&user.name, crate::webauth::Purpose::Login, now);
+            Ok(pb::DashboardLoginReply {
+                path: format!("/login?token={token}"),
+                http: http.to_string(),
+                expires_ms: now + crate::webauth::LOGIN_TTL_MS,
+            })
+        })
+        .await
+    }
+
     async fn status(&self, req: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {
         let m = &self.meta;
         m.caller_call(Op::one("status"), &req, async |caller, _| {

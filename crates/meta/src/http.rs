@@ -1,13 +1,14 @@
 //! The monitoring side of the metadata server over plain HTTP (bind it to a trusted
-//! interface): `/` a dashboard that refreshes itself, `/api/status` the same as JSON, and
-//! `/metrics` in the Prometheus text format (see [`crate::exposition`]). Read-only; nothing here changes the grid. No one
-//! is authenticated here: events show only paths that anybody could list.
+//! interface): the dashboard (`crate::dashboard`: `/`, `/transfers`, `/transfers/ID`, sign-in
+//! at `/login`), `/api/status` as JSON, and `/metrics` in the Prometheus text format (see
+//! [`crate::exposition`]). Read-only; nothing here changes the grid. `/api/status`, `/metrics`
+//! and the public part of `/` need no sign-in and show only paths that anybody could list.
 
 use crate::state::Meta;
 use axum::Router;
 use axum::extract::State;
 use axum::http::header;
-use axum::response::{Html, IntoResponse};
+use axum::response::IntoResponse;
 use axum::routing::get;
 use serde::Serialize;
 use std::sync::Arc;
@@ -15,44 +16,44 @@ use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
 
 #[derive(Serialize)]
-struct NodeStatus {
-    name: String,
-    site: String,
-    address: String,
-    up: bool,
+pub(crate) struct NodeStatus {
+    pub(crate) name: String,
+    pub(crate) site: String,
+    pub(crate) address: String,
+    pub(crate) up: bool,
     /// Being drained (or drained, not yet removed).
-    draining: bool,
-    capacity: u64,
-    free: u64,
-    load: f64,
-    rate_bytes_per_s: u64,
-    sessions: u32,
-    replicas: u64,
-    last_heartbeat_ms_ago: i64,
+    pub(crate) draining: bool,
+    pub(crate) capacity: u64,
+    pub(crate) free: u64,
+    pub(crate) load: f64,
+    pub(crate) rate_bytes_per_s: u64,
+    pub(crate) sessions: u32,
+    pub(crate) replicas: u64,
+    pub(crate) last_heartbeat_ms_ago: i64,
 }
 
 #[derive(Serialize)]
-struct OpStatus {
-    op: String,
-    calls: u64,
-    errors: u64,
-    items: u64,
-    mean_us: f64,
+pub(crate) struct OpStatus {
+    pub(crate) op: String,
+    pub(crate) calls: u64,
+    pub(crate) errors: u64,
+    pub(crate) items: u64,
+    pub(crate) mean_us: f64,
 }
 
 #[derive(Serialize)]
-struct Status {
-    uptime_s: u64,
-    backend: String,
-    entries: u64,
-    cache_entries: usize,
-    cache_hit_ratio: f64,
-    nodes: Vec<NodeStatus>,
-    ops: Vec<OpStatus>,
-    events: Vec<String>,
+pub(crate) struct Status {
+    pub(crate) uptime_s: u64,
+    pub(crate) backend: String,
+    pub(crate) entries: u64,
+    pub(crate) cache_entries: usize,
+    pub(crate) cache_hit_ratio: f64,
+    pub(crate) nodes: Vec<NodeStatus>,
+    pub(crate) ops: Vec<OpStatus>,
+    pub(crate) events: Vec<String>,
 }
 
-async fn status(meta: &Meta) -> Status {
+pub(crate) async fn status(meta: &Meta) -> Status {
     let now = catalog::now_ms();
     let infos = meta.node_infos().await.unwrap_or_default();
     let nodes = meta
@@ -119,77 +120,6 @@ async fn metrics(State(meta): State<Arc<Meta>>) -> impl IntoResponse {
     )
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-fn gb(b: u64) -> String {
-    format!("{:.1}", b as f64 / 1e9)
-}
-
-async fn dashboard(State(meta): State<Arc<Meta>>) -> impl IntoResponse {
-    let s = status(&meta).await;
-    let mut h = String::from(
-        "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=2>\
-         <title>longhaul grid</title><style>body{font-family:sans-serif;margin:1.5em}\
-         table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}\
-         th{background:#eee}td.l{text-align:left}.down{color:#b00;font-weight:bold}.up{color:#070}</style></head><body>",
-    );
-    h.push_str(&format!(
-        "<h1>longhaul grid</h1><p>catalog: {} ({} entries, cache {} entries, {:.0}% hits) &middot; up {} s &middot; \
-         <a href=/api/status>JSON</a> &middot; <a href=/metrics>metrics</a></p>",
-        s.backend,
-        s.entries,
-        s.cache_entries,
-        s.cache_hit_ratio * 100.0,
-        s.uptime_s
-    ));
-    h.push_str("<h2>Storage nodes</h2><table><tr><th>node<th>site<th>address<th>state<th>free GB<th>capacity GB<th>load<th>rate MB/s<th>sessions<th>replicas<th>heartbeat</tr>");
-    for n in &s.nodes {
-        h.push_str(&format!(
-            "<tr><td class=l>{}<td class=l>{}<td class=l>{}<td class={}>{}<td>{}<td>{}<td>{:.2}<td>{:.1}<td>{}<td>{}<td>{:.1} s ago</tr>",
-            esc(&n.name),
-            esc(&n.site),
-            esc(&n.address),
-            if n.up { "up" } else { "down" },
-            match (n.up, n.draining) {
-                (true, false) => "up",
-                (true, true) => "up, draining",
-                (false, false) => "DOWN",
-                (false, true) => "DOWN, draining",
-            },
-            gb(n.free),
-            gb(n.capacity),
-            n.load,
-            n.rate_bytes_per_s as f64 / 1e6,
-            n.sessions,
-            n.replicas,
-            n.last_heartbeat_ms_ago as f64 / 1000.0
-        ));
-    }
-    h.push_str("</table><h2>Operations</h2><table><tr><th>operation<th>calls<th>errors<th>items<th>mean µs</tr>");
-    for o in &s.ops {
-        h.push_str(&format!(
-            "<tr><td class=l>{}<td>{}<td>{}<td>{}<td>{:.0}</tr>",
-            esc(&o.op),
-            o.calls,
-            o.errors,
-            o.items,
-            o.mean_us
-        ));
-    }
-    h.push_str("</table><h2>Events</h2><pre>");
-    for e in &s.events {
-        h.push_str(&esc(e));
-        h.push('\n');
-    }
-    h.push_str("</pre></body></html>");
-    Html(h)
-}
-
 /// Serves the dashboard until `stop`, on the hardened listener of `transfer::http`
 /// (connection limits, header timeout, bounded connection lifetime).
 pub async fn serve(
@@ -198,7 +128,15 @@ pub async fn serve(
     stop: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     let app = Router::new()
-        .route("/", get(dashboard))
+        .route("/", get(crate::dashboard::overview))
+        .route("/transfers", get(crate::dashboard::transfers))
+        .route("/transfers/{id}", get(crate::dashboard::transfer))
+        .route("/login", get(crate::dashboard::login))
+        .route("/logout", get(crate::dashboard::logout))
+        .route(
+            "/favicon.ico",
+            get(|| async { axum::http::StatusCode::NO_CONTENT }),
+        )
         .route("/api/status", get(api_status))
         .route("/metrics", get(metrics))
         .with_state(meta);

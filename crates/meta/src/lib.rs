@@ -7,6 +7,7 @@
 //! The server never moves file data: clients and nodes do, with capabilities it signs.
 
 pub mod auth;
+mod dashboard;
 pub mod enrol;
 pub mod error;
 pub mod exposition;
@@ -24,6 +25,7 @@ pub mod reconcile;
 pub mod replication;
 pub mod state;
 pub mod verify;
+pub mod webauth;
 
 pub use state::{Meta, Settings};
 
@@ -175,6 +177,9 @@ pub async fn run(
     let stop = tokio_util::sync::CancellationToken::new();
     let tasks = spawn_background(meta.clone(), stop.clone());
     if let Some(h) = http {
+        if let Ok(a) = h.local_addr() {
+            let _ = meta.http_addr.set(a);
+        }
         let m = meta.clone();
         let s = stop.clone();
         tokio::spawn(async move {

@@ -390,6 +390,12 @@ pub async fn execute(
     cancel: CancellationToken,
 ) {
     let total_bytes: u64 = tasks.iter().map(|t| t.inode.size).sum();
+    let _live = meta.live_run(crate::state::LiveRun {
+        origin: opts.origin.clone(),
+        started: Instant::now(),
+        started_ms: catalog::now_ms(),
+        progress: progress.clone(),
+    });
     progress
         .copies_needed
         .fetch_add(tasks.len() as u64, Ordering::Relaxed);

@@ -139,6 +139,34 @@ pub struct Meta {
     pub reconciler: Mutex<ReconcilerState>,
     /// Wakes the reconciler early (a policy was set, a node went down).
     pub reconcile_now: tokio::sync::Notify,
+    /// Signs and checks the dashboard's sign-in and session tokens.
+    pub web: crate::webauth::WebAuth,
+    /// The dashboard's bound address (`--http`), once it listens.
+    pub http_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Replication, repair and reconciler runs in progress, for the dashboard.
+    pub live: Mutex<BTreeMap<u64, LiveRun>>,
+    next_live: std::sync::atomic::AtomicU64,
+}
+
+/// A run of node-to-node copies in progress.
+#[derive(Clone)]
+pub struct LiveRun {
+    pub origin: crate::replication::Origin,
+    pub started: Instant,
+    pub started_ms: i64,
+    pub progress: Arc<crate::replication::Progress>,
+}
+
+/// Takes a run off the live list when it ends (also when its task is cancelled).
+pub struct LiveGuard<'a> {
+    meta: &'a Meta,
+    id: u64,
+}
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        self.meta.live.lock().expect("live runs").remove(&self.id);
+    }
 }
 
 /// What the reconciler did last.
@@ -186,6 +214,15 @@ fn copy_options(
 }
 
 impl Meta {
+    /// Lists a run of copies as live until the guard is dropped.
+    pub fn live_run(&self, run: LiveRun) -> LiveGuard<'_> {
+        let id = self
+            .next_live
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.live.lock().expect("live runs").insert(id, run);
+        LiveGuard { meta: self, id }
+    }
+
     pub fn new(catalog: Catalog, ids: Identities, settings: Settings) -> Self {
         Self {
             catalog,
@@ -198,6 +235,10 @@ impl Meta {
             started: Instant::now(),
             inventories: Mutex::new(HashMap::new()),
             events: Mutex::new(Default::default()),
+            web: Default::default(),
+            http_addr: Default::default(),
+            live: Mutex::new(BTreeMap::new()),
+            next_live: Default::default(),
             client_tls: RwLock::new(None),
             own_cert: RwLock::new(None),
             control_pool: Default::default(),
@@ -290,10 +331,9 @@ impl Meta {
         if ev.len() >= 200 {
             ev.pop_front();
         }
-        let secs = catalog::now_ms() / 1000;
-        let t = secs.rem_euclid(86_400);
+        // `2026-11-27T20:31:02Z message`: the date too (a dashboard stays open for days).
         ev.push_back(Event {
-            text: format!("{:02}:{:02}:{:02}Z {msg}", t / 3600, t / 60 % 60, t % 60),
+            text: format!("{} {msg}", crate::dashboard::rfc3339(catalog::now_ms())),
             paths,
         });
     }

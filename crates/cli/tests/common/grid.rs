@@ -178,6 +178,11 @@ impl Grid {
 
     /// Starts node `n` with the certificate `pki/CERT.pem` (and its key) and extra arguments.
     pub fn start_node_with(&self, n: &mut Node, cert: &str, extra: &[&str]) {
+        self.start_node_env(n, cert, extra, &[]);
+    }
+
+    /// [`Self::start_node_with`], with environment variables (e.g. injected faults).
+    pub fn start_node_env(&self, n: &mut Node, cert: &str, extra: &[&str], env: &[(&str, &str)]) {
         std::fs::create_dir_all(&n.root).unwrap();
         let mut cmd = haul_clean();
         harness::daemons::node_serve(
@@ -189,6 +194,9 @@ impl Grid {
             "127.0.0.1:0",
         );
         cmd.args(["--capacity", "10G"]).args(extra);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         let (p, line) = start_server(cmd, &self.path().join(format!("{}.log", n.name)));
         // "ADDR" or, with --metrics, "ADDR http://METRICS/metrics"
         let mut words = line.split_whitespace();

@@ -1,0 +1,258 @@
+//! The metadata server's dashboard in a real browser (headless Chromium), against a grid of
+//! real processes on loopback (see `grid.rs`). In a test binary of its own: Chromium takes
+//! both cores for seconds, which the grid tests' heartbeat timeouts should not share.
+
+mod common;
+use common::grid::*;
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+/// A GET of `path` on `addr` over HTTP/1.1 with an optional cookie: (status, headers, body).
+fn http_get(addr: &str, path: &str, cookie: Option<&str>) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let cookie = cookie
+        .map(|c| format!("Cookie: {c}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{cookie}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_string(), body.to_string())
+}
+
+/// Headless Chromium: signs in with `login` (a link from `haul dashboard`) and loads `page`
+/// (a path of the dashboard); returns the page's DOM once loaded and what its console said.
+/// With `HAUL_SCREENSHOTS` naming a directory, also saves `SHOT.png` of the page there.
+fn browse(login: &str, page: &str, shot: &str) -> (String, String) {
+    let profile = tempfile::tempdir().unwrap();
+    let chromium = || {
+        let mut c = std::process::Command::new("chromium");
+        c.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=3000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()));
+        c
+    };
+    let next: String = page
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let mut dump = chromium();
+    dump.arg("--dump-dom").arg(format!("{login}&next={next}"));
+    let out = run_bounded(dump, Duration::from_secs(90));
+    let console: String = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let Some(dir) = std::env::var_os("HAUL_SCREENSHOTS").filter(|_| !shot.is_empty()) {
+        // The same profile keeps the session cookie.
+        let base = login.split("/login").next().unwrap();
+        let mut s = chromium();
+        s.arg("--window-size=1400,1600")
+            .arg(format!(
+                "--screenshot={}",
+                Path::new(&dir).join(format!("{shot}.png")).display()
+            ))
+            .arg(format!("{base}{page}"));
+        run_bounded(s, Duration::from_secs(90));
+    }
+    (String::from_utf8_lossy(&out.stdout).into_owned(), console)
+}
+
+/// Issue 15 item 3: the dashboard in a real browser (headless Chromium). A user signs in with
+/// a link from `haul dashboard` (their certificate, over gRPC); the overview shows a
+/// replication in flight in the live table, the throughput chart has a data point per
+/// transfer's minute, failures name their reason, the per-transfer page lists each file's
+/// node, and the console has no errors. Sign-in links work once; pages other than the public
+/// overview need a session; another user sees none of alice's transfers.
+#[test]
+fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
+    if std::process::Command::new("chromium")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        testkit::skip!(
+            "no chromium (Debian package chromium; scripts/test.sh installs it as root)"
+        );
+    }
+    let mut g = Grid::start_with(&["--admin", "bob"]);
+    let big = g.path().join("big.bin");
+    write_file(&big, 5, 8 << 20);
+    g.ok("alice", &["mkdir", "/alice"]);
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            big.to_str().unwrap(),
+            &g.url("/alice/big.bin"),
+            "--site",
+            "A",
+        ],
+    ));
+    assert_exit(
+        &g.cp(
+            "alice",
+            &[&g.url("/alice/nope"), g.path().join("x").to_str().unwrap()],
+        ),
+        3,
+        "",
+    );
+    // Site A's nodes stall after 1 MiB of data sent: a replication to B stays in flight.
+    for i in 0..g.nodes.len() {
+        if g.nodes[i].site != "A" {
+            continue;
+        }
+        let mut n = g.nodes.remove(i);
+        n.proc = None;
+        let cert = n.name.clone();
+        g.start_node_env(&mut n, &cert, &[], &[("HAUL_FAULT_STALL_AFTER", "1M")]);
+        g.nodes.insert(i, n);
+    }
+    g.wait_nodes_up(0);
+    let mut replicate = g.cmd(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "/alice/big.bin",
+        ],
+    );
+    replicate
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut replicating = replicate.spawn().unwrap();
+
+    let link = |user: &str| -> String {
+        let out = g.ok(user, &["dashboard"]);
+        let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            url.starts_with(&format!("http://{}/login?token=", g.meta_http)),
+            "{url}"
+        );
+        url
+    };
+    // A session through plain HTTP first: wait until the run shows as live.
+    let first = link("alice");
+    let path = first.split_once(&g.meta_http).unwrap().1.to_string();
+    let (status, head, _) = http_get(&g.meta_http, &path, None);
+    assert_eq!(status, 303, "{head}");
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or_else(|| l.strip_prefix("Set-Cookie: "))
+        })
+        .unwrap_or_else(|| panic!("no cookie: {head}"));
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_string();
+    // The same link again is refused; pages need a session; a forged cookie is no session.
+    let (status, _, body) = http_get(&g.meta_http, &path, None);
+    assert_eq!(status, 401);
+    assert!(body.contains("used already"), "{body}");
+    assert_eq!(http_get(&g.meta_http, "/transfers", None).0, 401);
+    assert_eq!(
+        http_get(&g.meta_http, "/transfers/1", Some("haul_session=00.00")).0,
+        401
+    );
+    let (_, _, public) = http_get(&g.meta_http, "/", Some("haul_session=garbage"));
+    assert!(
+        public.contains("not signed in") && !public.contains("/alice/big.bin"),
+        "{public}"
+    );
+    let mut overview = String::new();
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            overview = http_get(&g.meta_http, "/", Some(&session)).2;
+            overview.contains("class=\"live\"")
+        }),
+        "no live run: {overview}"
+    );
+
+    // The browser: overview with the run in flight, the chart's points, the failure.
+    let (dom, console) = browse(&link("alice"), "/", "overview");
+    assert!(console.is_empty(), "console: {console}");
+    assert!(dom.contains("signed in as <b>alice</b>"), "{dom}");
+    let live = dom
+        .split("id=\"live\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no live table: {dom}"));
+    assert!(
+        live.contains("data-kind=\"replicate\"") && live.contains(">alice<"),
+        "{live}"
+    );
+    let hour = dom
+        .split("id=\"chart-hour\"")
+        .nth(1)
+        .unwrap()
+        .split("id=\"chart-day\"")
+        .next()
+        .unwrap();
+    assert!(
+        hour.contains("class=\"pt\"") && hour.contains("data-pair=\"client → A\""),
+        "{hour}"
+    );
+    let failures = dom
+        .split("id=\"failures\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{dom}"));
+    assert!(failures.contains("failed: not_found"), "{failures}");
+
+    // One transfer's page (the upload): its file, on a node of site A.
+    let list = g.json("alice", &["transfers", "--json", "--kind", "upload"]);
+    let id = list["transfers"][0]["id"].as_i64().unwrap();
+    let (dom, console) = browse(&link("alice"), &format!("/transfers/{id}"), "transfer");
+    assert!(console.is_empty(), "console: {console}");
+    let files = dom
+        .split("id=\"files\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{dom}"));
+    assert!(
+        files.contains("/alice/big.bin") && (files.contains(">a1<") || files.contains(">a2<")),
+        "{files}"
+    );
+    // The history with a filter.
+    let (dom, console) = browse(&link("alice"), "/transfers?failed=on", "transfers");
+    assert!(console.is_empty(), "console: {console}");
+    assert!(dom.contains("failed: not_found"), "{dom}");
+    assert_eq!(dom.matches("class=\"transfer\"").count(), 1, "{dom}");
+    // Another user sees none of it; a next= elsewhere goes home.
+    let (dom, _) = browse(&link("runner"), "//evil.example", "");
+    assert!(
+        dom.contains(&format!("signed in as <b>{TASK_ACCOUNT}</b>")) && !dom.contains("/alice/"),
+        "{dom}"
+    );
+    assert!(dom.contains("id=\"live-none\""), "{dom}");
+    let _ = replicating.kill();
+    let _ = replicating.wait();
+}
