@@ -412,16 +412,26 @@ pub(crate) fn node_json(n: &pb::NodeInfo) -> serde_json::Value {
         "state": node_state(n).to_lowercase(),
         "capacity": n.capacity, "free": n.free, "load": n.load,
         "heartbeat_ms": n.heartbeat_ms,
-        "heartbeat": crate::transfers_cmd::rfc3339_ms(n.heartbeat_ms),
+        "heartbeat": rfc3339_ms(n.heartbeat_ms),
         "heartbeat_age_s": (now_ms() - n.heartbeat_ms).max(0) as f64 / 1000.0,
         "replicas": n.replicas,
         "stored_bytes": n.stored_bytes,
         "other_used_bytes": other_used(n),
         "draining": n.drain_ms != 0,
         "drain_started_ms": (n.drain_ms != 0).then_some(n.drain_ms),
-        "drain_started": (n.drain_ms != 0).then(|| crate::transfers_cmd::rfc3339_ms(n.drain_ms)),
+        "drain_started": (n.drain_ms != 0).then(|| rfc3339_ms(n.drain_ms)),
         "drain_replicas": (n.drain_ms != 0).then_some(n.drain_replicas),
     })
+}
+
+/// A time in milliseconds since the epoch, as RFC 3339 (UTC, whole seconds).
+pub(crate) fn rfc3339_ms(ms: i64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+        .replace_nanosecond(0)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
 }
 
 fn now_ms() -> i64 {
@@ -597,7 +607,7 @@ pub async fn dashboard(a: GridArgs) -> Result<u8, TransferError> {
     if a.json {
         out!(
             "{}",
-            json!({ "version": 1, "url": url, "expires": crate::transfers_cmd::rfc3339_ms(r.expires_ms) })
+            json!({ "version": 1, "url": url, "expires": rfc3339_ms(r.expires_ms) })
         );
     } else {
         out!("{url}");

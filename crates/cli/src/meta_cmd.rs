@@ -62,7 +62,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         grant_ttl: a.grant_ttl,
         writing_lease: a.writing_lease,
         transfer_log: a.log.open(None)?,
-        history: meta::history::Retention {
+        history: meta::state::Retention {
             max_age: a.history_keep,
             max_records: a.history_max,
         },

@@ -10,15 +10,7 @@ use transfer::TransferError;
 /// Version of the JSON documents this command prints.
 const JSON_VERSION: u32 = 1;
 
-/// A time in milliseconds since the epoch, as RFC 3339 (UTC, whole seconds).
-pub(crate) fn rfc3339_ms(ms: i64) -> String {
-    let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
-        .replace_nanosecond(0)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
+use crate::grid_cmd::rfc3339_ms;
 
 /// `--since`: a duration back from now (`1h`, `7d`) or an RFC 3339 time.
 fn since_ms(s: &str) -> Result<i64, TransferError> {

@@ -4,7 +4,6 @@
 //! outcome never depends on it, and a server that cannot take the record costs one log line.
 
 use crate::client::MetaClient;
-use crate::run::RunSummary;
 use api::meta as pb;
 use std::time::{Duration, SystemTime};
 use transfer::TransferError;
@@ -16,7 +15,7 @@ const FILES_PER_MESSAGE: usize = 2_000;
 /// How long the client waits for the server to take a record.
 const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn ms(t: SystemTime) -> i64 {
+pub(crate) fn ms(t: SystemTime) -> i64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
@@ -97,79 +96,6 @@ pub fn copy_record(
             t.files_failed = 1;
             t.files = 1;
             files.push(failure(source, info.kind.name(), &info.message));
-        }
-    }
-    (t, files)
-}
-
-/// The record of a run of `argv` on `paths`.
-pub fn run_record(
-    paths: &[String],
-    argv: &[String],
-    started: SystemTime,
-    result: &Result<RunSummary, TransferError>,
-) -> (pb::Transfer, Vec<pb::TransferFile>) {
-    let mut t = pb::Transfer {
-        kind: "run".into(),
-        source: paths.join(" "),
-        destination: argv.join(" "),
-        started_ms: ms(started),
-        ended_ms: ms(SystemTime::now()),
-        attempts: 1,
-        ..Default::default()
-    };
-    let mut files = Vec::new();
-    match result {
-        Ok(s) => {
-            t.files = s.tasks.len() as u64;
-            t.files_failed = s.failed;
-            t.summary = format!(
-                "{} tasks on {} nodes, {} slots, {:.1} s",
-                s.tasks.len(),
-                s.nodes.len(),
-                s.slots,
-                s.seconds
-            );
-            for task in &s.tasks {
-                let error = if task.succeeded() {
-                    None
-                } else {
-                    Some(
-                        task.error
-                            .clone()
-                            .unwrap_or_else(|| match (task.exit, task.signal) {
-                                (_, Some(sig)) => format!("killed by signal {sig}"),
-                                (Some(code), _) => format!("exited with {code}"),
-                                _ => "did not run".into(),
-                            }),
-                    )
-                };
-                let out: u64 = task.outputs.iter().map(|(_, n)| n).sum();
-                t.bytes += out;
-                if t.error.is_empty()
-                    && let Some(e) = &error
-                {
-                    t.error_kind = "partial".into();
-                    t.error = format!("{}: {e}", task.path);
-                }
-                files.push(pb::TransferFile {
-                    path: task.path.clone(),
-                    node: task.node.clone(),
-                    bytes: out,
-                    error_kind: if error.is_some() {
-                        "partial".into()
-                    } else {
-                        String::new()
-                    },
-                    error: error.unwrap_or_default(),
-                    ..Default::default()
-                });
-            }
-        }
-        Err(e) => {
-            let info = e.to_info();
-            t.error_kind = info.kind.name().to_string();
-            t.error = info.message.clone();
         }
     }
     (t, files)

@@ -196,10 +196,83 @@ pub async fn run(
     let started = std::time::SystemTime::now();
     let result = run_unrecorded(meta, paths, opts, on_done).await;
     if !matches!(&result, Err(e) if e.kind() == wire::error::ErrorKind::Invalid) {
-        let (t, files) = crate::history::run_record(paths, &opts.argv, started, &result);
+        let (t, files) = run_record(paths, &opts.argv, started, &result);
         crate::history::send(meta, t, files).await;
     }
     result
+}
+
+/// The record of a run of `argv` on `paths`.
+fn run_record(
+    paths: &[String],
+    argv: &[String],
+    started: std::time::SystemTime,
+    result: &Result<RunSummary, TransferError>,
+) -> (pb::Transfer, Vec<pb::TransferFile>) {
+    let mut t = pb::Transfer {
+        kind: "run".into(),
+        source: paths.join(" "),
+        destination: argv.join(" "),
+        started_ms: crate::history::ms(started),
+        ended_ms: crate::history::ms(std::time::SystemTime::now()),
+        attempts: 1,
+        ..Default::default()
+    };
+    let mut files = Vec::new();
+    match result {
+        Ok(s) => {
+            t.files = s.tasks.len() as u64;
+            t.files_failed = s.failed;
+            t.summary = format!(
+                "{} tasks on {} nodes, {} slots, {:.1} s",
+                s.tasks.len(),
+                s.nodes.len(),
+                s.slots,
+                s.seconds
+            );
+            for task in &s.tasks {
+                let error = if task.succeeded() {
+                    None
+                } else {
+                    Some(
+                        task.error
+                            .clone()
+                            .unwrap_or_else(|| match (task.exit, task.signal) {
+                                (_, Some(sig)) => format!("killed by signal {sig}"),
+                                (Some(code), _) => format!("exited with {code}"),
+                                _ => "did not run".into(),
+                            }),
+                    )
+                };
+                let out: u64 = task.outputs.iter().map(|(_, n)| n).sum();
+                t.bytes += out;
+                if t.error.is_empty()
+                    && let Some(e) = &error
+                {
+                    t.error_kind = "partial".into();
+                    t.error = format!("{}: {e}", task.path);
+                }
+                files.push(pb::TransferFile {
+                    path: task.path.clone(),
+                    node: task.node.clone(),
+                    bytes: out,
+                    error_kind: if error.is_some() {
+                        "partial".into()
+                    } else {
+                        String::new()
+                    },
+                    error: error.unwrap_or_default(),
+                    ..Default::default()
+                });
+            }
+        }
+        Err(e) => {
+            let info = e.to_info();
+            t.error_kind = info.kind.name().to_string();
+            t.error = info.message.clone();
+        }
+    }
+    (t, files)
 }
 
 async fn run_unrecorded(

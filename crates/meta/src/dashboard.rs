@@ -17,9 +17,105 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{DOCTYPE, Markup, html};
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+#[derive(Serialize)]
+pub(crate) struct NodeStatus {
+    pub(crate) name: String,
+    pub(crate) site: String,
+    pub(crate) address: String,
+    pub(crate) up: bool,
+    /// Being drained (or drained, not yet removed).
+    pub(crate) draining: bool,
+    pub(crate) capacity: u64,
+    pub(crate) free: u64,
+    pub(crate) load: f64,
+    pub(crate) rate_bytes_per_s: u64,
+    pub(crate) sessions: u32,
+    pub(crate) replicas: u64,
+    pub(crate) last_heartbeat_ms_ago: i64,
+}
+
+#[derive(Serialize)]
+pub(crate) struct OpStatus {
+    pub(crate) op: String,
+    pub(crate) calls: u64,
+    pub(crate) errors: u64,
+    pub(crate) items: u64,
+    pub(crate) mean_us: f64,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Status {
+    pub(crate) uptime_s: u64,
+    pub(crate) backend: String,
+    pub(crate) entries: u64,
+    pub(crate) cache_entries: usize,
+    pub(crate) cache_hit_ratio: f64,
+    pub(crate) nodes: Vec<NodeStatus>,
+    pub(crate) ops: Vec<OpStatus>,
+    pub(crate) events: Vec<String>,
+}
+
+/// The public figures of the overview and `/api/status`.
+pub(crate) async fn status(meta: &Meta) -> Status {
+    let now = catalog::now_ms();
+    let infos = meta.node_infos().await.unwrap_or_default();
+    let nodes = meta
+        .nodes()
+        .into_iter()
+        .map(|n| NodeStatus {
+            replicas: infos
+                .iter()
+                .find(|i| i.name == n.node.name)
+                .map(|i| i.replicas)
+                .unwrap_or(0),
+            name: n.node.name,
+            site: n.node.site,
+            address: n.node.address,
+            up: n.node.up,
+            draining: n.node.drain_ms != 0,
+            capacity: n.node.capacity,
+            free: n.node.free,
+            load: n.node.load,
+            rate_bytes_per_s: n.rate,
+            sessions: n.sessions,
+            last_heartbeat_ms_ago: now - n.node.heartbeat_ms,
+        })
+        .collect();
+    let ops = meta
+        .ops
+        .lock()
+        .expect("ops lock")
+        .iter()
+        .map(|(op, s)| {
+            let calls = s.calls.load(Ordering::Relaxed);
+            OpStatus {
+                op: op.to_string(),
+                calls,
+                errors: s.errors.load(Ordering::Relaxed),
+                items: s.items.load(Ordering::Relaxed),
+                mean_us: s.micros.load(Ordering::Relaxed) as f64 / calls.max(1) as f64,
+            }
+        })
+        .collect();
+    let (hits, misses) = meta.catalog.cache().map(|c| c.stats()).unwrap_or((0, 0));
+    Status {
+        uptime_s: meta.started.elapsed().as_secs(),
+        backend: format!("{:?}", meta.catalog.backend()).to_lowercase(),
+        entries: meta.catalog.count_inodes().await.unwrap_or(0),
+        cache_entries: meta.catalog.cache().map(|c| c.len()).unwrap_or(0),
+        cache_hit_ratio: hits as f64 / (hits + misses).max(1) as f64,
+        nodes,
+        ops,
+        // Unauthenticated: only what anybody may see (no path in a directory that is not
+        // readable by all).
+        events: meta.events_for(&crate::perm::anonymous(), 30).await,
+    }
+}
 
 const COOKIE: &str = "haul_session";
 
@@ -41,16 +137,7 @@ fn rate(bps: f64) -> String {
     wire::units::format_rate(bps)
 }
 
-/// Milliseconds since the epoch as RFC 3339 (UTC, whole seconds).
-pub fn rfc3339(ms: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(ms.div_euclid(1000))
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
+use crate::state::rfc3339;
 
 /// The signed-in user of a request (its session cookie), if any.
 fn session_user(meta: &Meta, headers: &HeaderMap) -> Option<User> {
@@ -252,13 +339,11 @@ fn or_dash(s: &str) -> &str {
 
 /// Live runs of node-to-node copies `user` may see.
 fn live_rows(meta: &Meta, user: &User) -> Markup {
-    let runs: Vec<crate::state::LiveRun> = meta
+    let runs: Vec<crate::runs::LiveRun> = meta
         .live
-        .lock()
-        .expect("live runs")
-        .values()
+        .list()
+        .into_iter()
         .filter(|r| user.admin || r.origin.user == user.name)
-        .cloned()
         .collect();
     html! {
         h2 { "Live copies" }
@@ -292,7 +377,7 @@ fn live_rows(meta: &Meta, user: &User) -> Markup {
 /// `/`: the public view, and with a session the user's.
 pub async fn overview(State(meta): State<Arc<Meta>>, headers: HeaderMap) -> Response {
     let user = session_user(&meta, &headers);
-    let s = crate::http::status(&meta).await;
+    let s = status(&meta).await;
     let viewer = user.clone().unwrap_or_else(crate::perm::anonymous);
     let rec = crate::reconcile::status_reply(&meta, &viewer).await.ok();
     let events = meta.events_for(&viewer, 30).await;

@@ -8,7 +8,7 @@
 
 use crate::auth::User;
 use crate::error::Error;
-use crate::state::Meta;
+use crate::state::{Meta, Retention};
 use api::meta as pb;
 use catalog::{TransferFile, TransferFilter, TransferRecord};
 use std::collections::HashMap;
@@ -29,24 +29,6 @@ const DEFAULT_FILES_REPLY: u32 = 1_000;
 
 /// Kinds a client may record; the server's own are replicate, repair, reconcile and drain.
 const CLIENT_KINDS: [&str; 4] = ["upload", "download", "copy", "run"];
-
-/// How long records are kept.
-#[derive(Clone, Copy, Debug)]
-pub struct Retention {
-    /// Records that ended longer ago than this go.
-    pub max_age: Duration,
-    /// Beyond this many records, the oldest go.
-    pub max_records: u64,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Self {
-            max_age: Duration::from_secs(90 * 24 * 3600),
-            max_records: 1_000_000,
-        }
-    }
-}
 
 /// `s` cut to at most `max` bytes, at a character boundary.
 fn bounded(s: &str, max: usize) -> String {

@@ -23,6 +23,7 @@ pub mod perm;
 pub mod placement;
 pub mod reconcile;
 pub mod replication;
+pub mod runs;
 pub mod state;
 pub mod verify;
 pub mod webauth;

@@ -8,11 +8,12 @@
 //! and reported it (the catalog marks it complete then); until then it is "writing" and a
 //! failed copy's row is removed.
 
+pub use crate::runs::{Origin, Progress, Refusal};
 use crate::state::{Meta, NodeEntry};
 use catalog::{Inode, Replica, ReplicaState};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use transfer::TransferError;
@@ -112,16 +113,6 @@ pub struct Task {
     pub tries: u32,
     /// Copy over private (TLS) streams.
     pub private: bool,
-}
-
-/// A file that cannot get what was asked, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    pub path: String,
-    pub reason: String,
-    /// The `FileError` kind: `Unavailable` (no healthy source, or the copies failed) or
-    /// `NoSpace` (no eligible node or site can take the copy).
-    pub code: ErrorKind,
 }
 
 /// A plan: replicas to make, files already fine, files that cannot be served.
@@ -312,19 +303,6 @@ fn surplus(
     out
 }
 
-/// Live figures of a replication run.
-#[derive(Default)]
-pub struct Progress {
-    pub copies_needed: AtomicU64,
-    pub copies_made: AtomicU64,
-    pub bytes_needed: AtomicU64,
-    pub bytes_done: AtomicU64,
-    pub sessions: AtomicU64,
-    pub failures: Mutex<Vec<Refusal>>,
-    /// Per node: bytes sent, bytes received, sessions.
-    pub nodes: Mutex<BTreeMap<String, (u64, u64, u32)>>,
-}
-
 /// How a run goes.
 #[derive(Clone)]
 pub struct ExecOptions {
@@ -337,24 +315,6 @@ pub struct ExecOptions {
     pub max_tries: u32,
     /// What the copies are for, and for whom, in the transfer history.
     pub origin: Origin,
-}
-
-/// Why a run copies, for the transfer history.
-#[derive(Clone, Debug)]
-pub struct Origin {
-    /// replicate (a user asked), repair, reconcile (policies, drains).
-    pub kind: &'static str,
-    /// Who asked ("system" for the server's own work).
-    pub user: String,
-}
-
-impl Origin {
-    pub fn new(kind: &'static str, user: &str) -> Self {
-        Self {
-            kind,
-            user: user.to_string(),
-        }
-    }
 }
 
 impl Default for ExecOptions {
@@ -390,7 +350,7 @@ pub async fn execute(
     cancel: CancellationToken,
 ) {
     let total_bytes: u64 = tasks.iter().map(|t| t.inode.size).sum();
-    let _live = meta.live_run(crate::state::LiveRun {
+    let _live = meta.live.register(crate::runs::LiveRun {
         origin: opts.origin.clone(),
         started: Instant::now(),
         started_ms: catalog::now_ms(),

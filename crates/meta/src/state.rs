@@ -42,7 +42,7 @@ pub struct Settings {
     /// (`--log-transfer`).
     pub transfer_log: Option<Arc<transfer::translog::TransferLog>>,
     /// How long the transfer history keeps records.
-    pub history: crate::history::Retention,
+    pub history: Retention,
 }
 
 impl Default for Settings {
@@ -61,6 +61,35 @@ impl Default for Settings {
             history: Default::default(),
         }
     }
+}
+
+/// How long the transfer history keeps records.
+#[derive(Clone, Copy, Debug)]
+pub struct Retention {
+    /// Records that ended longer ago than this go.
+    pub max_age: Duration,
+    /// Beyond this many records, the oldest go.
+    pub max_records: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(90 * 24 * 3600),
+            max_records: 1_000_000,
+        }
+    }
+}
+
+/// Milliseconds since the epoch as RFC 3339 (UTC, whole seconds), for events and pages.
+pub fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(ms.div_euclid(1000))
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
 }
 
 /// A node as last seen, with its capability key.
@@ -144,29 +173,7 @@ pub struct Meta {
     /// The dashboard's bound address (`--http`), once it listens.
     pub http_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Replication, repair and reconciler runs in progress, for the dashboard.
-    pub live: Mutex<BTreeMap<u64, LiveRun>>,
-    next_live: std::sync::atomic::AtomicU64,
-}
-
-/// A run of node-to-node copies in progress.
-#[derive(Clone)]
-pub struct LiveRun {
-    pub origin: crate::replication::Origin,
-    pub started: Instant,
-    pub started_ms: i64,
-    pub progress: Arc<crate::replication::Progress>,
-}
-
-/// Takes a run off the live list when it ends (also when its task is cancelled).
-pub struct LiveGuard<'a> {
-    meta: &'a Meta,
-    id: u64,
-}
-
-impl Drop for LiveGuard<'_> {
-    fn drop(&mut self) {
-        self.meta.live.lock().expect("live runs").remove(&self.id);
-    }
+    pub live: crate::runs::LiveRuns,
 }
 
 /// What the reconciler did last.
@@ -214,15 +221,6 @@ fn copy_options(
 }
 
 impl Meta {
-    /// Lists a run of copies as live until the guard is dropped.
-    pub fn live_run(&self, run: LiveRun) -> LiveGuard<'_> {
-        let id = self
-            .next_live
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.live.lock().expect("live runs").insert(id, run);
-        LiveGuard { meta: self, id }
-    }
-
     pub fn new(catalog: Catalog, ids: Identities, settings: Settings) -> Self {
         Self {
             catalog,
@@ -237,8 +235,7 @@ impl Meta {
             events: Mutex::new(Default::default()),
             web: Default::default(),
             http_addr: Default::default(),
-            live: Mutex::new(BTreeMap::new()),
-            next_live: Default::default(),
+            live: Default::default(),
             client_tls: RwLock::new(None),
             own_cert: RwLock::new(None),
             control_pool: Default::default(),
@@ -333,7 +330,7 @@ impl Meta {
         }
         // `2026-11-27T20:31:02Z message`: the date too (a dashboard stays open for days).
         ev.push_back(Event {
-            text: format!("{} {msg}", crate::dashboard::rfc3339(catalog::now_ms())),
+            text: format!("{} {msg}", rfc3339(catalog::now_ms())),
             paths,
         });
     }
