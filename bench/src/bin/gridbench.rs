@@ -539,13 +539,8 @@ async fn history_suite(g: &Grid, records: usize) -> Result<Value> {
     // the overview (nodes, live copies, two charts from the history, failures, recent
     // transfers) and the history page.
     let login = g.client().await?.dashboard_login().await?;
-    let (_, head, _) = http_get(&login.http, &login.path, None)?;
-    let cookie = head
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("set-cookie: ")
-                .or_else(|| l.strip_prefix("Set-Cookie: "))
-        })
+    let cookie = http_get(&login.http, &login.path, None)?
+        .set_cookie()
         .and_then(|c| c.split(';').next())
         .context("the dashboard set no session cookie")?
         .to_string();
@@ -555,12 +550,12 @@ async fn history_suite(g: &Grid, records: usize) -> Result<Value> {
         let mut size = 0;
         for _ in 0..5 {
             let t = Instant::now();
-            let (status, _, body) = http_get(&login.http, path, Some(&cookie))?;
+            let page = http_get(&login.http, path, Some(&cookie))?;
             ms.push(t.elapsed().as_secs_f64() * 1000.0);
-            if status != 200 || !body.contains("signed in as") {
-                bail!("dashboard {path}: status {status}");
+            if page.status != 200 || !page.body.contains("signed in as") {
+                bail!("dashboard {path}: status {}", page.status);
             }
-            size = body.len();
+            size = page.body.len();
         }
         pages.insert(
             label.into(),
@@ -585,28 +580,14 @@ async fn history_suite(g: &Grid, records: usize) -> Result<Value> {
     }))
 }
 
-/// A GET of `path` from `addr` over HTTP/1.1: (status, head, body).
-fn http_get(addr: &str, path: &str, cookie: Option<&str>) -> Result<(u16, String, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let cookie = cookie
-        .map(|c| format!("Cookie: {c}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{cookie}Connection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((status, head.to_string(), body.to_string()))
+/// A GET of `path` from `addr`, as a browser sends it.
+fn http_get(addr: &str, path: &str, cookie: Option<&str>) -> Result<harness::http::Reply> {
+    Ok(harness::http::get(
+        addr,
+        path,
+        cookie,
+        Duration::from_secs(60),
+    )?)
 }
 
 fn run_suite(work: &Path, haul: &Path, files: usize) -> Result<Value> {

@@ -434,7 +434,8 @@ pub(crate) fn rfc3339_ms(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn now_ms() -> i64 {
+/// This host's clock, in milliseconds since the epoch.
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -549,10 +550,7 @@ pub async fn nodes(a: GridArgs) -> Result<u8, TransferError> {
         );
         return Ok(0);
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
+    let now = now_ms();
     out!(
         "{:<16} {:<10} {:<22} {:<13} {:>10} {:>6} {:>9} {:>10}",
         "node",

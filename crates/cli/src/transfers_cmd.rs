@@ -10,7 +10,7 @@ use transfer::TransferError;
 /// Version of the JSON documents this command prints.
 const JSON_VERSION: u32 = 1;
 
-use crate::grid_cmd::rfc3339_ms;
+use crate::grid_cmd::{now_ms, rfc3339_ms};
 
 /// `--since`: a duration back from now (`1h`, `7d`) or an RFC 3339 time.
 fn since_ms(s: &str) -> Result<i64, TransferError> {
@@ -22,14 +22,7 @@ fn since_ms(s: &str) -> Result<i64, TransferError> {
             "--since {s}: give a duration back from now (30m, 1h, 7d) or an RFC 3339 time (2026-11-27T10:00:00Z)"
         ))
     })?;
-    Ok(catalog_now_ms() - d.as_millis() as i64)
-}
-
-fn catalog_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    Ok(now_ms() - d.as_millis() as i64)
 }
 
 fn seconds(t: &pb::Transfer) -> f64 {
@@ -262,7 +255,7 @@ mod tests {
         assert_eq!(rfc3339_ms(1_764_271_802_345), "2025-11-27T19:30:02Z");
         assert_eq!(since_ms("2025-11-27T19:30:02Z").unwrap(), 1_764_271_802_000);
         let hour_ago = since_ms("1h").unwrap();
-        let now = catalog_now_ms();
+        let now = now_ms();
         assert!((now - 3_600_000 - hour_ago).abs() < 60_000);
         let e = since_ms("yesterday").unwrap_err();
         assert_eq!(e.kind(), wire::error::ErrorKind::Invalid);

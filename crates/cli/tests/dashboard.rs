@@ -8,29 +8,9 @@ use common::*;
 use std::path::Path;
 use std::time::Duration;
 
-/// A GET of `path` on `addr` over HTTP/1.1 with an optional cookie: (status, headers, body).
-fn http_get(addr: &str, path: &str, cookie: Option<&str>) -> (u16, String, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let cookie = cookie
-        .map(|c| format!("Cookie: {c}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{cookie}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, head.to_string(), body.to_string())
+/// A GET of `path` on `addr` with an optional cookie.
+fn http_get(addr: &str, path: &str, cookie: Option<&str>) -> harness::http::Reply {
+    harness::http::get(addr, path, cookie, Duration::from_secs(20)).unwrap()
 }
 
 /// Headless Chromium: signs in with `login` (a link from `haul dashboard`) and loads `page`
@@ -162,30 +142,26 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
     // A session through plain HTTP first: wait until the run shows as live.
     let first = link("alice");
     let path = first.split_once(&g.meta_http).unwrap().1.to_string();
-    let (status, head, _) = http_get(&g.meta_http, &path, None);
-    assert_eq!(status, 303, "{head}");
-    let cookie = head
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("set-cookie: ")
-                .or_else(|| l.strip_prefix("Set-Cookie: "))
-        })
-        .unwrap_or_else(|| panic!("no cookie: {head}"));
+    let signed = http_get(&g.meta_http, &path, None);
+    assert_eq!(signed.status, 303, "{}", signed.head);
+    let cookie = signed
+        .set_cookie()
+        .unwrap_or_else(|| panic!("no cookie: {}", signed.head));
     assert!(
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
         "{cookie}"
     );
     let session = cookie.split(';').next().unwrap().to_string();
     // The same link again is refused; pages need a session; a forged cookie is no session.
-    let (status, _, body) = http_get(&g.meta_http, &path, None);
-    assert_eq!(status, 401);
-    assert!(body.contains("used already"), "{body}");
-    assert_eq!(http_get(&g.meta_http, "/transfers", None).0, 401);
+    let again = http_get(&g.meta_http, &path, None);
+    assert_eq!(again.status, 401);
+    assert!(again.body.contains("used already"), "{}", again.body);
+    assert_eq!(http_get(&g.meta_http, "/transfers", None).status, 401);
     assert_eq!(
-        http_get(&g.meta_http, "/transfers/1", Some("haul_session=00.00")).0,
+        http_get(&g.meta_http, "/transfers/1", Some("haul_session=00.00")).status,
         401
     );
-    let (_, _, public) = http_get(&g.meta_http, "/", Some("haul_session=garbage"));
+    let public = http_get(&g.meta_http, "/", Some("haul_session=garbage")).body;
     assert!(
         public.contains("not signed in") && !public.contains("/alice/big.bin"),
         "{public}"
@@ -193,7 +169,7 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
     let mut overview = String::new();
     assert!(
         wait_for(Duration::from_secs(30), || {
-            overview = http_get(&g.meta_http, "/", Some(&session)).2;
+            overview = http_get(&g.meta_http, "/", Some(&session)).body;
             overview.contains("class=\"live\"")
         }),
         "no live run: {overview}"

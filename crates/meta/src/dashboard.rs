@@ -24,40 +24,40 @@ use std::sync::atomic::Ordering;
 
 #[derive(Serialize)]
 pub(crate) struct NodeStatus {
-    pub(crate) name: String,
-    pub(crate) site: String,
-    pub(crate) address: String,
-    pub(crate) up: bool,
+    name: String,
+    site: String,
+    address: String,
+    up: bool,
     /// Being drained (or drained, not yet removed).
-    pub(crate) draining: bool,
-    pub(crate) capacity: u64,
-    pub(crate) free: u64,
-    pub(crate) load: f64,
-    pub(crate) rate_bytes_per_s: u64,
-    pub(crate) sessions: u32,
-    pub(crate) replicas: u64,
-    pub(crate) last_heartbeat_ms_ago: i64,
+    draining: bool,
+    capacity: u64,
+    free: u64,
+    load: f64,
+    rate_bytes_per_s: u64,
+    sessions: u32,
+    replicas: u64,
+    last_heartbeat_ms_ago: i64,
 }
 
 #[derive(Serialize)]
 pub(crate) struct OpStatus {
-    pub(crate) op: String,
-    pub(crate) calls: u64,
-    pub(crate) errors: u64,
-    pub(crate) items: u64,
-    pub(crate) mean_us: f64,
+    op: String,
+    calls: u64,
+    errors: u64,
+    items: u64,
+    mean_us: f64,
 }
 
 #[derive(Serialize)]
 pub(crate) struct Status {
-    pub(crate) uptime_s: u64,
-    pub(crate) backend: String,
-    pub(crate) entries: u64,
-    pub(crate) cache_entries: usize,
-    pub(crate) cache_hit_ratio: f64,
-    pub(crate) nodes: Vec<NodeStatus>,
-    pub(crate) ops: Vec<OpStatus>,
-    pub(crate) events: Vec<String>,
+    uptime_s: u64,
+    backend: String,
+    entries: u64,
+    cache_entries: usize,
+    cache_hit_ratio: f64,
+    nodes: Vec<NodeStatus>,
+    ops: Vec<OpStatus>,
+    events: Vec<String>,
 }
 
 /// The public figures of the overview and `/api/status`.

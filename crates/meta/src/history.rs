@@ -89,10 +89,6 @@ fn file_to_pb(f: &TransferFile) -> pb::TransferFile {
     }
 }
 
-fn db(e: catalog::CatalogError) -> Error {
-    Error::from(e)
-}
-
 impl Meta {
     /// The site of each registered node.
     fn node_sites(&self) -> HashMap<String, String> {
@@ -135,8 +131,7 @@ impl Meta {
             }
             self.catalog
                 .add_transfer_files(q.id, &files, rec.files)
-                .await
-                .map_err(db)?;
+                .await?;
             return Ok(pb::RecordTransferReply { id: q.id });
         }
         let t = q
@@ -223,11 +218,7 @@ impl Meta {
             error: bounded(&t.error, 2048),
             summary: bounded(&t.summary, 8192),
         };
-        let id = self
-            .catalog
-            .record_transfer(&rec, &files)
-            .await
-            .map_err(db)?;
+        let id = self.catalog.record_transfer(&rec, &files).await?;
         Ok(pb::RecordTransferReply { id })
     }
 
@@ -260,7 +251,7 @@ impl Meta {
                 n => n.min(MAX_LIST),
             },
         };
-        let list = self.catalog.transfers(&f).await.map_err(db)?;
+        let list = self.catalog.transfers(&f).await?;
         Ok(pb::TransfersReply {
             transfers: list.iter().map(to_pb).collect(),
         })
