@@ -29,9 +29,9 @@ struct Case<'a> {
     sender_millicores: Option<u32>,
 }
 
-/// Copies `src` from a0 to an endpoint in b0 as `case` says; returns the JSON report and
-/// whether the emulator kept time (`Err(what it measured)` otherwise).
-fn copy(case: &Case, src: &Path) -> (serde_json::Value, Result<(), String>) {
+/// Copies `src` from a0 to an endpoint in b0 as `case` says; returns the JSON report (or why
+/// the copy failed) and whether the emulator kept time (`Err(what it measured)` otherwise).
+fn copy(case: &Case, src: &Path) -> (Result<serde_json::Value, String>, Result<(), String>) {
     let dir = tempfile::tempdir().unwrap();
     let lab = netlab::Lab::builder()
         .site("a", 1)
@@ -73,8 +73,16 @@ fn copy(case: &Case, src: &Path) -> (serde_json::Value, Result<(), String>) {
         }
     };
     drop(server);
-    assert_ok(&out);
-    (json(&out), lab.stats().timekeeping())
+    let report = if out.status.success() {
+        Ok(json(&out))
+    } else {
+        Err(format!(
+            "haul failed ({:?}): {}",
+            out.status.code(),
+            stderr(&out).lines().last().unwrap_or("")
+        ))
+    };
+    (report, lab.stats().timekeeping())
 }
 
 /// A CPU cgroup (v2 `cpu.max`, or v1 `cpu.cfs_quota_us`) of `millicores`; removed on drop.
@@ -258,6 +266,20 @@ fn each_real_bottleneck_is_named() {
     );
     for (case, src, expected) in &cases {
         let (report, timekeeping) = copy(case, src);
+        let report = match (report, &timekeeping) {
+            (Ok(report), _) => report,
+            (Err(failed), Ok(())) => panic!("{}: {failed}", case.name),
+            // On a machine that stalls for hundreds of milliseconds at a time, a sender held
+            // to a twentieth of a core was seen to move nothing for minutes.
+            (Err(failed), Err(why)) => {
+                eprintln!(
+                    "{:<26} failed where the emulator did not keep time: {failed}",
+                    case.name
+                );
+                untimed.push(format!("{}: {failed}; {why}", case.name));
+                continue;
+            }
+        };
         let b = &report["bottleneck"];
         eprintln!(
             "{:<26} injected -> reported {} ({})",

@@ -330,6 +330,41 @@ pub fn diagnose(t: &Transfer) -> Verdict {
             ],
         );
     }
+    // The same limit when the kernel's send-buffer chronograph stays at zero (Linux 6.18
+    // reports none for a sender held by a 1 MiB tcp_wmem): no loss, busy streams, a link
+    // they used less than half of, each stream carrying in flight at least a quarter of its
+    // tcp_wmem maximum (Linux keeps about half of a send buffer for payload), and buffers
+    // that together hold less than twice the link's bandwidth-delay product.
+    let streams = send.streams.max(1) as u64;
+    let link_bdp = (t.link_bps as f64 / 8.0 * rtt_us as f64 / 1e6) as u64;
+    let in_flight = (goodput / 8.0 * rtt_us as f64 / 1e6) as u64;
+    if t.send.is_some()
+        && send.wmem_max > 0
+        && retransmitted < 0.001
+        && shares.busy >= 0.6
+        && t.link_bps > 0
+        && goodput < 0.5 * t.link_bps as f64
+        && streams.saturating_mul(send.wmem_max) < 2 * link_bdp
+        && in_flight.saturating_mul(4) >= streams.saturating_mul(send.wmem_max)
+    {
+        return verdict(
+            Factor::SenderBuffer,
+            format!(
+                "the sender's buffer: {streams} stream{} of at most {} each (its tcp_wmem maximum) kept {} in flight, {} at {:.1} ms without loss; the {} link needs twice {}",
+                if streams == 1 { "" } else { "s" },
+                crate::units::format_bytes(send.wmem_max),
+                crate::units::format_bytes(in_flight),
+                rate(goodput),
+                rtt_us as f64 / 1e3,
+                rate(t.link_bps as f64),
+                crate::units::format_bytes(link_bdp),
+            ),
+            vec![
+                format!("on the sender: sysctl -w net.ipv4.tcp_wmem=\"4096 16384 {want}\""),
+                "or more streams (-p) to add up smaller buffers".into(),
+            ],
+        );
+    }
     // At the planned link rate (`--link-rate`): the network is the limit, whatever the
     // streams' idle time between files or at the ends.
     // 70%: goodput counts the copy's set-up and end, which weigh on a copy of a second or two

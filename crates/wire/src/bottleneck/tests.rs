@@ -150,3 +150,60 @@ fn without_evidence_nothing_is_claimed() {
     };
     assert_eq!(diagnose(&only_receiver).factor, Factor::Unknown);
 }
+
+/// Linux 6.18 reports no send-buffer-limited time for a sender held by its tcp_wmem: the
+/// buffer is recognised from what the streams kept in flight against the buffer's ceiling.
+#[test]
+fn a_send_buffer_too_small_is_named_without_the_kernels_chronograph() {
+    // One stream, 1 MiB tcp_wmem, 40 ms, 123 Mbit/s on a 1 Gbit/s link, no loss (as measured
+    // in netlab).
+    let t = Transfer {
+        bytes: 24 << 20,
+        files: 1,
+        seconds: 24.0 * 8.0 * 1.048_576 / 123.0,
+        link_bps: 1_000_000_000,
+        ..with_send(|s| {
+            s.streams = 1;
+            s.life_us = 1_700_000;
+            s.busy_us = 1_690_000;
+            s.rwnd_limited_us = 0;
+            s.sndbuf_limited_us = 0;
+            s.segs_out = 20_000;
+            s.retrans_segs = 0;
+            s.min_rtt_us = 40_000;
+            s.srtt_us = 40_300;
+            s.wmem_max = 1 << 20;
+        })
+    };
+    let v = diagnose(&t);
+    assert_eq!(v.factor, Factor::SenderBuffer, "{v:?}");
+    assert!(
+        v.reason.contains("1 stream of at most 1.0 MiB"),
+        "{}",
+        v.reason
+    );
+    assert!(v.advice[0].contains("net.ipv4.tcp_wmem"));
+    // The same copy with loss is loss; with buffers the path's window fits in, the network;
+    // with a ceiling it stayed far below, not the buffer either.
+    let lossy = Transfer {
+        send: t.send.clone().map(|mut s| {
+            s.retrans_segs = 200;
+            s
+        }),
+        ..t.clone()
+    };
+    assert_eq!(diagnose(&lossy).factor, Factor::Loss);
+    let big = Transfer {
+        send: t.send.clone().map(|mut s| {
+            s.wmem_max = 128 << 20;
+            s
+        }),
+        ..t.clone()
+    };
+    assert_eq!(diagnose(&big).factor, Factor::Network);
+    let far_below = Transfer {
+        seconds: t.seconds * 4.0,
+        ..t.clone()
+    };
+    assert_ne!(diagnose(&far_below).factor, Factor::SenderBuffer);
+}
