@@ -20,7 +20,7 @@ fuzz_target!(|bytes: &[u8]| {
     let Some((&which, body)) = bytes.split_first() else {
         return;
     };
-    match which % 24 {
+    match which % 30 {
         0 => round_trip::<pb::PathRequest>(body),
         1 => round_trip::<pb::ListRequest>(body),
         2 => round_trip::<pb::MkdirRequest>(body),
@@ -44,6 +44,12 @@ fuzz_target!(|bytes: &[u8]| {
         20 => round_trip::<pb::ReplicaWrittenRequest>(body),
         21 => round_trip::<pb::RemovedRequest>(body),
         22 => round_trip::<pb::RegisterOutputsRequest>(body),
+        23 => round_trip::<pb::DrainRequest>(body),
+        24 => round_trip::<pb::RemoveNodeRequest>(body),
+        25 => round_trip::<pb::RecordTransferRequest>(body),
+        26 => round_trip::<pb::TransfersRequest>(body),
+        27 => round_trip::<pb::TransferRequest>(body),
+        28 => round_trip::<pb::LiveReport>(body),
         _ => round_trip::<pb::Empty>(body),
     }
 });

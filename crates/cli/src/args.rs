@@ -337,7 +337,13 @@ Examples:
   haul transfers                          # your last 50
   haul transfers --failed --since 1d      # what failed today, and why
   haul transfers --site KEK --kind replicate --json
-  haul transfers --id 1234                # one transfer, each file's outcome";
+  haul transfers --id 1234                # one transfer, each file's outcome
+  haul transfers --live                   # copies in progress: progress, rate, ETA, streams
+
+Copies in progress (--live) are those of clients that report them (every haul cp and haul
+run to, from or within the grid does, every 3 s) and the server's own replication, repair
+and reconciler runs. A client silent for 30 s is dropped from the list and its copy recorded
+as abandoned (kind cancelled).";
 
 /// `haul transfers`.
 #[derive(Args, Debug)]
@@ -346,8 +352,11 @@ pub struct TransfersArgs {
     #[arg(value_name = "META", env = "HAUL_META")]
     pub meta: Option<String>,
     /// One transfer in full, with each file's outcome.
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", conflicts_with = "live")]
     pub id: Option<i64>,
+    /// The copies in progress instead of the history.
+    #[arg(long, conflicts_with_all = ["user", "site", "kind", "since", "failed", "before"])]
+    pub live: bool,
     /// Only this user's transfers (others' need administrator rights).
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,

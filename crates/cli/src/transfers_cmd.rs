@@ -1,5 +1,6 @@
 //! `haul transfers`: the grid's transfer history (uploads, downloads, copies within the grid,
-//! replication, repair, runs), newest first, or one transfer with each file's outcome.
+//! replication, repair, runs), newest first, one transfer with each file's outcome, or the
+//! copies in progress (`--live`).
 
 use crate::args::TransfersArgs;
 use crate::grid_cmd::connect;
@@ -101,6 +102,9 @@ pub async fn transfers(a: TransfersArgs) -> Result<u8, TransferError> {
     if let Some(id) = a.id {
         return show(&m, id, &a).await;
     }
+    if a.live {
+        return live(&m, a.json).await;
+    }
     let since = a.since.as_deref().map(since_ms).transpose()?;
     let list = m
         .transfers(pb::TransfersRequest {
@@ -163,6 +167,83 @@ pub async fn transfers(a: TransfersArgs) -> Result<u8, TransferError> {
     if list.len() as u32 == a.limit {
         let last = list.last().map(|t| t.id).unwrap_or(0);
         eprintln!("(the newest {}; older ones: --before {last})", a.limit);
+    }
+    Ok(0)
+}
+
+/// Seconds left at `rate` (bytes/s), if it can be told.
+fn eta_s(c: &pb::LiveCopy) -> Option<f64> {
+    (c.rate_bps > 0.0 && c.bytes_total > c.bytes_done)
+        .then(|| (c.bytes_total - c.bytes_done) as f64 / c.rate_bps)
+}
+
+fn live_json(c: &pb::LiveCopy) -> Value {
+    json!({
+        "user": c.user,
+        "kind": c.kind,
+        "source": c.source,
+        "destination": c.destination,
+        "started": rfc3339_ms(c.started_ms),
+        "updated": rfc3339_ms(c.updated_ms),
+        "files": c.files_total,
+        "files_done": c.files_done,
+        "files_failed": c.files_failed,
+        "bytes": c.bytes_total,
+        "bytes_done": c.bytes_done,
+        "bits_per_second": c.rate_bps * 8.0,
+        "eta_seconds": eta_s(c),
+        "streams": c.streams,
+    })
+}
+
+/// `--live`: the copies in progress the caller may see.
+async fn live(m: &grid::MetaClient, json_out: bool) -> Result<u8, TransferError> {
+    let copies = m.live().await?;
+    if json_out {
+        out!(
+            "{}",
+            json!({
+                "version": JSON_VERSION,
+                "live": copies.iter().map(live_json).collect::<Vec<_>>(),
+            })
+        );
+        return Ok(0);
+    }
+    if copies.is_empty() {
+        eprintln!("no copies in progress");
+        return Ok(0);
+    }
+    out!(
+        "{:<20}  {:<10} {:<9} {:>11} {:>23} {:>13} {:>8} {:>7}  what",
+        "started",
+        "user",
+        "kind",
+        "files",
+        "progress",
+        "rate",
+        "ETA",
+        "streams"
+    );
+    for c in &copies {
+        let pct = 100.0 * c.bytes_done as f64 / c.bytes_total.max(1) as f64;
+        out!(
+            "{:<20}  {:<10} {:<9} {:>11} {:>23} {:>13} {:>8} {:>7}  {}",
+            rfc3339_ms(c.started_ms),
+            c.user,
+            c.kind,
+            format!("{}/{}", c.files_done, c.files_total),
+            format!("{} ({pct:.0}%)", wire::units::format_bytes(c.bytes_done)),
+            wire::units::format_rate(c.rate_bps * 8.0),
+            eta_s(c)
+                .map(|s| format!("{s:.0} s"))
+                .unwrap_or_else(|| "-".into()),
+            c.streams,
+            if c.source.is_empty() && c.destination.is_empty() {
+                "node to node".to_string()
+            } else {
+                format!("{} -> {}", c.source, c.destination)
+            }
+        );
     }
     Ok(0)
 }

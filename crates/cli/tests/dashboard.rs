@@ -129,6 +129,24 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let mut replicating = replicate.spawn().unwrap();
+    // And a client's download held at 1 Mbit/s (over a minute): it reports its progress to
+    // the server.
+    let mut download = g.cmd(
+        "alice",
+        &[
+            "cp",
+            "--progress",
+            "never",
+            "--rate",
+            "1M",
+            &g.url("/alice/big.bin"),
+            g.path().join("held.bin").to_str().unwrap(),
+        ],
+    );
+    download
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut downloading = download.spawn().unwrap();
 
     let link = |user: &str| -> String {
         let out = g.ok(user, &["dashboard"]);
@@ -170,9 +188,67 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
     assert!(
         wait_for(Duration::from_secs(30), || {
             overview = http_get(&g.meta_http, "/", Some(&session)).body;
-            overview.contains("class=\"live\"")
+            overview.contains("data-kind=\"replicate\"")
+                && overview.contains("data-kind=\"download\"")
         }),
-        "no live run: {overview}"
+        "no live run and download: {overview}"
+    );
+    // The same list for the command line: alice's two, an administrator sees them, another
+    // user sees none.
+    // Its streams and bytes show once its session has planned and sent (reports every 3 s).
+    let mut live = serde_json::Value::Null;
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            live = g.json("alice", &["transfers", "--live", "--json"]);
+            live["live"].as_array().unwrap().iter().any(|c| {
+                c["kind"] == "download"
+                    && c["streams"].as_u64() >= Some(1)
+                    && c["bytes_done"].as_u64() > Some(0)
+            })
+        }),
+        "{live}"
+    );
+    let kinds: Vec<&str> = live["live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"replicate") && kinds.contains(&"download"),
+        "{live}"
+    );
+    let dl = live["live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "download")
+        .unwrap();
+    assert_eq!(dl["user"], "alice");
+    assert_eq!(dl["bytes"], 8 << 20, "{dl}");
+    assert!(dl["bits_per_second"].as_f64().unwrap() > 0.0, "{dl}");
+    assert!(
+        dl["source"].as_str().unwrap().ends_with("/alice/big.bin"),
+        "{dl}"
+    );
+    let table =
+        String::from_utf8_lossy(&g.ok("alice", &["transfers", "--live"]).stdout).into_owned();
+    assert!(
+        table.lines().any(|l| l.contains(" download ")
+            && l.contains("/alice/big.bin -> ")
+            && l.contains("%)")),
+        "{table}"
+    );
+    assert_eq!(
+        g.json("bob", &["transfers", "--live", "--json"])["live"]
+            .as_array()
+            .unwrap()
+            .len(),
+        kinds.len()
+    );
+    assert_eq!(
+        g.json("runner", &["transfers", "--live", "--json"])["live"],
+        serde_json::json!([])
     );
 
     // The browser: overview with the run in flight, the chart's points, the failure.
@@ -186,6 +262,17 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
     assert!(
         live.contains("data-kind=\"replicate\"") && live.contains(">alice<"),
         "{live}"
+    );
+    let row = live
+        .split("data-kind=\"download\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no live download: {live}"))
+        .split("</tr>")
+        .next()
+        .unwrap();
+    assert!(
+        row.contains("/alice/big.bin") && row.contains("of 8.0 MiB"),
+        "{row}"
     );
     let hour = dom
         .split("id=\"chart-hour\"")
@@ -231,4 +318,41 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
     assert!(dom.contains("id=\"live-none\""), "{dom}");
     let _ = replicating.kill();
     let _ = replicating.wait();
+    // A client killed mid-copy stops reporting: after 30 s of silence its copy leaves the
+    // live list and enters the history as abandoned.
+    let _ = downloading.kill();
+    let _ = downloading.wait();
+    let mut abandoned = serde_json::Value::Null;
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let list = g.json(
+                "alice",
+                &["transfers", "--json", "--kind", "download", "--failed"],
+            );
+            abandoned = list["transfers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["error"]["kind"] == "cancelled")
+                .cloned()
+                .unwrap_or_default();
+            !abandoned.is_null()
+        }),
+        "no abandoned download recorded"
+    );
+    assert!(
+        abandoned["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("abandoned"),
+        "{abandoned}"
+    );
+    assert!(
+        !g.json("alice", &["transfers", "--live", "--json"])["live"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["kind"] == "download"),
+        "the killed client's copy is still listed"
+    );
 }

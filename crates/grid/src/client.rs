@@ -673,6 +673,18 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner())
     }
 
+    /// Reports a copy in progress (id 0: a new one); returns its id.
+    pub async fn report_live(&self, req: pb::LiveReport) -> Result<i64, TransferError> {
+        let r = self.files.clone().report_live(req).await;
+        Ok(r.map_err(from_status)?.into_inner().id)
+    }
+
+    /// The copies in progress the caller may see.
+    pub async fn live(&self) -> Result<Vec<pb::LiveCopy>, TransferError> {
+        let r = self.files.clone().live(pb::Empty {}).await;
+        Ok(r.map_err(from_status)?.into_inner().copies)
+    }
+
     /// A sign-in link for the dashboard (good once, for two minutes).
     pub async fn dashboard_login(&self) -> Result<pb::DashboardLoginReply, TransferError> {
         let r = self.files.clone().dashboard_login(pb::Empty {}).await;

@@ -5,6 +5,7 @@
 pub mod client;
 pub mod copy;
 pub mod history;
+pub mod live;
 pub mod run;
 
 pub use client::{DEFAULT_META_PORT, MetaClient};
@@ -13,7 +14,7 @@ pub use client::{DEFAULT_META_PORT, MetaClient};
 /// server and what it answers (generated from `meta.proto`; see the `api` crate).
 pub mod types {
     pub use api::meta::{
-        Entry, FileError, NodeInfo, OpenReadRequest, Policy, PolicyRequest, ReplicateRequest,
-        Transfer, TransferFile, TransferReply, TransfersRequest, VerifyRequest,
+        Entry, FileError, LiveCopy, NodeInfo, OpenReadRequest, Policy, PolicyRequest,
+        ReplicateRequest, Transfer, TransferFile, TransferReply, TransfersRequest, VerifyRequest,
     };
 }

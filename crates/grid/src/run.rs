@@ -194,7 +194,26 @@ pub async fn run(
     on_done: &(dyn Fn(&TaskReport) + Send + Sync),
 ) -> Result<RunSummary, TransferError> {
     let started = std::time::SystemTime::now();
-    let result = run_unrecorded(meta, paths, opts, on_done).await;
+    // Listed among the copies in progress: tasks as files.
+    let counters = Arc::new(transfer::progress::Counters::default());
+    let live = crate::live::start(
+        meta,
+        "run",
+        &paths.join(" "),
+        &opts.argv.join(" "),
+        crate::live::from_counters(counters.clone()),
+    );
+    let counted = |r: &TaskReport| {
+        use transfer::progress::Counters;
+        if r.error.is_some() || r.exit != Some(0) {
+            Counters::add(&counters.files_failed, 1)
+        } else {
+            Counters::add(&counters.files_done, 1)
+        }
+        on_done(r)
+    };
+    let result = run_unrecorded(meta, paths, opts, &counters, &counted).await;
+    live.finish().await;
     if !matches!(&result, Err(e) if e.kind() == wire::error::ErrorKind::Invalid) {
         let (t, files) = run_record(paths, &opts.argv, started, &result);
         crate::history::send(meta, t, files).await;
@@ -279,6 +298,7 @@ async fn run_unrecorded(
     meta: &MetaClient,
     paths: &[String],
     opts: &RunOptions,
+    counters: &transfer::progress::Counters,
     on_done: &(dyn Fn(&TaskReport) + Send + Sync),
 ) -> Result<RunSummary, TransferError> {
     if opts.argv.is_empty() {
@@ -306,6 +326,7 @@ async fn run_unrecorded(
             ))),
         };
     }
+    transfer::progress::Counters::set(&counters.total_files, reply.files.len() as u64);
     let nodes: Vec<pb::NodeAccess> = reply.nodes.clone();
     let index: HashMap<&str, usize> = nodes
         .iter()

@@ -337,36 +337,37 @@ fn or_dash(s: &str) -> &str {
     if s.is_empty() { "-" } else { s }
 }
 
-/// Live runs of node-to-node copies `user` may see.
+/// Copies in progress `user` may see: clients' copies and runs as their clients report them,
+/// and the server's replication, repair and reconciler runs.
 fn live_rows(meta: &Meta, user: &User) -> Markup {
-    let runs: Vec<crate::runs::LiveRun> = meta
-        .live
-        .list()
-        .into_iter()
-        .filter(|r| user.admin || r.origin.user == user.name)
-        .collect();
+    let copies = meta.live_copies(user).copies;
     html! {
         h2 { "Live copies" }
-        @if runs.is_empty() {
-            p class="note" id="live-none" { "No replication, repair or reconciler copies running." }
+        @if copies.is_empty() {
+            p class="note" id="live-none" { "No copies in progress." }
         } @else {
             table id="live" {
-                tr { th class="l" { "who" } th class="l" { "what" } th class="l" { "started" } th { "copies" } th { "progress" } th { "rate" } th { "ETA" } th { "sessions" } }
-                @for r in &runs {
-                    @let p = &r.progress;
-                    @let done = p.bytes_done.load(Ordering::Relaxed);
-                    @let need = p.bytes_needed.load(Ordering::Relaxed);
-                    @let secs = r.started.elapsed().as_secs_f64().max(0.001);
-                    @let bps = done as f64 / secs;
-                    tr class="live" data-kind=(r.origin.kind) {
-                        td class="l" { (r.origin.user) }
-                        td class="l" { (r.origin.kind) }
-                        td class="l" { (rfc3339(r.started_ms)) }
-                        td { (p.copies_made.load(Ordering::Relaxed)) " of " (p.copies_needed.load(Ordering::Relaxed)) }
-                        td { (bytes(done)) " of " (bytes(need)) " (" (format!("{:.0}", 100.0 * done as f64 / need.max(1) as f64)) "%)" }
-                        td { (rate(bps * 8.0)) }
-                        td { @if bps > 0.0 && need > done { (format!("{:.0} s", (need - done) as f64 / bps)) } @else { "—" } }
-                        td { (p.sessions.load(Ordering::Relaxed)) }
+                tr { th class="l" { "who" } th class="l" { "what" } th class="l" { "from → to" } th class="l" { "started" } th { "files" } th { "progress" } th { "rate" } th { "ETA" } th { "streams" } }
+                @for c in &copies {
+                    @let node_run = c.source.is_empty() && c.destination.is_empty();
+                    @let eta = (c.rate_bps > 0.0 && c.bytes_total > c.bytes_done)
+                        .then(|| (c.bytes_total - c.bytes_done) as f64 / c.rate_bps);
+                    tr class="live" data-kind=(c.kind) {
+                        td class="l" { (c.user) }
+                        td class="l" { (c.kind) }
+                        td class="l" {
+                            @if node_run { "node to node" } @else { (c.source) " → " (c.destination) }
+                        }
+                        td class="l" { (rfc3339(c.started_ms)) }
+                        td {
+                            (c.files_done) " of " (c.files_total)
+                            @if node_run { " copies" }
+                            @if c.files_failed > 0 { ", " (c.files_failed) " failed" }
+                        }
+                        td class="progress" { (bytes(c.bytes_done)) " of " (bytes(c.bytes_total)) " (" (format!("{:.0}", 100.0 * c.bytes_done as f64 / c.bytes_total.max(1) as f64)) "%)" }
+                        td { (rate(c.rate_bps * 8.0)) }
+                        td { @if let Some(s) = eta { (format!("{s:.0} s")) } @else { "—" } }
+                        td { (c.streams) @if node_run { @if c.streams == 1 { " session" } @else { " sessions" } } }
                     }
                 }
             }

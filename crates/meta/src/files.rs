@@ -701,6 +701,25 @@ impl Files for FilesService {
         .await
     }
 
+    async fn report_live(
+        &self,
+        req: Request<pb::LiveReport>,
+    ) -> Result<Response<pb::LiveReply>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("report_live"), &req, async |user, q| {
+            m.report_live(&user, q)
+        })
+        .await
+    }
+
+    async fn live(&self, req: Request<pb::Empty>) -> Result<Response<pb::LiveList>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("live"), &req, async |user, _| {
+            Ok(m.live_copies(&user))
+        })
+        .await
+    }
+
     async fn status(&self, req: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {
         let m = &self.meta;
         m.caller_call(Op::one("status"), &req, async |caller, _| {

@@ -8,13 +8,16 @@
 
 use crate::auth::User;
 use crate::error::Error;
+use crate::runs::{CLIENT_COPIES, CLIENT_COPIES_PER_USER, ClientCopy, ClientFigures, LiveRefusal};
 use crate::state::{Meta, Retention};
 use api::meta as pb;
 use catalog::{TransferFile, TransferFilter, TransferRecord};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use wire::error::ErrorKind;
 
 /// Per-file outcomes in one message at most.
 pub const MAX_FILES_PER_MESSAGE: usize = 5_000;
@@ -279,6 +282,186 @@ impl Meta {
             transfer: Some(to_pb(&rec)),
             files: files.iter().map(file_to_pb).collect(),
         })
+    }
+}
+
+fn figures_of(q: &pb::LiveReport) -> ClientFigures {
+    ClientFigures {
+        files_total: q.files_total,
+        files_done: q.files_done.min(q.files_total.max(q.files_done)),
+        files_failed: q.files_failed,
+        bytes_total: q.bytes_total,
+        bytes_done: q.bytes_done,
+        streams: q.streams.min(10_000),
+    }
+}
+
+/// `instant` on the server's clock, in milliseconds since the epoch.
+fn ms_of(instant: Instant, now: Instant, now_ms: i64) -> i64 {
+    now_ms - now.saturating_duration_since(instant).as_millis() as i64
+}
+
+impl Meta {
+    /// A client's report on one of its copies in progress (id 0 lists a new one).
+    pub fn report_live(&self, user: &User, q: &pb::LiveReport) -> Result<pb::LiveReply, Error> {
+        let now = Instant::now();
+        if q.id == 0 {
+            if q.ended {
+                return Ok(pb::LiveReply { id: 0 });
+            }
+            if !CLIENT_KINDS.contains(&q.kind.as_str()) {
+                return Err(Error::invalid(format!(
+                    "a client reports copies of kind {}, not {:?}",
+                    CLIENT_KINDS.join(", "),
+                    q.kind
+                )));
+            }
+            let id = self
+                .live_clients
+                .start(
+                    &user.name,
+                    &q.kind,
+                    &q.source,
+                    &q.destination,
+                    figures_of(q),
+                    now,
+                    catalog::now_ms(),
+                )
+                .map_err(live_refusal)?;
+            return Ok(pb::LiveReply { id: id as i64 });
+        }
+        self.live_clients
+            .report(&user.name, q.id as u64, figures_of(q), q.ended, now)
+            .map_err(live_refusal)?;
+        Ok(pb::LiveReply { id: q.id })
+    }
+
+    /// The copies in progress `user` may see (their own; administrators all): clients'
+    /// copies and the server's own runs.
+    pub fn live_copies(&self, user: &User) -> pb::LiveList {
+        let (now, now_ms) = (Instant::now(), catalog::now_ms());
+        let mine = |who: &str| user.admin || who == user.name;
+        let mut copies: Vec<pb::LiveCopy> = self
+            .live_clients
+            .list()
+            .into_iter()
+            .filter(|c| mine(&c.user))
+            .map(|c| pb::LiveCopy {
+                rate_bps: c.rate(),
+                updated_ms: ms_of(c.last_report, now, now_ms),
+                user: c.user,
+                kind: c.kind,
+                source: c.source,
+                destination: c.destination,
+                started_ms: c.started_ms,
+                files_total: c.figures.files_total,
+                files_done: c.figures.files_done,
+                files_failed: c.figures.files_failed,
+                bytes_total: c.figures.bytes_total,
+                bytes_done: c.figures.bytes_done,
+                streams: c.figures.streams,
+            })
+            .collect();
+        for r in self.live.list() {
+            if !mine(&r.origin.user) {
+                continue;
+            }
+            let p = &r.progress;
+            let done = p.bytes_done.load(Ordering::Relaxed);
+            copies.push(pb::LiveCopy {
+                user: r.origin.user.clone(),
+                kind: r.origin.kind.to_string(),
+                source: String::new(),
+                destination: String::new(),
+                started_ms: r.started_ms,
+                files_total: p.copies_needed.load(Ordering::Relaxed),
+                files_done: p.copies_made.load(Ordering::Relaxed),
+                files_failed: p.failures.lock().map(|f| f.len() as u64).unwrap_or(0),
+                bytes_total: p.bytes_needed.load(Ordering::Relaxed),
+                bytes_done: done,
+                streams: p.sessions.load(Ordering::Relaxed).min(u32::MAX as u64) as u32,
+                rate_bps: done as f64 / r.started.elapsed().as_secs_f64().max(0.001),
+                updated_ms: now_ms,
+            });
+        }
+        copies.sort_by_key(|c| c.started_ms);
+        pb::LiveList { copies }
+    }
+
+    /// Records a client's copy that fell silent as abandoned, with what it had reported.
+    async fn record_abandoned(&self, c: ClientCopy, now: Instant, now_ms: i64) {
+        let f = &c.figures;
+        let rec = TransferRecord {
+            id: 0,
+            kind: c.kind.clone(),
+            user: c.user.clone(),
+            source: c.source.clone(),
+            destination: c.destination.clone(),
+            src_site: if c.kind == "upload" {
+                "client".into()
+            } else {
+                String::new()
+            },
+            dst_site: if c.kind == "download" {
+                "client".into()
+            } else {
+                String::new()
+            },
+            started_ms: c.started_ms,
+            ended_ms: ms_of(c.last_report, now, now_ms),
+            files: f.files_total.max(f.files_done),
+            files_failed: f
+                .files_total
+                .saturating_sub(f.files_done)
+                .max(1)
+                .min(f.files_total.max(1)),
+            bytes: f.bytes_done,
+            bytes_moved: f.bytes_done,
+            streams: f.streams,
+            retransmits: 0,
+            attempts: 1,
+            error_kind: ErrorKind::Cancelled.name().to_string(),
+            exit_code: transfer::error::exit_code_of(ErrorKind::Cancelled),
+            error: format!(
+                "abandoned: the client stopped reporting (killed, or cut off from the metadata server) with {} of {} files and {} of {} bytes done",
+                f.files_done, f.files_total, f.bytes_done, f.bytes_total
+            ),
+            summary: "recorded by the metadata server from the client's last progress report"
+                .into(),
+        };
+        if let Err(e) = self.catalog.record_transfer(&rec, &[]).await {
+            tracing::warn!(error = %e, user = %c.user, "cannot record an abandoned copy in the history");
+        }
+    }
+}
+
+fn live_refusal(r: LiveRefusal) -> Error {
+    match r {
+        LiveRefusal::Unknown => Error::not_found(
+            "no such copy in progress among yours (it ended, or was silent for 30 s)",
+        ),
+        LiveRefusal::Full => Error::new(
+            ErrorKind::Busy,
+            format!(
+                "too many copies in progress are listed ({CLIENT_COPIES_PER_USER} per user, {CLIENT_COPIES} in all)"
+            ),
+        ),
+    }
+}
+
+/// Drops clients' copies that fell silent (recording them as abandoned) every few seconds
+/// until `stop`.
+pub async fn watch_live(meta: Arc<Meta>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = stop.cancelled() => return,
+        }
+        let (now, now_ms) = (Instant::now(), catalog::now_ms());
+        for c in meta.live_clients.expire(now) {
+            tracing::info!(user = %c.user, kind = %c.kind, source = %c.source, "a client's copy fell silent: recorded as abandoned");
+            meta.record_abandoned(c, now, now_ms).await;
+        }
     }
 }
 
@@ -550,5 +733,66 @@ mod tests {
         assert!(get(&ann).await.is_ok());
         assert!(get(&root).await.is_ok());
         assert_eq!(get(&bob).await.unwrap_err().kind, ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
+    async fn live_reports_are_the_callers_own_and_bounded() {
+        let m = meta().await;
+        let (ann, bob, root) = (user("ann", false), user("bob", false), user("root", true));
+        let report = |id: i64, kind: &str| pb::LiveReport {
+            id,
+            kind: kind.into(),
+            source: "/local/x".into(),
+            destination: "haul://m/x".into(),
+            files_total: 1,
+            bytes_total: 100,
+            bytes_done: 10,
+            streams: 4,
+            ..Default::default()
+        };
+        // The server's own kinds are not a client's.
+        let e = m.report_live(&ann, &report(0, "replicate")).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Invalid);
+        let id = m.report_live(&ann, &report(0, "upload")).unwrap().id;
+        assert!(id > 0);
+        // Nobody else reports on it, and nobody else sees it but an administrator.
+        let e = m.report_live(&bob, &report(id, "upload")).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        assert_eq!(m.live_copies(&ann).copies.len(), 1);
+        assert_eq!(m.live_copies(&ann).copies[0].user, "ann");
+        assert!(m.live_copies(&bob).copies.is_empty());
+        assert_eq!(m.live_copies(&root).copies.len(), 1);
+        // Ended: off the list.
+        let mut end = report(id, "upload");
+        end.ended = true;
+        m.report_live(&ann, &end).unwrap();
+        assert!(m.live_copies(&root).copies.is_empty());
+        // One user's copies are bounded.
+        for _ in 0..CLIENT_COPIES_PER_USER {
+            m.report_live(&bob, &report(0, "download")).unwrap();
+        }
+        let e = m.report_live(&bob, &report(0, "download")).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Busy);
+        // A copy that fell silent is recorded as abandoned, with what its client last said.
+        let later = Instant::now() + crate::runs::CLIENT_SILENCE;
+        let gone = m.live_clients.expire(later);
+        assert_eq!(gone.len(), CLIENT_COPIES_PER_USER);
+        m.record_abandoned(gone[0].clone(), later, catalog::now_ms())
+            .await;
+        let list = m
+            .list_transfers(&bob, &pb::TransfersRequest::default())
+            .await
+            .unwrap()
+            .transfers;
+        assert_eq!(list.len(), 1);
+        let t = &list[0];
+        assert_eq!((t.kind.as_str(), t.user.as_str()), ("download", "bob"));
+        assert_eq!(t.error_kind, "cancelled");
+        assert!(
+            t.error.contains("abandoned") && t.error.contains("10 of 100 bytes"),
+            "{}",
+            t.error
+        );
+        assert_eq!((t.files, t.files_failed, t.bytes), (1, 1, 10));
     }
 }

@@ -331,7 +331,10 @@ fn spawn_background(
         meta.settings.history,
         stop.clone(),
     ));
-    let mut tasks = vec![liveness, pending, leases, reconciler, warmer, history];
+    let silent = tokio::spawn(history::watch_live(meta.clone(), stop.clone()));
+    let mut tasks = vec![
+        liveness, pending, leases, reconciler, warmer, history, silent,
+    ];
     if let Some(every) = meta.settings.scrub_every {
         tasks.push(tokio::spawn(verify::scrub(
             meta.clone(),

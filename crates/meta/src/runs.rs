@@ -1,11 +1,12 @@
 //! Runs of node-to-node copies (replication, repair, the reconciler): why each runs and for
 //! whom (`Origin`), its live figures (`Progress`), and the list of runs in progress that the
-//! dashboard shows (`LiveRuns`).
+//! dashboard shows (`LiveRuns`); and clients' copies in progress as their clients report them
+//! (`LiveClients`), with the bounds that keep a client from filling the server's memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use wire::error::ErrorKind;
 
 /// Why a run copies, for the transfer history.
@@ -93,5 +94,265 @@ pub struct LiveGuard<'a> {
 impl Drop for LiveGuard<'_> {
     fn drop(&mut self) {
         self.runs.runs.lock().expect("live runs").remove(&self.id);
+    }
+}
+
+/// A client's copy is dropped from the live list when its client has not reported for this
+/// long (it reports every few seconds; a killed client stops).
+pub const CLIENT_SILENCE: Duration = Duration::from_secs(30);
+/// Live copies one user may have listed, and all users together.
+pub const CLIENT_COPIES_PER_USER: usize = 64;
+pub const CLIENT_COPIES: usize = 4_096;
+/// Bytes kept of a live copy's source and destination.
+const LIVE_NAME_BYTES: usize = 1024;
+
+/// What a client last said of one of its copies.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientFigures {
+    pub files_total: u64,
+    pub files_done: u64,
+    pub files_failed: u64,
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    pub streams: u32,
+}
+
+/// A client's copy in progress.
+#[derive(Clone, Debug)]
+pub struct ClientCopy {
+    pub user: String,
+    /// upload, download, copy or run.
+    pub kind: String,
+    pub source: String,
+    pub destination: String,
+    pub started: Instant,
+    pub started_ms: i64,
+    pub figures: ClientFigures,
+    /// When the client last reported, and earlier reports' `(when, bytes_done)` within
+    /// `RATE_WINDOW` (for the current rate).
+    pub last_report: Instant,
+    pub previous: std::collections::VecDeque<(Instant, u64)>,
+}
+
+/// The current rate is measured over the reports of about this long (progress comes in
+/// chunks: a copy's confirmed bytes may not move between two reports 3 s apart).
+const RATE_WINDOW: Duration = Duration::from_secs(20);
+
+impl ClientCopy {
+    /// Bytes per second: since the newest report at least `RATE_WINDOW` old (or the oldest,
+    /// or the start).
+    pub fn rate(&self) -> f64 {
+        let (t, b) = self.previous.front().copied().unwrap_or((self.started, 0));
+        self.figures.bytes_done.saturating_sub(b) as f64
+            / self
+                .last_report
+                .saturating_duration_since(t)
+                .as_secs_f64()
+                .max(0.001)
+    }
+}
+
+/// Why a client's report was not taken.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LiveRefusal {
+    /// The id is not one of the caller's live copies (never was, ended, or fell silent).
+    Unknown,
+    /// The caller, or the server, has as many live copies listed as it takes.
+    Full,
+}
+
+/// Clients' copies in progress, by id.
+#[derive(Default)]
+pub struct LiveClients {
+    copies: Mutex<HashMap<u64, ClientCopy>>,
+    next: AtomicU64,
+}
+
+fn cut(s: &str) -> String {
+    let mut end = s.len().min(LIVE_NAME_BYTES);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+impl LiveClients {
+    /// Lists a new copy of `user`'s; returns its id.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        &self,
+        user: &str,
+        kind: &str,
+        source: &str,
+        destination: &str,
+        figures: ClientFigures,
+        now: Instant,
+        now_ms: i64,
+    ) -> Result<u64, LiveRefusal> {
+        let mut copies = self.copies.lock().expect("live clients");
+        if copies.len() >= CLIENT_COPIES
+            || copies.values().filter(|c| c.user == user).count() >= CLIENT_COPIES_PER_USER
+        {
+            return Err(LiveRefusal::Full);
+        }
+        // Ids start at 1: 0 asks for a new one.
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        copies.insert(
+            id,
+            ClientCopy {
+                user: user.to_string(),
+                kind: kind.to_string(),
+                source: cut(source),
+                destination: cut(destination),
+                started: now,
+                started_ms: now_ms,
+                figures,
+                last_report: now,
+                previous: Default::default(),
+            },
+        );
+        Ok(id)
+    }
+
+    /// New figures for copy `id` of `user`'s, or (`ended`) its end.
+    pub fn report(
+        &self,
+        user: &str,
+        id: u64,
+        figures: ClientFigures,
+        ended: bool,
+        now: Instant,
+    ) -> Result<(), LiveRefusal> {
+        let mut copies = self.copies.lock().expect("live clients");
+        match copies.get_mut(&id) {
+            Some(c) if c.user == user => {
+                if ended {
+                    copies.remove(&id);
+                } else {
+                    c.previous.push_back((c.last_report, c.figures.bytes_done));
+                    // Keeps one report at least as old as the window.
+                    while c
+                        .previous
+                        .get(1)
+                        .is_some_and(|(t, _)| now.saturating_duration_since(*t) >= RATE_WINDOW)
+                    {
+                        c.previous.pop_front();
+                    }
+                    c.figures = figures;
+                    c.last_report = now;
+                }
+                Ok(())
+            }
+            _ => Err(LiveRefusal::Unknown),
+        }
+    }
+
+    /// Takes off the list, and returns, the copies whose clients fell silent.
+    pub fn expire(&self, now: Instant) -> Vec<ClientCopy> {
+        let mut copies = self.copies.lock().expect("live clients");
+        let silent: Vec<u64> = copies
+            .iter()
+            .filter(|(_, c)| now.saturating_duration_since(c.last_report) >= CLIENT_SILENCE)
+            .map(|(id, _)| *id)
+            .collect();
+        silent
+            .into_iter()
+            .filter_map(|id| copies.remove(&id))
+            .collect()
+    }
+
+    /// The copies in progress, oldest first.
+    pub fn list(&self) -> Vec<ClientCopy> {
+        let mut v: Vec<ClientCopy> = self
+            .copies
+            .lock()
+            .expect("live clients")
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by_key(|c| c.started);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(done: u64) -> ClientFigures {
+        ClientFigures {
+            files_total: 2,
+            bytes_total: 1000,
+            bytes_done: done,
+            streams: 4,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_clients_copy_is_listed_until_it_ends_or_falls_silent() {
+        let live = LiveClients::default();
+        let t0 = Instant::now();
+        let a = live
+            .start("ann", "upload", "/tmp/x", "/grid/x", figures(0), t0, 1)
+            .unwrap();
+        let b = live
+            .start("bob", "download", "/grid/y", "/tmp/y", figures(0), t0, 1)
+            .unwrap();
+        assert_ne!(a, b);
+        // Only its own user reports on a copy.
+        assert_eq!(
+            live.report("bob", a, figures(10), false, t0),
+            Err(LiveRefusal::Unknown)
+        );
+        live.report("ann", a, figures(100), false, t0 + Duration::from_secs(1))
+            .unwrap();
+        live.report("ann", a, figures(300), false, t0 + Duration::from_secs(3))
+            .unwrap();
+        let ann = live.list().into_iter().find(|c| c.user == "ann").unwrap();
+        // The rate since the oldest report within the window (the start): 300 bytes in 3 s.
+        assert_eq!(ann.rate(), 100.0);
+        assert_eq!(ann.figures.bytes_done, 300);
+        // Past the window, the older reports no longer count: 600 bytes since the one 30 s ago.
+        live.report("ann", a, figures(900), false, t0 + Duration::from_secs(33))
+            .unwrap();
+        let ann = live.list().into_iter().find(|c| c.user == "ann").unwrap();
+        assert_eq!(ann.rate(), 20.0);
+        // bob falls silent; ann reported 3 s in.
+        let gone = live.expire(t0 + CLIENT_SILENCE + Duration::from_secs(1));
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].user, "bob");
+        assert_eq!(live.list().len(), 1);
+        // An ended copy leaves at once, and its id is then unknown.
+        live.report("ann", a, figures(1000), true, t0 + Duration::from_secs(4))
+            .unwrap();
+        assert!(live.list().is_empty());
+        assert_eq!(
+            live.report("ann", a, figures(1000), false, t0),
+            Err(LiveRefusal::Unknown)
+        );
+    }
+
+    #[test]
+    fn a_user_cannot_fill_the_list() {
+        let live = LiveClients::default();
+        let t0 = Instant::now();
+        let long = "x".repeat(100_000);
+        for _ in 0..CLIENT_COPIES_PER_USER {
+            live.start("ann", "upload", &long, &long, figures(0), t0, 1)
+                .unwrap();
+        }
+        assert_eq!(
+            live.start("ann", "upload", "a", "b", figures(0), t0, 1),
+            Err(LiveRefusal::Full)
+        );
+        // Others still can; names are cut.
+        live.start("bob", "upload", "a", "b", figures(0), t0, 1)
+            .unwrap();
+        assert!(
+            live.list()
+                .iter()
+                .all(|c| c.source.len() <= LIVE_NAME_BYTES)
+        );
     }
 }

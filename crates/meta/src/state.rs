@@ -174,6 +174,8 @@ pub struct Meta {
     pub http_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Replication, repair and reconciler runs in progress, for the dashboard.
     pub live: crate::runs::LiveRuns,
+    /// Clients' copies in progress, as their clients report them.
+    pub live_clients: crate::runs::LiveClients,
 }
 
 /// What the reconciler did last.
@@ -236,6 +238,7 @@ impl Meta {
             web: Default::default(),
             http_addr: Default::default(),
             live: Default::default(),
+            live_clients: Default::default(),
             client_tls: RwLock::new(None),
             own_cert: RwLock::new(None),
             control_pool: Default::default(),

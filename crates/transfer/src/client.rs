@@ -1047,6 +1047,7 @@ pub async fn upload(
         &cancel,
     )
     .await?;
+    let mut in_use = crate::progress::StreamsInUse::new(&counters, p.streams);
     // Kept only until the endpoint's hello tells whether more streams are needed: once every
     // sender is gone, the session knows no stream will come any more.
     let mut tx = Some(tx);
@@ -1087,6 +1088,7 @@ pub async fn upload(
                     }
                     tx = None;
                     p = Plan { streams: refined.streams.max(p.streams), ..refined };
+                    in_use.set(p.streams);
                     let _ = events.send(Event::Plan { streams: p.streams, explanation: p.explanation.clone() });
                 }
                 Ok(Response::SinkReady { dest_is_dir }) => request.note_resolved(dest_is_dir),
@@ -1172,6 +1174,7 @@ pub async fn download(
         tx,
         conns: rx,
     } = open_session(peer, opts, &mut session, known, false, &cancel).await?;
+    let mut in_use = crate::progress::StreamsInUse::new(&counters, p.streams);
     s.send(&Request::OpenSource {
         session: id,
         key,
@@ -1215,6 +1218,7 @@ pub async fn download(
                         p = refined;
                     }
                     tx = None;
+                    in_use.set(p.streams);
                     let _ = events.send(Event::Plan { streams: p.streams, explanation: p.explanation.clone() });
                 }
                 Ok(Response::Error(e)) => { cancel.cancel(); let _ = (&mut sink).await; return Err(e.into()); }

@@ -23,6 +23,49 @@ pub struct Counters {
     pub bytes_received: AtomicU64,
     /// Any sign of life from the data path (frames, acks), for stall detection.
     pub activity: AtomicU64,
+    /// Data streams of the sessions in progress, as planned (see `StreamsInUse`).
+    pub streams: AtomicU64,
+}
+
+/// A session's share of `Counters::streams`: what it plans now, taken back when it ends.
+pub struct StreamsInUse {
+    counters: std::sync::Arc<Counters>,
+    streams: u64,
+}
+
+impl StreamsInUse {
+    pub fn new(counters: &std::sync::Arc<Counters>, streams: u32) -> Self {
+        counters
+            .streams
+            .fetch_add(streams as u64, Ordering::Relaxed);
+        Self {
+            counters: counters.clone(),
+            streams: streams as u64,
+        }
+    }
+
+    /// The session now plans `streams`.
+    pub fn set(&mut self, streams: u32) {
+        let new = streams as u64;
+        if new >= self.streams {
+            self.counters
+                .streams
+                .fetch_add(new - self.streams, Ordering::Relaxed);
+        } else {
+            self.counters
+                .streams
+                .fetch_sub(self.streams - new, Ordering::Relaxed);
+        }
+        self.streams = new;
+    }
+}
+
+impl Drop for StreamsInUse {
+    fn drop(&mut self) {
+        self.counters
+            .streams
+            .fetch_sub(self.streams, Ordering::Relaxed);
+    }
 }
 
 impl Counters {

@@ -110,8 +110,9 @@ fn ns_of(t: Timestamp) -> i64 {
 }
 
 /// Copies between local paths and a grid, or within one grid. `src` and `dst` are the
-/// command's locations; remote ones name `meta`. The copy (done, partly done or failed) goes
-/// into the grid's transfer history.
+/// command's locations; remote ones name `meta`. While it runs, it is listed among the copies
+/// in progress (`crate::live`); when it ends (done, partly done or failed) it goes into the
+/// grid's transfer history.
 pub async fn copy(
     meta: &MetaClient,
     src: &Location,
@@ -125,7 +126,15 @@ pub async fn copy(
         (_, Location::Local(_)) => "download",
         _ => "copy",
     };
+    let live = crate::live::start(
+        meta,
+        kind,
+        &src.to_string(),
+        &dst.to_string(),
+        crate::live::from_counters(ctx.counters.clone()),
+    );
     let result = copy_unrecorded(meta, src, dst, opts, ctx).await;
+    live.finish().await;
     // A refused command line is no transfer.
     if !matches!(&result, Err(e) if e.kind() == wire::error::ErrorKind::Invalid) {
         let (mut t, files) =

@@ -315,14 +315,17 @@ impl Runner {
 fn sum_into(parts: &Mutex<Vec<Arc<Counters>>>, settled: &Mutex<(u64, u64)>, total: &Counters) {
     let parts = parts.lock().expect("parts");
     let s = *settled.lock().expect("settled");
-    let (mut done, mut sent, mut act) = (s.0, s.1, 0);
+    let (mut done, mut sent, mut act, mut streams) = (s.0, s.1, 0, 0);
     for c in parts.iter() {
         done += Counters::get(&c.bytes_done);
         sent += Counters::get(&c.bytes_sent);
         act += Counters::get(&c.activity);
+        streams += Counters::get(&c.streams);
     }
     Counters::set(&total.bytes_done, done);
     Counters::set(&total.bytes_sent, sent);
+    // The streams of the sessions in progress (a session's share leaves with it).
+    Counters::set(&total.streams, streams);
     Counters::add(&total.activity, act.min(1));
 }
 async fn run_bounded<T, Fut>(jobs: Vec<Fut>, limit: usize) -> Vec<T>

@@ -1,0 +1,102 @@
+//! A client's copies and runs in progress, reported to the metadata server every few seconds
+//! so that `haul transfers --live` and the dashboard list them with their progress, rate and
+//! streams. Best effort, like the history: a server that does not answer costs the copy
+//! nothing. A client that stops reporting (killed, or cut off) is dropped from the live list
+//! by the server after 30 s and recorded in the history as abandoned.
+
+use crate::client::MetaClient;
+use api::meta as pb;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use transfer::progress::Counters;
+use wire::error::ErrorKind;
+
+/// The first report, after which a copy is listed: copies shorter than this are not.
+const FIRST_REPORT: Duration = Duration::from_secs(1);
+/// Between reports (the server drops a copy after 30 s without one).
+const EVERY: Duration = Duration::from_secs(3);
+/// How long one report may take.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The figures of a report, read when it is sent.
+pub type Figures = Box<dyn Fn() -> pb::LiveReport + Send + Sync>;
+
+/// Figures from a transfer's counters.
+pub fn from_counters(counters: Arc<Counters>) -> Figures {
+    Box::new(move || pb::LiveReport {
+        files_total: Counters::get(&counters.total_files),
+        files_done: Counters::get(&counters.files_done),
+        files_failed: Counters::get(&counters.files_failed),
+        bytes_total: Counters::get(&counters.total_bytes),
+        bytes_done: Counters::get(&counters.bytes_done),
+        streams: Counters::get(&counters.streams).min(u32::MAX as u64) as u32,
+        ..Default::default()
+    })
+}
+
+/// Reports one copy until `finish`.
+pub struct Reporter {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Starts reporting a copy of `kind` from `source` to `destination`.
+pub fn start(
+    meta: &MetaClient,
+    kind: &str,
+    source: &str,
+    destination: &str,
+    figures: Figures,
+) -> Reporter {
+    let stop = CancellationToken::new();
+    let (meta, s) = (meta.clone(), stop.clone());
+    let (kind, source, destination) = (
+        kind.to_string(),
+        source.to_string(),
+        destination.to_string(),
+    );
+    let task = tokio::spawn(async move {
+        let mut id = 0i64;
+        let report = |id: i64, ended: bool| pb::LiveReport {
+            id,
+            kind: kind.clone(),
+            source: source.clone(),
+            destination: destination.clone(),
+            ended,
+            ..figures()
+        };
+        let mut wait = FIRST_REPORT;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = s.cancelled() => break,
+            }
+            wait = EVERY;
+            match tokio::time::timeout(REPORT_TIMEOUT, meta.report_live(report(id, false))).await {
+                Ok(Ok(new)) => id = new,
+                // The server restarted (or dropped the copy as silent): list it anew.
+                Ok(Err(e)) if e.kind() == ErrorKind::NotFound => {
+                    id = 0;
+                    wait = Duration::ZERO;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "the metadata server did not take a progress report")
+                }
+                Err(_) => tracing::debug!("a progress report to the metadata server timed out"),
+            }
+        }
+        if id != 0 {
+            let _ = tokio::time::timeout(REPORT_TIMEOUT, meta.report_live(report(id, true))).await;
+        }
+    });
+    Reporter { stop, task }
+}
+
+impl Reporter {
+    /// Stops reporting and takes the copy off the live list.
+    pub async fn finish(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
