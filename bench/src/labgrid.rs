@@ -127,7 +127,7 @@ impl<'a> Grid<'a> {
         while t.elapsed() < Duration::from_secs(60) {
             match self.json(&["nodes", "--json"], Duration::from_secs(20)) {
                 Ok(v) => {
-                    let up = v
+                    let up = v["nodes"]
                         .as_array()
                         .map(|a| a.iter().filter(|n| n["up"] == true).count())
                         .unwrap_or(0);

@@ -32,7 +32,7 @@ struct Args {
     /// Smaller sizes (a check that everything works, not a measurement).
     #[arg(long)]
     quick: bool,
-    /// Only these parts: meta, catalog, run, restore, drain (comma separated).
+    /// Only these parts: meta, catalog, run, restore, drain, scrape (comma separated).
     #[arg(long)]
     only: Option<String>,
 }
@@ -121,6 +121,10 @@ impl Grid {
     }
 
     fn start_node(&mut self, n: &str, site: &str) -> Result<()> {
+        self.start_node_with(n, site, &[])
+    }
+
+    fn start_node_with(&mut self, n: &str, site: &str, extra: &[&str]) -> Result<()> {
         let root = self.dir.join("nodes").join(n);
         std::fs::create_dir_all(&root)?;
         let mut cmd = Command::new(&self.haul);
@@ -132,7 +136,9 @@ impl Grid {
             &root,
             "127.0.0.1:0",
         );
-        cmd.args(["--capacity", "50G"]).current_dir(&self.dir);
+        cmd.args(["--capacity", "50G"])
+            .args(extra)
+            .current_dir(&self.dir);
         let node = Proc::spawn(cmd, &self.dir.join(format!("{n}.log")))?;
         self.nodes.push((n.to_string(), node));
         Ok(())
@@ -140,9 +146,10 @@ impl Grid {
 
     fn wait_nodes(&self, want: usize) -> Result<()> {
         let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(30) {
+        while t.elapsed() < Duration::from_secs(30 + want as u64) {
             if let Ok(v) = self.json(&["nodes", "--json"])
-                && v.as_array()
+                && v["nodes"]
+                    .as_array()
                     .map(|a| a.iter().filter(|n| n["up"] == true).count())
                     .unwrap_or(0)
                     >= want
@@ -152,7 +159,8 @@ impl Grid {
             std::thread::sleep(Duration::from_millis(200));
         }
         bail!(
-            "nodes did not come up within 30 s (see {}/*.log)",
+            "nodes did not come up within {} s (see {}/*.log)",
+            30 + want,
             self.dir.display()
         )
     }
@@ -691,7 +699,7 @@ fn restore_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<
     }
     // The node holding the most replicas stops.
     let v = g.json(&["nodes", "--json"])?;
-    let victim = v
+    let victim = v["nodes"]
         .as_array()
         .and_then(|a| {
             a.iter()
@@ -723,7 +731,7 @@ fn restore_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<
         std::thread::sleep(Duration::from_millis(100));
         if detected.is_none() {
             let v = g.json(&["nodes", "--json"])?;
-            let down = v.as_array().is_some_and(|a| {
+            let down = v["nodes"].as_array().is_some_and(|a| {
                 a.iter()
                     .any(|n| n["name"] == name.as_str() && n["up"] == false)
             });
@@ -794,7 +802,7 @@ fn short_of_policy(g: &Grid, paths: &[String]) -> Result<usize> {
     let mut args = vec!["where", "--json"];
     args.extend(paths.iter().map(String::as_str));
     let v = g.json(&args)?;
-    let files = v.as_array().context("where --json: not a list")?;
+    let files = v["files"].as_array().context("where --json: no files")?;
     Ok(files
         .iter()
         .filter(|f| {
@@ -857,7 +865,7 @@ fn drain_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<Va
     g.start_node("n2", "A")?;
     g.wait_nodes(4)?;
     let v = g.json(&["nodes", "--json"])?;
-    let victim = v
+    let victim = v["nodes"]
         .as_array()
         .and_then(|a| {
             a.iter()
@@ -887,7 +895,7 @@ fn drain_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<Va
         }
         looks += 1;
         let v = g.json(&["nodes", "--json"])?;
-        let left = v
+        let left = v["nodes"]
             .as_array()
             .and_then(|a| a.iter().find(|n| n["name"] == name.as_str()))
             .and_then(|n| n["replicas"].as_u64())
@@ -919,13 +927,119 @@ fn drain_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<Va
     }))
 }
 
+/// Prometheus scrapes of a grid of `nodes` storage nodes (4 sites, each node with
+/// `--metrics`), after files were uploaded and replicated between every pair of sites so that
+/// the per-site-pair series exist: the metadata server's page and the nodes' pages, time and
+/// size, as a Prometheus server scraping them one after the other would see them.
+async fn scrape_suite(work: &Path, haul: &Path, nodes: usize) -> Result<Value> {
+    let dir = work.join("scrape");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let names: Vec<String> = (1..=nodes).map(|i| format!("n{i:03}")).collect();
+    let sites = ["A", "B", "C", "D"];
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    Grid::pki(&dir, haul, &refs)?;
+    let mut g = Grid::start(&dir, haul, None, &[], &["--admin", TASK_ACCOUNT])?;
+    // Metrics ports: a free one per node, found by binding and letting go.
+    let mut ports = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        g.start_node_with(n, sites[i % sites.len()], &["--metrics", &addr])?;
+        ports.push(addr);
+    }
+    let t = Instant::now();
+    g.wait_nodes(nodes)?;
+    let up_s = t.elapsed().as_secs_f64();
+    let src = dir.join("src");
+    write_files(&src, 200, 64 << 10)?;
+    g.ok(&["mkdir", "/ds"])?;
+    g.ok(&[
+        "cp",
+        "-r",
+        "--site",
+        "A",
+        &src.to_string_lossy(),
+        &format!("haul://{}/ds/", g.meta_addr),
+    ])?;
+    for site in ["B", "C", "D"] {
+        g.ok(&[
+            "replicate",
+            "-r",
+            "--copies",
+            "2",
+            "--site",
+            site,
+            "--progress",
+            "never",
+            "/ds",
+        ])?;
+    }
+    let login = g.client().await?.dashboard_login().await?;
+    let scrape = |addr: &str| -> Result<(f64, usize, usize)> {
+        let t = Instant::now();
+        let page = http_get(addr, "/metrics", None)?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        if page.status != 200 {
+            bail!("GET http://{addr}/metrics: status {}", page.status);
+        }
+        let samples = page
+            .body
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .count();
+        Ok((ms, page.body.len(), samples))
+    };
+    let mut meta_ms = Vec::new();
+    let (mut meta_bytes, mut meta_samples) = (0, 0);
+    for _ in 0..20 {
+        let (ms, b, n) = scrape(&login.http)?;
+        meta_ms.push(ms);
+        (meta_bytes, meta_samples) = (b, n);
+    }
+    // One pass over every node, as one Prometheus would do it (it scrapes in parallel; one
+    // after the other is the upper bound), three times.
+    let mut pass_s = Vec::new();
+    let mut node_ms = Vec::new();
+    let (mut node_bytes, mut node_samples) = (0usize, 0usize);
+    for _ in 0..3 {
+        let t = Instant::now();
+        let (mut b, mut n) = (0, 0);
+        for addr in &ports {
+            let (ms, bytes, samples) = scrape(addr)?;
+            node_ms.push(ms);
+            b += bytes;
+            n += samples;
+        }
+        pass_s.push(t.elapsed().as_secs_f64());
+        (node_bytes, node_samples) = (b, n);
+    }
+    Ok(json!({
+        "nodes": nodes,
+        "sites": sites.len(),
+        "seconds_until_all_up": up_s,
+        "meta_p50_ms": pct(&mut meta_ms.clone(), 0.5),
+        "meta_max_ms": pct(&mut meta_ms, 1.0),
+        "meta_bytes": meta_bytes,
+        "meta_samples": meta_samples,
+        "node_p50_ms": pct(&mut node_ms.clone(), 0.5),
+        "node_p99_ms": pct(&mut node_ms, 0.99),
+        "nodes_bytes": node_bytes,
+        "nodes_samples": node_samples,
+        "all_nodes_pass_p50_s": pct(&mut pass_s, 0.5),
+        "meta_rss_mib": g.meta_rss_mib(),
+    }))
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let haul = std::fs::canonicalize(&args.haul).context("haul binary")?;
     let only: Vec<String> = args
         .only
         .as_deref()
-        .unwrap_or("meta,catalog,run,restore,drain")
+        .unwrap_or("meta,catalog,run,restore,drain,scrape")
         .split(',')
         .map(|s| s.trim().to_string())
         .collect();
@@ -994,6 +1108,13 @@ fn main() -> Result<()> {
         let v = drain_suite(&args.work, &haul, n, size)?;
         eprintln!("gridbench: {v}");
         results.insert("drain".into(), v);
+    }
+    if want("scrape") {
+        let n = if args.quick { 12 } else { 100 };
+        eprintln!("gridbench: metrics scrapes of a grid of {n} nodes");
+        let v = rt.block_on(scrape_suite(&args.work, &haul, n))?;
+        eprintln!("gridbench: {v}");
+        results.insert("scrape".into(), v);
     }
     let doc = json!({
         "started": started,
@@ -1134,6 +1255,27 @@ fn markdown(doc: &Value) -> String {
             f(&x["seconds_to_restore"]),
             x["files_with_2_live_copies"],
             x["files"],
+        );
+    }
+    let m = &r["scrape"];
+    if !m.is_null() {
+        s += &format!(
+            "## Metrics scrapes of a grid of {} storage nodes\n\n{} nodes at {} sites, each with `--metrics`; 200 files uploaded to site A and replicated to each other site, so that every site pair has its series. Scraped with plain HTTP GETs from this host.\n\n| | |\n|---|---|\n| metadata server `/metrics`, p50 / max of 20 | {} / {} ms |\n| metadata server page | {} bytes, {} samples |\n| one node's `/metrics`, p50 / p99 | {} / {} ms |\n| all {} nodes' pages | {} bytes, {} samples |\n| one pass over all nodes, one after the other (p50 of 3) | {} s |\n| seconds until all nodes were up | {} |\n| metadata server RSS | {} MiB |\n\n",
+            m["nodes"],
+            m["nodes"],
+            m["sites"],
+            f(&m["meta_p50_ms"]),
+            f(&m["meta_max_ms"]),
+            m["meta_bytes"],
+            m["meta_samples"],
+            f(&m["node_p50_ms"]),
+            f(&m["node_p99_ms"]),
+            m["nodes"],
+            m["nodes_bytes"],
+            m["nodes_samples"],
+            f(&m["all_nodes_pass_p50_s"]),
+            f(&m["seconds_until_all_up"]),
+            f(&m["meta_rss_mib"]),
         );
     }
     let d = &r["drain"];

@@ -176,7 +176,7 @@ fn check_placement(g: &Grid, ds: &Dataset, grid_dir: &str) -> Result<Value> {
     let mut args = vec!["where", "--json"];
     args.extend(paths.iter().map(String::as_str));
     let v = g.json(&args, Duration::from_secs(60))?;
-    let entries = v.as_array().cloned().unwrap_or_default();
+    let entries = v["files"].as_array().cloned().unwrap_or_default();
     let mut problems = Vec::new();
     let mut ok_b = 0;
     let mut per_node = serde_json::Map::new();

@@ -261,7 +261,7 @@ fn print_json(r: &CopyReport, code: u8) {
     if let Some(obj) = v.as_object_mut() {
         obj.insert("exit_code".into(), code.into());
     }
-    out!("{v}");
+    crate::jsondoc::print(v);
 }
 
 /// `--explain`: the bottleneck report in words, on stdout.

@@ -50,7 +50,7 @@ pub async fn run(a: DoctorArgs) -> Result<u8, TransferError> {
             failing,
             warnings,
         };
-        out!("{}", serde_json::to_string(&report).unwrap_or_default());
+        crate::jsondoc::print_report(&report);
     } else {
         out!(
             "haul doctor: {} at {} {:.1} ms round trip{}: {} in flight",

@@ -106,7 +106,8 @@ fn entry_json(e: &pb::Entry) -> serde_json::Value {
     json!({
         "path": e.path, "id": e.id, "type": if e.is_dir { "dir" } else { "file" },
         "owner": e.owner, "group": e.group, "mode": format!("{:04o}", e.mode),
-        "size": e.size, "mtime_ns": e.mtime_ns, "checksum": e.checksum,
+        "size": e.size, "mtime_ns": e.mtime_ns, "mtime": rfc3339_ms(e.mtime_ns / 1_000_000),
+        "checksum": e.checksum,
         "protect": if e.private { "private" } else { "clear" },
     })
 }
@@ -187,7 +188,7 @@ pub async fn ls(a: LsArgs) -> Result<u8, TransferError> {
         }
     }
     if a.p.json {
-        out!("{}", serde_json::Value::Array(all));
+        crate::jsondoc::print_list("entries", all);
     }
     Ok(0)
 }
@@ -224,7 +225,7 @@ pub async fn stat(a: PathsArgs) -> Result<u8, TransferError> {
         }
     }
     if a.json {
-        out!("{}", serde_json::Value::Array(out));
+        crate::jsondoc::print_list("entries", out);
     }
     Ok(0)
 }
@@ -252,7 +253,7 @@ pub async fn rm(a: RmArgs) -> Result<u8, TransferError> {
         })?;
     }
     if a.p.json {
-        out!("{}", json!({ "removed": total }));
+        crate::jsondoc::print(json!({ "removed": total }));
     }
     Ok(0)
 }
@@ -329,7 +330,7 @@ pub async fn xattr(c: XattrCommand) -> Result<u8, TransferError> {
                 }
             }
             if a.json {
-                out!("{}", serde_json::Value::Object(out));
+                crate::jsondoc::print(json!({ "xattrs": out }));
             }
             Ok(0)
         }
@@ -382,7 +383,7 @@ pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
         }
     }
     if a.json {
-        out!("{}", serde_json::Value::Array(out));
+        crate::jsondoc::print_list("files", out);
     }
     Ok(0)
 }
@@ -461,22 +462,19 @@ pub async fn df(a: GridArgs) -> Result<u8, TransferError> {
             .sum()
     };
     if a.json {
-        out!(
-            "{}",
-            json!({
-                "nodes": d.nodes.iter().map(node_json).collect::<Vec<_>>(),
-                "sites": d.sites.iter().map(|s| {
-                    let stored = stored_at(&s.site);
-                    let used = s.capacity.saturating_sub(s.free);
-                    json!({
-                        "site": s.site, "capacity": s.capacity, "free": s.free,
-                        "used": used, "stored_bytes": stored,
-                        "other_used_bytes": used.saturating_sub(stored),
-                        "nodes": s.nodes, "up": s.up,
-                    })
-                }).collect::<Vec<_>>(),
-            })
-        );
+        crate::jsondoc::print(json!({
+            "nodes": d.nodes.iter().map(node_json).collect::<Vec<_>>(),
+            "sites": d.sites.iter().map(|s| {
+                let stored = stored_at(&s.site);
+                let used = s.capacity.saturating_sub(s.free);
+                json!({
+                    "site": s.site, "capacity": s.capacity, "free": s.free,
+                    "used": used, "stored_bytes": stored,
+                    "other_used_bytes": used.saturating_sub(stored),
+                    "nodes": s.nodes, "up": s.up,
+                })
+            }).collect::<Vec<_>>(),
+        }));
         return Ok(0);
     }
     let pct = |cap: u64, free: u64| {
@@ -544,10 +542,7 @@ pub async fn nodes(a: GridArgs) -> Result<u8, TransferError> {
     let m = connect(&meta_of(&a)?, &a.creds).await?;
     let nodes = m.nodes().await?;
     if a.json {
-        out!(
-            "{}",
-            serde_json::Value::Array(nodes.iter().map(node_json).collect())
-        );
+        crate::jsondoc::print_list("nodes", nodes.iter().map(node_json).collect());
         return Ok(0);
     }
     let now = now_ms();
@@ -603,10 +598,7 @@ pub async fn dashboard(a: GridArgs) -> Result<u8, TransferError> {
     };
     let url = format!("http://{host}:{}{}", bound.port(), r.path);
     if a.json {
-        out!(
-            "{}",
-            json!({ "version": 1, "url": url, "expires": rfc3339_ms(r.expires_ms) })
-        );
+        crate::jsondoc::print(json!({ "url": url, "expires": rfc3339_ms(r.expires_ms) }));
     } else {
         out!("{url}");
         eprintln!("open it within two minutes; it works once and signs you in for 12 hours");
@@ -618,9 +610,8 @@ pub async fn whoami(a: GridArgs) -> Result<u8, TransferError> {
     let m = connect(&meta_of(&a)?, &a.creds).await?;
     let id = m.who_am_i().await?;
     if a.json {
-        out!(
-            "{}",
-            json!({ "user": id.user, "groups": id.groups, "subject": id.subject })
+        crate::jsondoc::print(
+            json!({ "user": id.user, "groups": id.groups, "subject": id.subject }),
         );
     } else {
         out!(

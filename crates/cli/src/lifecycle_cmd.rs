@@ -36,7 +36,7 @@ pub async fn drain(a: NodeDrainArgs) -> Result<u8, TransferError> {
     let mut n = m.drain_node(&a.node, a.cancel).await?;
     if a.cancel {
         if a.grid.json {
-            out!("{}", node_json(&n));
+            crate::jsondoc::print(node_json(&n));
         } else {
             out!("node {}: not draining; it takes new files again", n.name);
         }
@@ -44,7 +44,7 @@ pub async fn drain(a: NodeDrainArgs) -> Result<u8, TransferError> {
     }
     if !a.wait {
         if a.grid.json {
-            out!("{}", node_json(&n));
+            crate::jsondoc::print(node_json(&n));
         } else {
             out!(
                 "node {}: draining, {}; `haul status` shows the progress",
@@ -74,7 +74,7 @@ pub async fn drain(a: NodeDrainArgs) -> Result<u8, TransferError> {
                 progress(&n)
             );
             if a.grid.json {
-                out!("{}", node_json(&n));
+                crate::jsondoc::print(node_json(&n));
             }
             return Ok(1);
         }
@@ -102,7 +102,7 @@ pub async fn drain(a: NodeDrainArgs) -> Result<u8, TransferError> {
         }
     }
     if a.grid.json {
-        out!("{}", node_json(&n));
+        crate::jsondoc::print(node_json(&n));
     } else {
         out!(
             "node {}: drained ({} moved in {:.1} s); stop it, then `haul node remove {}`",
@@ -119,13 +119,10 @@ pub async fn remove(a: NodeRemoveArgs) -> Result<u8, TransferError> {
     let m = connect(&meta_of(&a.grid)?, &a.grid.creds).await?;
     let r = m.remove_node(&a.node, a.force).await?;
     if a.grid.json {
-        out!(
-            "{}",
-            json!({
-                "node": a.node, "removed": true, "replicas_dropped": r.replicas,
-                "orphaned": r.orphaned, "orphaned_paths": r.orphaned_paths,
-            })
-        );
+        crate::jsondoc::print(json!({
+            "node": a.node, "removed": true, "replicas_dropped": r.replicas,
+            "orphaned": r.orphaned, "orphaned_paths": r.orphaned_paths,
+        }));
         return Ok(0);
     }
     if !a.force {

@@ -21,6 +21,7 @@ mod demo;
 mod docs_cmd;
 mod doctor_cmd;
 mod grid_cmd;
+mod jsondoc;
 mod lifecycle_cmd;
 mod meta_cmd;
 mod node_cmd;
@@ -113,7 +114,10 @@ fn main() -> ExitCode {
                     message: line.into_owned(),
                     ..(&e).into()
                 };
-                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+                println!(
+                    "{}",
+                    jsondoc::versioned(serde_json::to_value(&report).unwrap_or_default())
+                );
             }
             ExitCode::from(e.exit_code() as u8)
         }

@@ -116,7 +116,7 @@ pub async fn run(a: PerfArgs) -> Result<u8, TransferError> {
             plan: plan_words,
             tests: &reports,
         };
-        out!("{}", serde_json::to_string(&o).unwrap_or_default());
+        crate::jsondoc::print_report(&o);
     }
     Ok(0)
 }

@@ -76,16 +76,13 @@ pub async fn replicate(a: ReplicateArgs) -> Result<u8, TransferError> {
         eprintln!("haul: {}", one_line(&f.message));
     }
     if a.p.json {
-        out!(
-            "{}",
-            json!({
-                "files": p.files, "copies_needed": p.copies_needed, "copies_made": p.copies_made,
-                "already": p.already, "bytes": p.bytes_done, "seconds": p.seconds,
-                "mbit_per_s": p.bytes_done as f64 * 8.0 / p.seconds.max(1e-9) / 1e6,
-                "failures": p.failures.iter().map(|f| failure_json("path", f)).collect::<Vec<_>>(),
-                "nodes": p.nodes.iter().map(|n| json!({"node": n.node, "bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received})).collect::<Vec<_>>(),
-            })
-        );
+        crate::jsondoc::print(json!({
+            "files": p.files, "copies_needed": p.copies_needed, "copies_made": p.copies_made,
+            "already": p.already, "bytes": p.bytes_done, "seconds": p.seconds,
+            "mbit_per_s": p.bytes_done as f64 * 8.0 / p.seconds.max(1e-9) / 1e6,
+            "failures": p.failures.iter().map(|f| failure_json("path", f)).collect::<Vec<_>>(),
+            "nodes": p.nodes.iter().map(|n| json!({"node": n.node, "bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received})).collect::<Vec<_>>(),
+        }));
     } else {
         eprintln!(
             "{}: {} made ({}), {} already as asked, {} failed, {:.1} s, {}",
@@ -162,10 +159,7 @@ pub async fn policy(c: PolicyCommand) -> Result<u8, TransferError> {
         None => m.policies("/").await?,
     };
     if json_out {
-        out!(
-            "{}",
-            serde_json::Value::Array(reply.policies.iter().map(policy_json).collect())
-        );
+        crate::jsondoc::print_list("policies", reply.policies.iter().map(policy_json).collect());
     } else if matches!(c, PolicyCommand::List(_)) {
         for p in &reply.policies {
             out!("{}  {}", shown(&p.path), policy_text(p));
@@ -190,15 +184,12 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
         )
     })?;
     if a.p.json {
-        out!(
-            "{}",
-            json!({
-                "files": p.files, "replicas": p.replicas, "checked": p.checked,
-                "bytes_checked": p.bytes_checked, "repaired": p.repaired, "seconds": p.seconds,
-                "damaged": p.damaged.iter().map(|d| json!({"path": d.path, "state": d.code, "reason": d.message})).collect::<Vec<_>>(),
-                "failures": p.failures.iter().map(|f| failure_json("what", f)).collect::<Vec<_>>(),
-            })
-        );
+        crate::jsondoc::print(json!({
+            "files": p.files, "replicas": p.replicas, "checked": p.checked,
+            "bytes_checked": p.bytes_checked, "repaired": p.repaired, "seconds": p.seconds,
+            "damaged": p.damaged.iter().map(|d| json!({"path": d.path, "state": d.code, "reason": d.message})).collect::<Vec<_>>(),
+            "failures": p.failures.iter().map(|f| failure_json("what", f)).collect::<Vec<_>>(),
+        }));
     } else {
         for d in &p.damaged {
             eprintln!("haul: {}", one_line(&d.message));
@@ -227,23 +218,35 @@ pub async fn verify(a: VerifyArgs) -> Result<u8, TransferError> {
     Ok(0)
 }
 
+/// An event line of the metadata server (`TIME MESSAGE`, the time in RFC 3339) as
+/// `{"time", "message"}`; a line without a time keeps it all as the message.
+fn event_json(line: &str) -> serde_json::Value {
+    match line.split_once(' ') {
+        Some((t, m))
+            if time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                .is_ok() =>
+        {
+            json!({ "time": t, "message": m })
+        }
+        _ => json!({ "time": null, "message": line }),
+    }
+}
+
 pub async fn status(a: GridArgs) -> Result<u8, TransferError> {
     let m = connect(&meta_of(&a)?, &a.creds).await?;
     let st = m.status().await?;
     if a.json {
-        out!(
-            "{}",
-            json!({
-                "policies": st.policies.iter().map(policy_json).collect::<Vec<_>>(),
-                "under_replicated": st.under_replicated, "over_replicated": st.over_replicated,
-                "repairs_running": st.repairs_running, "repairs_done": st.repairs_done,
-                "removals_done": st.removals_done, "nodes_up": st.nodes_up, "nodes_down": st.nodes_down,
-                "last_pass_ms": st.last_pass_ms, "last_pass_seconds": st.last_pass_seconds,
-                "moving": st.moving,
-                "draining": st.draining.iter().map(crate::grid_cmd::node_json).collect::<Vec<_>>(),
-                "events": st.events,
-            })
-        );
+        crate::jsondoc::print(json!({
+            "policies": st.policies.iter().map(policy_json).collect::<Vec<_>>(),
+            "under_replicated": st.under_replicated, "over_replicated": st.over_replicated,
+            "repairs_running": st.repairs_running, "repairs_done": st.repairs_done,
+            "removals_done": st.removals_done, "nodes_up": st.nodes_up, "nodes_down": st.nodes_down,
+            "last_pass_ms": st.last_pass_ms, "last_pass_seconds": st.last_pass_seconds,
+            "moving": st.moving,
+            "draining": st.draining.iter().map(crate::grid_cmd::node_json).collect::<Vec<_>>(),
+            "last_pass": (st.last_pass_ms > 0).then(|| crate::grid_cmd::rfc3339_ms(st.last_pass_ms)),
+            "events": st.events.iter().map(|e| event_json(e)).collect::<Vec<_>>(),
+        }));
         return Ok(0);
     }
     out!("nodes: {} up, {} down", st.nodes_up, st.nodes_down);

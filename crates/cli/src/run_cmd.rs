@@ -54,7 +54,7 @@ pub async fn run(a: RunArgs) -> Result<u8, TransferError> {
     };
     let summary = grid::run::run(&meta, &paths, &opts, &show).await?;
     if json {
-        out!("{}", serde_json::to_string(&summary).expect("serializable"));
+        crate::jsondoc::print_report(&summary);
     }
     let outputs: usize = summary.tasks.iter().map(|t| t.outputs.len()).sum();
     eprintln!(

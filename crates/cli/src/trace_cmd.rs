@@ -12,7 +12,7 @@ pub fn summary(a: TraceSummaryArgs) -> Result<u8, TransferError> {
     let lines = transfer::trace::read(&a.file)?;
     let s = summary::summarize(&lines);
     if a.json {
-        out!("{}", serde_json::to_string(&s).unwrap_or_default());
+        crate::jsondoc::print_report(&s);
     } else {
         for line in s.to_string().lines() {
             out!("{line}");

@@ -8,9 +8,6 @@ use grid::types as pb;
 use serde_json::{Value, json};
 use transfer::TransferError;
 
-/// Version of the JSON documents this command prints.
-const JSON_VERSION: u32 = 1;
-
 use crate::grid_cmd::{now_ms, rfc3339_ms};
 
 /// `--since`: a duration back from now (`1h`, `7d`) or an RFC 3339 time.
@@ -118,13 +115,9 @@ pub async fn transfers(a: TransfersArgs) -> Result<u8, TransferError> {
         })
         .await?;
     if a.json {
-        out!(
-            "{}",
-            json!({
-                "version": JSON_VERSION,
-                "transfers": list.iter().map(transfer_json).collect::<Vec<_>>(),
-            })
-        );
+        crate::jsondoc::print(json!({
+            "transfers": list.iter().map(transfer_json).collect::<Vec<_>>(),
+        }));
         return Ok(0);
     }
     if list.is_empty() {
@@ -200,13 +193,9 @@ fn live_json(c: &pb::LiveCopy) -> Value {
 async fn live(m: &grid::MetaClient, json_out: bool) -> Result<u8, TransferError> {
     let copies = m.live().await?;
     if json_out {
-        out!(
-            "{}",
-            json!({
-                "version": JSON_VERSION,
-                "live": copies.iter().map(live_json).collect::<Vec<_>>(),
-            })
-        );
+        crate::jsondoc::print(json!({
+            "live": copies.iter().map(live_json).collect::<Vec<_>>(),
+        }));
         return Ok(0);
     }
     if copies.is_empty() {
@@ -267,7 +256,7 @@ async fn show(m: &grid::MetaClient, id: i64, a: &TransfersArgs) -> Result<u8, Tr
     if a.json {
         let mut doc = transfer_json(&t);
         doc["files_list"] = Value::Array(files.iter().map(file_json).collect());
-        out!("{}", json!({ "version": JSON_VERSION, "transfer": doc }));
+        crate::jsondoc::print(json!({ "transfer": doc }));
         return Ok(0);
     }
     out!(

@@ -762,8 +762,8 @@ fn copies_of_files_that_arrived_privately_travel_privately() {
             "/alice/open/open.bin",
         ],
     );
-    assert_eq!(st[0]["protect"], "private", "{st}");
-    assert_eq!(st[1]["protect"], "clear", "{st}");
+    assert_eq!(st["entries"][0]["protect"], "private", "{st}");
+    assert_eq!(st["entries"][1]["protect"], "clear", "{st}");
     let replicate = |path: &str, copies: &str, extra: &[&str]| {
         let mut a = vec![
             "replicate",
@@ -800,7 +800,7 @@ fn copies_of_files_that_arrived_privately_travel_privately() {
         ],
     );
     let listed = g.json("alice", &["policy", "list", "--json"]);
-    assert_eq!(listed[0]["protect"], "private", "{listed}");
+    assert_eq!(listed["policies"][0]["protect"], "private", "{listed}");
     let ok = wait_for(SETTLE, || {
         std::thread::sleep(Duration::from_millis(200));
         replication_sessions(&g).len() == 4

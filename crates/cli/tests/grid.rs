@@ -44,7 +44,8 @@ fn upload_list_where_download_and_copy_to_another_site() {
     );
     // ls --json: sizes of what was uploaded.
     let list = g.json("alice", &["ls", "--json", "/alice/tree"]);
-    let list = list.as_array().unwrap();
+    assert_eq!(list["version"], 1);
+    let list = list["entries"].as_array().unwrap();
     assert_eq!(list.len(), 4, "{list:?}");
     for (rel, len) in files.iter().filter(|(r, _)| !r.contains('/')) {
         let e = list
@@ -54,6 +55,34 @@ fn upload_list_where_download_and_copy_to_another_site() {
         assert_eq!(e["size"], *len);
         assert_eq!(e["type"], "file");
         assert_eq!(e["owner"], "alice");
+        assert!(e["mtime"].as_str().unwrap().ends_with('Z'), "{e}");
+    }
+    // Every --json output is one object with its schema's version (README "JSON output"),
+    // failures too; status events are {time, message}.
+    for args in [
+        &["whoami", "--json"][..],
+        &["nodes", "--json"],
+        &["df", "--json"],
+        &["status", "--json"],
+        &["policy", "list", "--json"],
+        &["transfers", "--json"],
+        &["transfers", "--live", "--json"],
+        &["stat", "--json", "/alice/tree"],
+        &["where", "--json", "/alice/tree"],
+    ] {
+        let v = g.json("alice", args);
+        assert_eq!(v["version"], 1, "{args:?}: {v}");
+    }
+    let failed = g.run("alice", &["stat", "--json", "/alice/nope"]);
+    assert_exit(&failed, 3, "no such file");
+    assert_eq!(json(&failed)["version"], 1);
+    assert_eq!(json(&failed)["kind"], "not_found");
+    let status = g.json("alice", &["status", "--json"]);
+    let events = status["events"].as_array().unwrap();
+    assert!(!events.is_empty(), "{status}");
+    for e in events {
+        assert!(e["time"].as_str().unwrap().ends_with('Z'), "{e}");
+        assert!(!e["message"].as_str().unwrap().is_empty(), "{e}");
     }
 
     // where: every non-empty file has its replicas at site A, complete, matching the catalog.
@@ -182,8 +211,7 @@ fn permissions_and_bad_inputs() {
     assert_ok(&g.cp("bob", &[&g.url("/pub/a.txt"), down]));
     assert_same_file(Path::new(small), Path::new(down));
     // Nothing of bob's attempts is left behind.
-    let names: Vec<Value> = g
-        .json("alice", &["ls", "--json", "/pub", "/private"])
+    let names: Vec<Value> = g.json("alice", &["ls", "--json", "/pub", "/private"])["entries"]
         .as_array()
         .unwrap()
         .iter()
@@ -370,7 +398,8 @@ fn replicas_at_another_site_and_a_policy_heals_the_loss_of_a_node() {
     g.ok("alice", &["policy", "set", "/alice/tree", "--copies", "2"]);
     let pol = g.json("alice", &["policy", "list", "--json"]);
     assert!(
-        pol.as_array()
+        pol["policies"]
+            .as_array()
             .unwrap()
             .iter()
             .any(|p| p["path"] == "/alice/tree" && p["copies"] == 2),
@@ -1421,7 +1450,7 @@ fn transfer_history_records_every_kind_and_shows_each_user_their_own() {
     assert!(list("alice", &["--since", "1h"]).len() == mine.len());
     // `haul nodes --json` gives heartbeats as a time and an age too.
     let nodes = g.json("alice", &["nodes", "--json"]);
-    for n in nodes.as_array().unwrap() {
+    for n in nodes["nodes"].as_array().unwrap() {
         assert!(n["heartbeat"].as_str().unwrap().ends_with('Z'), "{n}");
         assert!(n["heartbeat_age_s"].as_f64().unwrap() >= 0.0, "{n}");
     }

@@ -326,7 +326,7 @@ impl Grid {
         }
         serde_json::from_slice::<Value>(&out.stdout)
             .ok()
-            .and_then(|v| v.as_array().cloned())
+            .and_then(|v| v["nodes"].as_array().cloned())
             .ok_or_else(|| {
                 format!(
                     "haul nodes: not a JSON list: {}",
@@ -393,13 +393,16 @@ impl Grid {
         let mut args = vec!["where", "--json"];
         args.extend(paths.iter().map(String::as_str));
         let v = self.json("alice", &args);
-        v.as_array().cloned().expect("where --json gives an array")
+        v["files"]
+            .as_array()
+            .cloned()
+            .expect("where --json gives its files")
     }
 
     /// The catalog id of a grid file.
     pub fn file_id(&self, path: &str) -> u64 {
         let v = self.json("alice", &["stat", "--json", path]);
-        v[0]["id"].as_u64().expect("id")
+        v["entries"][0]["id"].as_u64().expect("id")
     }
 
     /// Each replica of `path` as (node, state), from `haul where --json`.
