@@ -1190,4 +1190,21 @@ async fn transfer_history(c: &Catalog) {
     assert_eq!(c.prune_transfers(0, 1).await.unwrap(), 0);
     assert_eq!(c.prune_transfers(i64::MAX, 100).await.unwrap(), 1);
     assert_eq!(c.count_transfers().await.unwrap(), 0);
+    // A trace is stored and read back with its record, and listings leave it out.
+    let traced = TransferRecord {
+        trace: "0.5:1000000 1:2000000".into(),
+        ..rec("upload", "ann", "client", "S1", 1_500, 0)
+    };
+    let t = c.record_transfer(&traced, &[]).await.unwrap();
+    assert_eq!(c.transfer(t, 0, 0).await.unwrap().0.trace, traced.trace);
+    assert!(
+        c.transfers(&TransferFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .iter()
+        .all(|r| r.trace.is_empty())
+    );
 }

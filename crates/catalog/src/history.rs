@@ -44,6 +44,10 @@ pub struct TransferRecord {
     pub error: String,
     /// The transfer log's summary: plan, congestion control, bottleneck.
     pub summary: String,
+    /// Throughput over time from the client's trace, when one was recorded:
+    /// `seconds:bits_per_second` pairs separated by spaces. Read only by `transfer` (one
+    /// record), not by listings.
+    pub trace: String,
 }
 
 impl TransferRecord {
@@ -107,6 +111,8 @@ fn record_of(r: &AnyRow) -> Result<TransferRecord> {
         exit_code: n("exit_code")? as i32,
         error: r.try_get("error")?,
         summary: r.try_get("summary")?,
+        // Listings do not select it.
+        trace: r.try_get("trace").unwrap_or_default(),
     })
 }
 
@@ -122,8 +128,8 @@ impl Catalog {
             let row = sqlx::query(
                 "INSERT INTO transfers (kind, user_name, source, destination, src_site, dst_site, \
                  started_ms, ended_ms, files, files_failed, bytes, bytes_moved, streams, \
-                 retransmits, attempts, error_kind, exit_code, error, summary) VALUES \
-                 ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+                 retransmits, attempts, error_kind, exit_code, error, summary, trace) VALUES \
+                 ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
                  RETURNING id",
             )
             .bind(&t.kind)
@@ -145,6 +151,7 @@ impl Catalog {
             .bind(t.exit_code as i64)
             .bind(&t.error)
             .bind(&t.summary)
+            .bind(&t.trace)
             .fetch_one(&mut *w.tx)
             .await?;
             let id: i64 = row.try_get(0)?;
@@ -237,11 +244,13 @@ impl Catalog {
         offset: u64,
         limit: u32,
     ) -> Result<(TransferRecord, Vec<TransferFile>)> {
-        let row = sqlx::query(&format!("SELECT {COLS} FROM transfers WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| CatalogError::NotFound(format!("transfer {id}")))?;
+        let row = sqlx::query(&format!(
+            "SELECT {COLS}, trace FROM transfers WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| CatalogError::NotFound(format!("transfer {id}")))?;
         let rec = record_of(&row)?;
         let rows = sqlx::query(
             "SELECT path, node, bytes, checksum, error_kind, error FROM transfer_files \

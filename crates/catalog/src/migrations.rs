@@ -33,6 +33,7 @@ pub(crate) const SQLITE: Files = embed!("sqlite":
     "0005_file_privacy.sql",
     "0006_node_drain.sql",
     "0007_transfer_history.sql",
+    "0008_transfer_trace.sql",
 );
 
 pub(crate) const POSTGRES: Files = embed!("postgres":
@@ -43,6 +44,7 @@ pub(crate) const POSTGRES: Files = embed!("postgres":
     "0005_file_privacy.sql",
     "0006_node_drain.sql",
     "0007_transfer_history.sql",
+    "0008_transfer_trace.sql",
 );
 
 /// The migrator for one database's files.

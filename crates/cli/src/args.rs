@@ -580,6 +580,8 @@ pub struct CpArgs {
     /// Trace the copy into FILE: each data stream's TCP_INFO and the storage side every
     /// 10 ms, as JSON lines (`haul trace summary FILE`, `haul trace plot FILE -o out.svg`).
     /// This side must send (an upload); trace downloads on the endpoint (`--trace-dir`).
+    /// An upload into the grid also sends its throughput over time to the transfer history
+    /// (plotted on the dashboard's page of the transfer).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     #[command(flatten)]

@@ -220,11 +220,8 @@ async fn grid_copy(
             "--offset/--length are for standalone endpoints, not the grid",
         ));
     }
-    if a.trace.is_some() {
-        return Err(TransferError::usage(
-            "--trace is for copies with standalone endpoints; trace a grid's storage nodes with their --trace-dir",
-        ));
-    }
+    // --trace (an upload: this side sends) traces each session to the grid's nodes; the
+    // transfer history keeps its throughput over time (grid::copy).
     let Some(tls) = opts.tls.as_ref().map(|t| t.config.clone()) else {
         return Err(TransferError::usage(
             "the grid needs certificates, not --insecure",

@@ -237,6 +237,17 @@ async fn live(m: &grid::MetaClient, json_out: bool) -> Result<u8, TransferError>
     Ok(0)
 }
 
+/// A record's trace as (seconds, bits per second) points.
+fn trace_points(trace: &str) -> Vec<(f64, f64)> {
+    trace
+        .split_whitespace()
+        .filter_map(|p| {
+            let (t, v) = p.split_once(':')?;
+            Some((t.parse().ok()?, v.parse().ok()?))
+        })
+        .collect()
+}
+
 async fn show(m: &grid::MetaClient, id: i64, a: &TransfersArgs) -> Result<u8, TransferError> {
     // Every file, in pages.
     let mut files: Vec<pb::TransferFile> = Vec::new();
@@ -256,6 +267,13 @@ async fn show(m: &grid::MetaClient, id: i64, a: &TransfersArgs) -> Result<u8, Tr
     if a.json {
         let mut doc = transfer_json(&t);
         doc["files_list"] = Value::Array(files.iter().map(file_json).collect());
+        // The throughput over time, when the client traced the copy: [[seconds, bits/s]].
+        doc["trace"] = Value::Array(
+            trace_points(&t.trace)
+                .into_iter()
+                .map(|(s, b)| json!([s, b]))
+                .collect(),
+        );
         crate::jsondoc::print(json!({ "transfer": doc }));
         return Ok(0);
     }
@@ -290,6 +308,15 @@ async fn show(m: &grid::MetaClient, id: i64, a: &TransfersArgs) -> Result<u8, Tr
     );
     if !t.summary.is_empty() {
         out!("  summary  {}", t.summary);
+    }
+    let trace = trace_points(&t.trace);
+    if !trace.is_empty() {
+        out!(
+            "  trace    {} points over {:.1} s, peak {} (plotted on the dashboard's page of this transfer)",
+            trace.len(),
+            trace.last().map(|p| p.0).unwrap_or(0.0),
+            wire::units::format_rate(trace.iter().map(|p| p.1).fold(0.0, f64::max))
+        );
     }
     if !t.error_kind.is_empty() {
         out!(

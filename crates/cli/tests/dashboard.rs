@@ -83,6 +83,8 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
     let big = g.path().join("big.bin");
     write_file(&big, 5, 8 << 20);
     g.ok("alice", &["mkdir", "/alice"]);
+    // Traced: its page plots the throughput over time.
+    let trace = g.path().join("upload.trace");
     assert_ok(&g.cp(
         "alice",
         &[
@@ -90,6 +92,8 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
             &g.url("/alice/big.bin"),
             "--site",
             "A",
+            "--trace",
+            trace.to_str().unwrap(),
         ],
     ));
     assert_exit(
@@ -303,6 +307,22 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
     assert!(
         files.contains("/alice/big.bin") && (files.contains(">a1<") || files.contains(">a2<")),
         "{files}"
+    );
+    let plot = dom
+        .split("id=\"trace\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no trace plot: {dom}"));
+    let points: usize = plot
+        .split("data-points=\"")
+        .nth(1)
+        .and_then(|p| p.split('"').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{plot}"));
+    assert!(points >= 2, "{plot}");
+    let shown = g.json("alice", &["transfers", "--id", &id.to_string(), "--json"]);
+    assert_eq!(
+        shown["transfer"]["trace"].as_array().unwrap().len(),
+        points,
+        "{shown}"
     );
     // The history with a filter.
     let (dom, console) = browse(&link("alice"), "/transfers?failed=on", "transfers");

@@ -12,6 +12,8 @@ use transfer::client::CopyReport;
 /// Files per message (the server takes up to 5,000; 2,000 keeps a message of long paths
 /// under its 16 MiB request limit).
 const FILES_PER_MESSAGE: usize = 2_000;
+/// Points of a trace's throughput a record carries at most (the server keeps up to 600).
+pub const TRACE_POINTS: usize = 600;
 /// How long the client waits for the server to take a record.
 const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
 

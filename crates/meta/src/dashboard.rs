@@ -337,6 +337,41 @@ fn or_dash(s: &str) -> &str {
     if s.is_empty() { "-" } else { s }
 }
 
+/// A transfer's throughput over time from its client's trace (`seconds:bits_per_second`
+/// pairs, checked when stored), drawn as one line.
+fn trace_chart(trace: &str) -> Markup {
+    let points: Vec<(f64, f64)> = trace
+        .split_whitespace()
+        .filter_map(|p| {
+            let (t, v) = p.split_once(':')?;
+            Some((t.parse().ok()?, v.parse().ok()?))
+        })
+        .collect();
+    let end = points.last().map(|p| p.0).unwrap_or(0.0).max(0.001);
+    let peak = points.iter().map(|p| p.1).fold(1.0, f64::max);
+    let (w, h) = (720.0, 180.0);
+    let x = |t: f64| 40.0 + (w - 50.0) * t / end;
+    let y = |bits: f64| h - 20.0 - (h - 40.0) * bits / peak;
+    let line = points
+        .iter()
+        .map(|(t, v)| format!("{:.1},{:.1}", x(*t), y(*v)))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let title = "Throughput over time, from the client's trace";
+    html! {
+        h2 { "Trace" }
+        div class="chart" id="trace" {
+            svg width=(w) height=(h) viewBox={ "0 0 " (w) " " (h) } role="img" aria-label=(title) {
+                text x="4" y="14" font-size="11" { "peak " (rate(peak)) }
+                text x="4" y=(h - 4.0) font-size="11" { "0 s" }
+                text x=(w - 60.0) y=(h - 4.0) font-size="11" { (if end < 10.0 { format!("{end:.2} s") } else { format!("{end:.0} s") }) }
+                polyline class="trace" fill="none" stroke=(COLOURS[0]) stroke-width="1.5" points=(line) data-points=(points.len()) {}
+            }
+            p class="note" { (title) ": " (points.len()) " points (means over equal spans of time)." }
+        }
+    }
+}
+
 /// Copies in progress `user` may see: clients' copies and runs as their clients report them,
 /// and the server's replication, repair and reconciler runs.
 fn live_rows(meta: &Meta, user: &User) -> Markup {
@@ -628,6 +663,7 @@ pub async fn transfer(
                 tr { th class="l" { "streams, attempts, retransmits" } td class="l" { (t.streams) ", " (t.attempts) ", " (t.retransmits) } }
                 @if !t.summary.is_empty() { tr { th class="l" { "summary" } td class="l" { (t.summary) } } }
             }
+            @if !t.trace.is_empty() { (trace_chart(&t.trace)) }
             h2 { "Files" }
             table id="files" {
                 tr { th class="l" { "path" } th class="l" { "node" } th { "size" } th class="l" { "checksums or error" } }

@@ -78,7 +78,38 @@ pub fn to_pb(t: &TransferRecord) -> pb::Transfer {
         exit_code: t.exit_code,
         error: t.error.clone(),
         summary: t.summary.clone(),
+        trace: t.trace.clone(),
     }
+}
+
+/// Points of a trace a record keeps at most, and its text's length.
+pub const MAX_TRACE_POINTS: usize = 600;
+const MAX_TRACE_BYTES: usize = 32 << 10;
+
+/// A client's trace as stored: `seconds:bits_per_second` pairs with finite, non-negative
+/// numbers and increasing times, at most `MAX_TRACE_POINTS`; anything else is dropped (the
+/// record is kept without it).
+fn checked_trace(s: &str) -> String {
+    if s.len() > MAX_TRACE_BYTES {
+        return String::new();
+    }
+    let mut last = -1.0f64;
+    let mut n = 0;
+    for pair in s.split_whitespace() {
+        let ok = pair.split_once(':').and_then(|(t, v)| {
+            let (t, v) = (t.parse::<f64>().ok()?, v.parse::<f64>().ok()?);
+            (t.is_finite() && v.is_finite() && t > last && v >= 0.0).then_some(t)
+        });
+        match ok {
+            Some(t) => last = t,
+            None => return String::new(),
+        }
+        n += 1;
+        if n > MAX_TRACE_POINTS {
+            return String::new();
+        }
+    }
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn file_to_pb(f: &TransferFile) -> pb::TransferFile {
@@ -220,6 +251,7 @@ impl Meta {
             exit_code,
             error: bounded(&t.error, 2048),
             summary: bounded(&t.summary, 8192),
+            trace: checked_trace(&t.trace),
         };
         let id = self.catalog.record_transfer(&rec, &files).await?;
         Ok(pb::RecordTransferReply { id })
@@ -428,6 +460,7 @@ impl Meta {
             ),
             summary: "recorded by the metadata server from the client's last progress report"
                 .into(),
+            trace: String::new(),
         };
         if let Err(e) = self.catalog.record_transfer(&rec, &[]).await {
             tracing::warn!(error = %e, user = %c.user, "cannot record an abandoned copy in the history");
@@ -794,5 +827,26 @@ mod tests {
             t.error
         );
         assert_eq!((t.files, t.files_failed, t.bytes), (1, 1, 10));
+    }
+
+    #[test]
+    fn a_trace_is_kept_only_when_it_is_a_bounded_series() {
+        assert_eq!(checked_trace("0.01:1500 0.02:1600"), "0.01:1500 0.02:1600");
+        assert_eq!(checked_trace(""), "");
+        // Times going back, negative or non-finite rates, garbage, too many points or bytes.
+        for bad in [
+            "0.02:1 0.01:1".to_string(),
+            "0.01:-5".into(),
+            "0.01:NaN".into(),
+            "0.01:inf".into(),
+            "<script>".into(),
+            (1..=MAX_TRACE_POINTS + 1)
+                .map(|i| format!("{i}:1"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            format!("0.01:{}", "9".repeat(40 << 10)),
+        ] {
+            assert_eq!(checked_trace(&bad), "", "{}", &bad[..bad.len().min(40)]);
+        }
     }
 }

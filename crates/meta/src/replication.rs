@@ -1117,6 +1117,7 @@ async fn record_session(
             .map(|f| format!("{}: {}", f.path, f.error))
             .unwrap_or_default(),
         summary,
+        trace: String::new(),
     };
     meta.record_transfer(rec, &files).await;
 }

@@ -175,6 +175,19 @@ impl TraceFile {
         Ok(t)
     }
 
+    /// The trace's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where the trace's next line will start in its file (what is buffered written out
+    /// first): a copy notes it to read back its own lines of a file earlier copies appended
+    /// to (`read_since`).
+    pub fn end_offset(&self) -> u64 {
+        self.flush();
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
     /// Microseconds since the trace began.
     pub fn now_us(&self) -> u64 {
         self.started.elapsed().as_micros() as u64
@@ -219,6 +232,28 @@ impl Drop for TraceFile {
     fn drop(&mut self) {
         self.flush();
     }
+}
+
+/// Bytes of a trace `read_since` reads at most (a long copy's trace grows by about 40 KB a
+/// second per stream).
+const READ_SINCE_MAX: u64 = 256 << 20;
+
+/// The lines appended to the trace at `path` from byte `offset` on (one copy's part of a
+/// file that other copies appended to as well), up to `READ_SINCE_MAX` bytes; lines that do
+/// not parse are skipped. Empty when the file cannot be read.
+pub fn read_since(path: &Path, offset: u64) -> Vec<Line> {
+    use std::io::{BufRead, Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    if f.seek(SeekFrom::Start(offset)).is_err() {
+        return Vec::new();
+    }
+    std::io::BufReader::new(f.take(READ_SINCE_MAX))
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect()
 }
 
 /// Reads a trace back: its lines in order (a line that does not parse is an error naming its

@@ -126,6 +126,12 @@ pub async fn copy(
         (_, Location::Local(_)) => "download",
         _ => "copy",
     };
+    // This copy's part of the trace file (`--trace`; earlier copies may have appended to it).
+    let trace_from = opts
+        .copy
+        .trace
+        .as_ref()
+        .map(|t| (t.clone(), t.end_offset()));
     let live = crate::live::start(
         meta,
         kind,
@@ -139,6 +145,13 @@ pub async fn copy(
     if !matches!(&result, Err(e) if e.kind() == wire::error::ErrorKind::Invalid) {
         let (mut t, files) =
             crate::history::copy_record(kind, &src.to_string(), &dst.to_string(), started, &result);
+        if let Some((trace, offset)) = trace_from {
+            trace.flush();
+            t.trace = transfer::trace::summary::throughput_points(
+                &transfer::trace::read_since(trace.path(), offset),
+                crate::history::TRACE_POINTS,
+            );
+        }
         if let Some(site) = &opts.site {
             // The client's site: where a copy within the grid was asked to read or write.
             if kind == "copy" {

@@ -73,6 +73,44 @@ pub fn series(lines: &[Line]) -> Series {
     out
 }
 
+/// The total throughput as at most `max` points `seconds:bits_per_second` separated by spaces
+/// (means over equal spans of the trace's time, times in whole milliseconds and increasing):
+/// what the transfer history keeps of a trace for its plot. Empty without stream samples.
+pub fn throughput_points(lines: &[Line], max: usize) -> String {
+    let s = series(lines);
+    let (Some(&t0), Some(&t1)) = (s.total_t_s.first(), s.total_t_s.last()) else {
+        return String::new();
+    };
+    if max == 0 {
+        return String::new();
+    }
+    let span = ((t1 - t0) / max as f64).max(1e-6);
+    // (bucket, sum of times, sum of rates, samples)
+    let mut buckets: Vec<(usize, f64, f64, f64)> = Vec::new();
+    for (t, bps) in s.total_t_s.iter().zip(&s.total_bps) {
+        let i = (((t - t0) / span) as usize).min(max - 1);
+        match buckets.last_mut() {
+            Some(b) if b.0 == i => {
+                b.1 += t;
+                b.2 += bps;
+                b.3 += 1.0;
+            }
+            _ => buckets.push((i, *t, *bps, 1.0)),
+        }
+    }
+    let mut out: Vec<String> = Vec::with_capacity(buckets.len());
+    let mut last_ms = -1i64;
+    for (_, ts, bs, n) in buckets {
+        let ms = (ts / n * 1000.0).round() as i64;
+        if ms <= last_ms || !bs.is_finite() {
+            continue;
+        }
+        last_ms = ms;
+        out.push(format!("{}:{:.0}", ms as f64 / 1000.0, (bs / n).max(0.0)));
+    }
+    out.join(" ")
+}
+
 /// Percentiles of one quantity.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Percentiles {

@@ -1,4 +1,4 @@
-use super::summary::{Percentiles, series, summarize};
+use super::summary::{Percentiles, series, summarize, throughput_points};
 use super::*;
 
 fn sample(t_ms: u64, stream: u32, acked: u64, retrans: u32, busy_ms: u64, rwnd_ms: u64) -> Line {
@@ -173,4 +173,48 @@ fn a_sample_reads_the_kernels_fields_in_their_units() {
     assert_eq!(s.rtt_us, 2500);
     assert!(s.app_limited);
     assert_eq!((s.bytes_acked, s.busy_us, s.stream, s.t_us), (99, 7, 3, 5));
+}
+
+#[test]
+fn the_history_keeps_a_bounded_throughput_series() {
+    // Ten ticks at 1.5 Gbit/s: all of them fit in 600 points; in 4, means of 2 or 3.
+    let all = throughput_points(&two_streams(), 600);
+    let points: Vec<(f64, f64)> = all
+        .split(' ')
+        .map(|p| {
+            let (t, v) = p.split_once(':').unwrap();
+            (t.parse().unwrap(), v.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(points.len(), 10, "{all}");
+    assert_eq!(points[0], (0.01, 1.5e9));
+    assert!(points.windows(2).all(|w| w[0].0 < w[1].0), "{all}");
+    let few = throughput_points(&two_streams(), 4);
+    assert_eq!(few.split(' ').count(), 4, "{few}");
+    assert!(few.split(' ').all(|p| p.ends_with(":1500000000")), "{few}");
+    assert_eq!(throughput_points(&[header()], 600), "");
+}
+
+#[test]
+fn a_copy_reads_back_only_its_own_part_of_a_trace_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.trace");
+    let earlier = two_streams()
+        .iter()
+        .map(|l| serde_json::to_string(l).unwrap() + "\n")
+        .collect::<String>();
+    std::fs::write(&path, &earlier).unwrap();
+    let offset = earlier.len() as u64;
+    let mut more = serde_json::to_string(&session()).unwrap() + "\n";
+    more += &(serde_json::to_string(&sample(5, 0, 7, 0, 5, 0)).unwrap() + "\n");
+    more += "not json\n";
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(more.as_bytes())
+        .unwrap();
+    let lines = read_since(&path, offset);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(read_since(&dir.path().join("missing"), 0).is_empty());
 }
