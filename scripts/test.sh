@@ -36,6 +36,8 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   command -v promtool >/dev/null || need+=(prometheus)
   # The dashboard's test drives a real browser (headless).
   command -v chromium >/dev/null || need+=(chromium)
+  # The OCI image's test builds one with umoci.
+  command -v umoci >/dev/null || need+=(umoci)
   # `haul trace plot` draws its text with DejaVu Sans.
   [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
   if [ ${#need[@]} -gt 0 ]; then

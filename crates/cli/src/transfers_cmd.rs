@@ -153,8 +153,8 @@ pub async fn transfers(a: TransfersArgs) -> Result<u8, TransferError> {
             wire::units::format_rate(rate_bps(t)),
             format!("{} -> {}", or_dash(&t.src_site), or_dash(&t.dst_site)),
             outcome(t),
-            t.source,
-            t.destination
+            crate::grid_cmd::shown(&t.source),
+            crate::grid_cmd::shown(&t.destination)
         );
     }
     if list.len() as u32 == a.limit {
@@ -230,7 +230,11 @@ async fn live(m: &grid::MetaClient, json_out: bool) -> Result<u8, TransferError>
             if c.source.is_empty() && c.destination.is_empty() {
                 "node to node".to_string()
             } else {
-                format!("{} -> {}", c.source, c.destination)
+                format!(
+                    "{} -> {}",
+                    crate::grid_cmd::shown(&c.source),
+                    crate::grid_cmd::shown(&c.destination)
+                )
             }
         );
     }
@@ -284,10 +288,14 @@ async fn show(m: &grid::MetaClient, id: i64, a: &TransfersArgs) -> Result<u8, Tr
         t.user,
         outcome(&t)
     );
-    out!("  from     {} (site {})", t.source, or_dash(&t.src_site));
+    out!(
+        "  from     {} (site {})",
+        crate::grid_cmd::shown(&t.source),
+        or_dash(&t.src_site)
+    );
     out!(
         "  to       {} (site {})",
-        t.destination,
+        crate::grid_cmd::shown(&t.destination),
         or_dash(&t.dst_site)
     );
     out!(
@@ -307,7 +315,7 @@ async fn show(m: &grid::MetaClient, id: i64, a: &TransfersArgs) -> Result<u8, Tr
         wire::units::count(t.retransmits, "TCP retransmit", "TCP retransmits")
     );
     if !t.summary.is_empty() {
-        out!("  summary  {}", t.summary);
+        out!("  summary  {}", crate::grid_cmd::shown(&t.summary));
     }
     let trace = trace_points(&t.trace);
     if !trace.is_empty() {
@@ -323,20 +331,25 @@ async fn show(m: &grid::MetaClient, id: i64, a: &TransfersArgs) -> Result<u8, Tr
             "  error    {} (exit {}): {}",
             t.error_kind,
             t.exit_code,
-            t.error
+            crate::grid_cmd::shown(&t.error)
         );
     }
     for f in &files {
         if f.error_kind.is_empty() {
             out!(
                 "  ok      {} {} {} {}",
-                f.path,
+                crate::grid_cmd::shown(&f.path),
                 wire::units::format_bytes(f.bytes),
                 f.node,
                 f.checksum
             );
         } else {
-            out!("  FAILED  {} {}: {}", f.path, f.error_kind, f.error);
+            out!(
+                "  FAILED  {} {}: {}",
+                crate::grid_cmd::shown(&f.path),
+                f.error_kind,
+                crate::grid_cmd::shown(&f.error)
+            );
         }
     }
     Ok(0)

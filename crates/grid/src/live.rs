@@ -16,8 +16,9 @@ use wire::error::ErrorKind;
 const FIRST_REPORT: Duration = Duration::from_secs(1);
 /// Between reports (the server drops a copy after 30 s without one).
 const EVERY: Duration = Duration::from_secs(3);
-/// How long one report may take.
+/// How long one report may take, and the last one (the copy is over and waits for it).
 const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
+const END_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The figures of a report, read when it is sent.
 pub type Figures = Box<dyn Fn() -> pb::LiveReport + Send + Sync>;
@@ -73,7 +74,23 @@ pub fn start(
                 _ = s.cancelled() => break,
             }
             wait = EVERY;
-            match tokio::time::timeout(REPORT_TIMEOUT, meta.report_live(report(id, false))).await {
+            // The copy's end waits for a report in flight only when it may list the copy (the
+            // first): its id is needed to take the copy off the list again.
+            let request = report(id, false);
+            let fut = tokio::time::timeout(REPORT_TIMEOUT, meta.report_live(request));
+            tokio::pin!(fut);
+            let sent = tokio::select! {
+                r = &mut fut => r,
+                _ = s.cancelled() => {
+                    if id == 0
+                        && let Ok(Ok(Ok(new))) = tokio::time::timeout(END_TIMEOUT, fut).await
+                    {
+                        id = new;
+                    }
+                    break;
+                }
+            };
+            match sent {
                 Ok(Ok(new)) => id = new,
                 // The server restarted (or dropped the copy as silent): list it anew.
                 Ok(Err(e)) if e.kind() == ErrorKind::NotFound => {
@@ -87,7 +104,7 @@ pub fn start(
             }
         }
         if id != 0 {
-            let _ = tokio::time::timeout(REPORT_TIMEOUT, meta.report_live(report(id, true))).await;
+            let _ = tokio::time::timeout(END_TIMEOUT, meta.report_live(report(id, true))).await;
         }
     });
     Reporter { stop, task }

@@ -30,6 +30,10 @@ const DEFAULT_LIST: u32 = 100;
 const MAX_FILES_REPLY: u32 = 10_000;
 const DEFAULT_FILES_REPLY: u32 = 1_000;
 
+/// The summary of a record the server made of a client's copy that fell silent.
+const ABANDONED_SUMMARY: &str =
+    "recorded by the metadata server from the client's last progress report";
+
 /// Kinds a client may record; the server's own are replicate, repair, reconcile and drain.
 const CLIENT_KINDS: [&str; 4] = ["upload", "download", "copy", "run"];
 
@@ -160,7 +164,11 @@ impl Meta {
                 .transfer(q.id, 0, 0)
                 .await
                 .map_err(|_| not_yours(q.id))?;
-            if rec.user != user.name || !CLIENT_KINDS.contains(&rec.kind.as_str()) {
+            // The server's own records, abandoned copies included, take no files from clients.
+            if rec.user != user.name
+                || !CLIENT_KINDS.contains(&rec.kind.as_str())
+                || rec.summary == ABANDONED_SUMMARY
+            {
                 return Err(not_yours(q.id));
             }
             self.catalog
@@ -320,7 +328,7 @@ impl Meta {
 fn figures_of(q: &pb::LiveReport) -> ClientFigures {
     ClientFigures {
         files_total: q.files_total,
-        files_done: q.files_done.min(q.files_total.max(q.files_done)),
+        files_done: q.files_done,
         files_failed: q.files_failed,
         bytes_total: q.bytes_total,
         bytes_done: q.bytes_done,
@@ -423,6 +431,7 @@ impl Meta {
     /// Records a client's copy that fell silent as abandoned, with what it had reported.
     async fn record_abandoned(&self, c: ClientCopy, now: Instant, now_ms: i64) {
         let f = &c.figures;
+        let files = f.files_total.max(f.files_done).min(MAX_FILES);
         let rec = TransferRecord {
             id: 0,
             kind: c.kind.clone(),
@@ -441,12 +450,8 @@ impl Meta {
             },
             started_ms: c.started_ms,
             ended_ms: ms_of(c.last_report, now, now_ms),
-            files: f.files_total.max(f.files_done),
-            files_failed: f
-                .files_total
-                .saturating_sub(f.files_done)
-                .max(1)
-                .min(f.files_total.max(1)),
+            files,
+            files_failed: files - f.files_done.min(files),
             bytes: f.bytes_done,
             bytes_moved: f.bytes_done,
             streams: f.streams,
@@ -458,8 +463,7 @@ impl Meta {
                 "abandoned: the client stopped reporting (killed, or cut off from the metadata server) with {} of {} files and {} of {} bytes done",
                 f.files_done, f.files_total, f.bytes_done, f.bytes_total
             ),
-            summary: "recorded by the metadata server from the client's last progress report"
-                .into(),
+            summary: ABANDONED_SUMMARY.into(),
             trace: String::new(),
         };
         if let Err(e) = self.catalog.record_transfer(&rec, &[]).await {
@@ -827,6 +831,14 @@ mod tests {
             t.error
         );
         assert_eq!((t.files, t.files_failed, t.bytes), (1, 1, 10));
+        // The client cannot add files to the server's record of it.
+        let more = pb::RecordTransferRequest {
+            transfer: None,
+            files: vec![file(0)],
+            id: t.id,
+        };
+        let e = m.record_client_transfer(&bob, &more).await.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
     }
 
     #[test]

@@ -137,18 +137,21 @@ pub struct ClientCopy {
 /// The current rate is measured over the reports of about this long (progress comes in
 /// chunks: a copy's confirmed bytes may not move between two reports 3 s apart).
 const RATE_WINDOW: Duration = Duration::from_secs(20);
+/// Reports kept for the rate: at most one a second, and no more than this many.
+const RATE_SAMPLES: usize = 32;
 
 impl ClientCopy {
-    /// Bytes per second: since the newest report at least `RATE_WINDOW` old (or the oldest,
-    /// or the start).
+    /// Bytes per second: since the newest report at least `RATE_WINDOW` old (or the oldest);
+    /// 0 until a second report gives an interval.
     pub fn rate(&self) -> f64 {
-        let (t, b) = self.previous.front().copied().unwrap_or((self.started, 0));
-        self.figures.bytes_done.saturating_sub(b) as f64
-            / self
-                .last_report
-                .saturating_duration_since(t)
-                .as_secs_f64()
-                .max(0.001)
+        let Some((t, b)) = self.previous.front().copied() else {
+            return 0.0;
+        };
+        let dt = self.last_report.saturating_duration_since(t).as_secs_f64();
+        if dt <= 0.0 {
+            return 0.0;
+        }
+        self.figures.bytes_done.saturating_sub(b) as f64 / dt
     }
 }
 
@@ -165,7 +168,6 @@ pub enum LiveRefusal {
 #[derive(Default)]
 pub struct LiveClients {
     copies: Mutex<HashMap<u64, ClientCopy>>,
-    next: AtomicU64,
 }
 
 fn cut(s: &str) -> String {
@@ -195,8 +197,15 @@ impl LiveClients {
         {
             return Err(LiveRefusal::Full);
         }
-        // Ids start at 1: 0 asks for a new one.
-        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        // Random, so that a client still holding an id from before a restart (or from another
+        // metadata server sharing the catalog) cannot report on somebody's new copy; never 0
+        // (which asks for a new one), and positive as an int64.
+        let id = loop {
+            let id = rand::random::<u64>() >> 1;
+            if id != 0 && !copies.contains_key(&id) {
+                break id;
+            }
+        };
         copies.insert(
             id,
             ClientCopy {
@@ -229,7 +238,16 @@ impl LiveClients {
                 if ended {
                     copies.remove(&id);
                 } else {
-                    c.previous.push_back((c.last_report, c.figures.bytes_done));
+                    // One sample a second at most, RATE_SAMPLES at most: a client reporting
+                    // in a loop grows nothing.
+                    if c.previous.back().is_none_or(|(t, _)| {
+                        c.last_report.saturating_duration_since(*t) >= Duration::from_secs(1)
+                    }) {
+                        c.previous.push_back((c.last_report, c.figures.bytes_done));
+                    }
+                    while c.previous.len() > RATE_SAMPLES {
+                        c.previous.pop_front();
+                    }
                     // Keeps one report at least as old as the window.
                     while c
                         .previous
@@ -300,6 +318,8 @@ mod tests {
             .start("bob", "download", "/grid/y", "/tmp/y", figures(0), t0, 1)
             .unwrap();
         assert_ne!(a, b);
+        // No rate before a second report gives an interval.
+        assert_eq!(live.list()[0].rate(), 0.0);
         // Only its own user reports on a copy.
         assert_eq!(
             live.report("bob", a, figures(10), false, t0),

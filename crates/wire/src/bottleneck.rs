@@ -344,7 +344,12 @@ pub fn diagnose(t: &Transfer) -> Verdict {
         && shares.busy >= 0.6
         && t.link_bps > 0
         && goodput < 0.5 * t.link_bps as f64
-        && streams.saturating_mul(send.wmem_max) < 2 * link_bdp
+        && streams.saturating_mul(send.wmem_max) < link_bdp.saturating_mul(2)
+        // Not the receiver's buffer instead (when its kernel too reports no window-limited
+        // time): its tcp_rmem maximum, when known, holds the path's window.
+        && t.receive.as_ref().is_none_or(|r| {
+            r.rmem_max == 0 || r.rmem_max.saturating_mul(streams) >= link_bdp.saturating_mul(2)
+        })
         && in_flight.saturating_mul(4) >= streams.saturating_mul(send.wmem_max)
     {
         return verdict(

@@ -147,10 +147,16 @@ pub async fn copy(
             crate::history::copy_record(kind, &src.to_string(), &dst.to_string(), started, &result);
         if let Some((trace, offset)) = trace_from {
             trace.flush();
-            t.trace = transfer::trace::summary::throughput_points(
-                &transfer::trace::read_since(trace.path(), offset),
-                crate::history::TRACE_POINTS,
-            );
+            // Reading and parsing a long trace is blocking work.
+            let path = trace.path().to_path_buf();
+            t.trace = tokio::task::spawn_blocking(move || {
+                transfer::trace::summary::throughput_points(
+                    &transfer::trace::read_since(&path, offset),
+                    crate::history::TRACE_POINTS,
+                )
+            })
+            .await
+            .unwrap_or_default();
         }
         if let Some(site) = &opts.site {
             // The client's site: where a copy within the grid was asked to read or write.

@@ -188,7 +188,8 @@ pub(super) struct Runner {
     total: Arc<Counters>,
     parts: Arc<Mutex<Vec<Arc<Counters>>>>,
     /// Bytes of sessions that have ended (their counters are dropped from `parts`).
-    settled: Arc<Mutex<(u64, u64)>>,
+    /// Ended sessions' bytes done, bytes sent and files done.
+    settled: Arc<Mutex<(u64, u64, u64)>>,
     events: EventSender,
     cancel: CancellationToken,
     stall: Duration,
@@ -258,6 +259,7 @@ impl Runner {
             let mut s = self.settled.lock().expect("settled");
             s.0 += Counters::get(&counters.bytes_done);
             s.1 += Counters::get(&counters.bytes_sent);
+            s.2 += Counters::get(&counters.files_done);
         }
         sum_into(&self.parts, &self.settled, &self.total);
         // Files the session did not report are failed with the session's error.
@@ -312,20 +314,23 @@ impl Runner {
     }
 }
 
-fn sum_into(parts: &Mutex<Vec<Arc<Counters>>>, settled: &Mutex<(u64, u64)>, total: &Counters) {
+fn sum_into(parts: &Mutex<Vec<Arc<Counters>>>, settled: &Mutex<(u64, u64, u64)>, total: &Counters) {
     let parts = parts.lock().expect("parts");
     let s = *settled.lock().expect("settled");
-    let (mut done, mut sent, mut act, mut streams) = (s.0, s.1, 0, 0);
+    let (mut done, mut sent, mut act, mut streams, mut files) = (s.0, s.1, 0, 0, s.2);
     for c in parts.iter() {
         done += Counters::get(&c.bytes_done);
+        files += Counters::get(&c.files_done);
         sent += Counters::get(&c.bytes_sent);
         act += Counters::get(&c.activity);
         streams += Counters::get(&c.streams);
     }
     Counters::set(&total.bytes_done, done);
     Counters::set(&total.bytes_sent, sent);
-    // The streams of the sessions in progress (a session's share leaves with it).
+    // The streams of the sessions in progress (a session's share leaves with it), and the
+    // files the sessions have done (for the live reports; the tally keeps the outcomes).
     Counters::set(&total.streams, streams);
+    Counters::set(&total.files_done, files);
     Counters::add(&total.activity, act.min(1));
 }
 async fn run_bounded<T, Fut>(jobs: Vec<Fut>, limit: usize) -> Vec<T>

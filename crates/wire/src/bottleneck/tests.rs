@@ -155,9 +155,9 @@ fn without_evidence_nothing_is_claimed() {
 /// buffer is recognised from what the streams kept in flight against the buffer's ceiling.
 #[test]
 fn a_send_buffer_too_small_is_named_without_the_kernels_chronograph() {
-    // One stream, 1 MiB tcp_wmem, 40 ms, 123 Mbit/s on a 1 Gbit/s link, no loss (as measured
-    // in netlab).
-    let t = Transfer {
+    // One stream, 1 MiB tcp_wmem, 40 ms, 123 Mbit/s on a 1 Gbit/s link, no loss, a receiver
+    // with 128 MiB tcp_rmem (as measured in netlab).
+    let mut t = Transfer {
         bytes: 24 << 20,
         files: 1,
         seconds: 24.0 * 8.0 * 1.048_576 / 123.0,
@@ -175,6 +175,7 @@ fn a_send_buffer_too_small_is_named_without_the_kernels_chronograph() {
             s.wmem_max = 1 << 20;
         })
     };
+    t.receive.as_mut().unwrap().rmem_max = 128 << 20;
     let v = diagnose(&t);
     assert_eq!(v.factor, Factor::SenderBuffer, "{v:?}");
     assert!(
@@ -201,6 +202,10 @@ fn a_send_buffer_too_small_is_named_without_the_kernels_chronograph() {
         ..t.clone()
     };
     assert_eq!(diagnose(&big).factor, Factor::Network);
+    // A receiver whose tcp_rmem is as small is not blamed on the sender.
+    let mut small_rmem = t.clone();
+    small_rmem.receive.as_mut().unwrap().rmem_max = 1 << 20;
+    assert_ne!(diagnose(&small_rmem).factor, Factor::SenderBuffer);
     let far_below = Transfer {
         seconds: t.seconds * 4.0,
         ..t.clone()
