@@ -3,8 +3,10 @@
 //! two storage nodes each on loopback, generates a small climate-like dataset from a fixed
 //! seed, copies it into the grid at site A, replicates it node to node to site B, has the nodes
 //! verify every replica's checksum where it is, downloads the dataset back from site B and
-//! compares it byte for byte, and prints a report (throughput, replicas per site, time). With
-//! `--exit` it stops there; without, the grid and its dashboard stay up until Ctrl-C.
+//! compares it byte for byte, runs `md5sum` on every replica of `tas/monthly` where it is
+//! (`haul run`, as the local account the demo's user maps to) and checks the sums, and prints
+//! a report (throughput, replicas per site, time). With `--exit` it stops there; without, the
+//! grid and its dashboard stay up until Ctrl-C.
 
 use crate::args::DemoArgs;
 use grid::types as pb;
@@ -274,11 +276,15 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         &Validity::days(30),
     )?
     .subject;
-    let mapfile =
-        Mapfile::parse(&format!("\"{user}\" scientist\n")).map_err(TransferError::usage)?;
-    std::fs::write(base.join("pki/mapfile"), format!("\"{user}\" scientist\n")).map_err(local)?;
+    // Tasks of `haul run` run as the local account the user maps to: the demo's own (or, as
+    // root, the account sudo came from), never root.
+    let account = run_account();
+    let mapped = account.clone().unwrap_or_else(|| "scientist".into());
+    let line = format!("\"{user}\" {mapped}\n");
+    let mapfile = Mapfile::parse(&line).map_err(TransferError::usage)?;
+    std::fs::write(base.join("pki/mapfile"), &line).map_err(local)?;
     println!(
-        "  CA and certificates: user {user} mapped to \"scientist\", 4 nodes enrolled by fingerprint"
+        "  CA and certificates: user {user} mapped to \"{mapped}\", 4 nodes enrolled by fingerprint"
     );
 
     let stop = CancellationToken::new();
@@ -313,7 +319,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     let data = base.join("cmip-demo");
     let total = write_dataset(&data, &sizes).map_err(local)?;
     println!(
-        "  dataset: {} files, {} (log-normal sizes, median {:.0} MB, fixed seed)\n",
+        "  dataset: {} files, {} (log-normal sizes, median {} MB, fixed seed)\n",
         sizes.len(),
         wire::units::format_bytes(total),
         a.median_mb
@@ -352,7 +358,10 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         up.files,
         up.bytes_total,
         up.seconds,
-        &format!("{} streams, client -> nodes", up.streams),
+        &format!(
+            "{}, client -> nodes",
+            wire::units::count(up.streams as u64, "stream", "streams")
+        ),
     );
 
     // Replication: node to node, in parallel, bounded per node.
@@ -418,7 +427,10 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         down.files,
         down.bytes_total,
         down.seconds,
-        &format!("{} streams, nodes -> client", down.streams),
+        &format!(
+            "{}, nodes -> client",
+            wire::units::count(down.streams as u64, "stream", "streams")
+        ),
     );
 
     // Byte for byte against the original, and the catalog's checksums against an
@@ -466,6 +478,17 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     println!(
         "  verified: {n_back} files downloaded byte-identical; {checked} catalog checksums (crc32c, adler32, md5) match an independent computation"
     );
+    // Computing where the data is: md5sum on the node holding each replica, as `account`.
+    let run_line = match &account {
+        Some(acct) => {
+            let ran = run_md5(&m, &me, &data, "/cmip/cmip-demo/tas/monthly").await?;
+            format!(
+                "  haul run: md5sum on {ran} files of tas/monthly on the nodes holding them, as {acct}: every sum matches the original"
+            )
+        }
+        None => "  haul run: skipped (the demo runs as root and sudo named no other account: tasks never run as root)".into(),
+    };
+    println!("{run_line}");
     let history = m
         .transfers(grid::types::TransfersRequest {
             limit: 1000,
@@ -500,11 +523,74 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
     println!(
         "  haul ls -l /cmip/cmip-demo; haul where /cmip/cmip-demo/tas/run001.nc; haul df; haul status; haul transfers"
     );
+    if account.is_some() {
+        println!("  haul run /cmip/cmip-demo/tas -- md5sum {{}}");
+    }
     println!("Ctrl-C stops the demo.");
     let _ = tokio::signal::ctrl_c().await;
     stop.cancel();
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(0)
+}
+
+/// The local account `haul run` tasks of the demo run as: this process's, or as root the
+/// ordinary account sudo was called from (`SUDO_USER`); `None` when there is none (root).
+fn run_account() -> Option<String> {
+    let uid = transfer::sys::effective_uid();
+    if uid != 0 {
+        let name = transfer::sys::user_name(uid);
+        return transfer::sys::lookup_user(&name).map(|_| name);
+    }
+    let sudo = std::env::var("SUDO_USER").ok()?;
+    transfer::sys::lookup_user(&sudo)
+        .filter(|a| a.uid != 0)
+        .map(|_| sudo)
+}
+
+/// Runs `md5sum` on every file below grid directory `dir` where its replica is, and checks
+/// each sum against the original below `data`; returns the number of files.
+async fn run_md5(
+    m: &grid::MetaClient,
+    me: &Credentials,
+    data: &Path,
+    dir: &str,
+) -> Result<usize, TransferError> {
+    let opts = grid::run::RunOptions {
+        argv: vec!["md5sum".into(), "{}".into()],
+        output: None,
+        parallel: 2,
+        timeout_s: 60,
+        site: None,
+        tls: Some(ClientTls {
+            config: tls::client_config(me)?,
+        }),
+    };
+    let summary = grid::run::run(m, &[dir.to_string()], &opts, &|_| {}).await?;
+    for t in &summary.tasks {
+        if !t.succeeded() {
+            return Err(TransferError::local(format!(
+                "haul run md5sum on {} ({}): {}",
+                t.path,
+                t.node,
+                t.error.clone().unwrap_or_else(|| t.stderr.clone())
+            )));
+        }
+        let rel = t.path.trim_start_matches("/cmip/cmip-demo/");
+        let bytes = std::fs::read(data.join(rel)).map_err(local)?;
+        let want = wire::checksum::digest_bytes(&[wire::checksum::Algorithm::Md5], &bytes)
+            .into_iter()
+            .find(|d| d.algorithm == wire::checksum::Algorithm::Md5)
+            .map(|d| d.hex())
+            .unwrap_or_default();
+        let got = t.stdout.split_whitespace().next().unwrap_or("");
+        if got != want {
+            return Err(TransferError::integrity(format!(
+                "haul run md5sum on {}: {got}, the original's is {want}",
+                t.path
+            )));
+        }
+    }
+    Ok(summary.tasks.len())
 }
 
 /// A temporary directory, or the given one (kept).

@@ -967,8 +967,13 @@ fn run_tasks_where_the_data_is() {
 /// dataset copied in, replicated to the other site, verified and downloaded identical.
 #[test]
 fn demo_runs_the_whole_grid_and_exits() {
+    // As root, haul run's tasks run as the account sudo came from (here the test account).
+    let sudo = testkit::is_root() && ensure_task_account().is_some();
     let dir = tempfile::tempdir().unwrap();
     let mut c = haul_clean();
+    if sudo {
+        c.env("SUDO_USER", TASK_ACCOUNT);
+    }
     c.args([
         "demo",
         "--exit",
@@ -992,6 +997,37 @@ fn demo_runs_the_whole_grid_and_exits() {
         text.contains("transfer history: 1 upload, ") && text.contains(", 1 download recorded"),
         "{text}"
     );
+    // md5sum where each replica is, checked against the original (3 of the 8 files are in
+    // tas/monthly); root without sudo's account skips it and says why.
+    if sudo || !testkit::is_root() {
+        assert!(
+            text.contains("haul run: md5sum on 3 files of tas/monthly")
+                && text.contains("every sum matches the original"),
+            "{text}"
+        );
+    }
+    if testkit::is_root() {
+        let mut c = haul_clean();
+        c.env_remove("SUDO_USER")
+            .args([
+                "demo",
+                "--exit",
+                "--files",
+                "3",
+                "--median-mb",
+                "0.1",
+                "--dir",
+            ])
+            .arg(dir.path());
+        let out = run_bounded(c, CMD_TIMEOUT);
+        assert_ok(&out);
+        assert!(
+            String::from_utf8_lossy(&out.stdout)
+                .contains("haul run: skipped (the demo runs as root"),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 }
 
 /// The metadata server's transfer log records each replication session it directs (node to
