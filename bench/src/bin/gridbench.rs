@@ -506,6 +506,7 @@ async fn history_suite(g: &Grid, records: usize) -> Result<Value> {
                     }),
                     files,
                     id: 0,
+                    live_ids: vec![],
                 })
                 .await?;
             }

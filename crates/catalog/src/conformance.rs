@@ -1190,6 +1190,17 @@ async fn transfer_history(c: &Catalog) {
     assert_eq!(c.prune_transfers(0, 1).await.unwrap(), 0);
     assert_eq!(c.prune_transfers(i64::MAX, 100).await.unwrap(), 1);
     assert_eq!(c.count_transfers().await.unwrap(), 0);
+    // A record is dropped with its files, once.
+    let d = c
+        .record_transfer(&rec("upload", "ann", "client", "S1", 1_400, 0), &[file(1)])
+        .await
+        .unwrap();
+    assert!(c.delete_transfer(d).await.unwrap());
+    assert!(!c.delete_transfer(d).await.unwrap());
+    assert!(matches!(
+        c.transfer(d, 0, 10).await,
+        Err(CatalogError::NotFound(_))
+    ));
     // A trace is stored and read back with its record, and listings leave it out.
     let traced = TransferRecord {
         trace: "0.5:1000000 1:2000000".into(),

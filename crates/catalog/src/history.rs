@@ -340,6 +340,23 @@ impl Catalog {
             .collect()
     }
 
+    /// Drops record `id` and its per-file outcomes; whether it existed.
+    pub async fn delete_transfer(&self, id: i64) -> Result<bool> {
+        self.write(async |w| {
+            sqlx::query("DELETE FROM transfer_files WHERE transfer = $1")
+                .bind(id)
+                .execute(&mut *w.tx)
+                .await?;
+            let gone = sqlx::query("DELETE FROM transfers WHERE id = $1")
+                .bind(id)
+                .execute(&mut *w.tx)
+                .await?
+                .rows_affected();
+            Ok(gone > 0)
+        })
+        .await
+    }
+
     /// Number of transfer records (for reports and benchmarks).
     pub async fn count_transfers(&self) -> Result<u64> {
         let row = sqlx::query("SELECT COUNT(*) FROM transfers")

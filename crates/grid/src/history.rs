@@ -103,8 +103,14 @@ pub fn copy_record(
     (t, files)
 }
 
-/// Sends a record; returns its id, or `None` (logged) when the server did not take it.
-pub async fn send(meta: &MetaClient, t: pb::Transfer, files: Vec<pb::TransferFile>) -> Option<i64> {
+/// Sends a record (of a copy listed live under `live_ids`); returns its id, or `None`
+/// (logged) when the server did not take it.
+pub async fn send(
+    meta: &MetaClient,
+    t: pb::Transfer,
+    files: Vec<pb::TransferFile>,
+    live_ids: Vec<i64>,
+) -> Option<i64> {
     let work = async {
         let mut chunks = files.chunks(FILES_PER_MESSAGE);
         let first = chunks.next().map(|c| c.to_vec()).unwrap_or_default();
@@ -113,6 +119,7 @@ pub async fn send(meta: &MetaClient, t: pb::Transfer, files: Vec<pb::TransferFil
                 transfer: Some(t),
                 files: first,
                 id: 0,
+                live_ids,
             })
             .await?;
         for c in chunks {
@@ -120,6 +127,7 @@ pub async fn send(meta: &MetaClient, t: pb::Transfer, files: Vec<pb::TransferFil
                 transfer: None,
                 files: c.to_vec(),
                 id,
+                live_ids: vec![],
             })
             .await?;
         }

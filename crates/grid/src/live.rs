@@ -39,7 +39,8 @@ pub fn from_counters(counters: Arc<Counters>) -> Figures {
 /// Reports one copy until `finish`.
 pub struct Reporter {
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    /// Gives the ids the copy was listed under (a new one after the server forgot it).
+    task: tokio::task::JoinHandle<Vec<i64>>,
 }
 
 /// Starts reporting a copy of `kind` from `source` to `destination`.
@@ -59,6 +60,7 @@ pub fn start(
     );
     let task = tokio::spawn(async move {
         let mut id = 0i64;
+        let mut ids = Vec::new();
         let report = |id: i64, ended: bool| pb::LiveReport {
             id,
             kind: kind.clone(),
@@ -86,12 +88,18 @@ pub fn start(
                         && let Ok(Ok(Ok(new))) = tokio::time::timeout(END_TIMEOUT, fut).await
                     {
                         id = new;
+                        ids.push(new);
                     }
                     break;
                 }
             };
             match sent {
-                Ok(Ok(new)) => id = new,
+                Ok(Ok(new)) => {
+                    if new != id && ids.len() < 64 {
+                        ids.push(new);
+                    }
+                    id = new;
+                }
                 // The server restarted (or dropped the copy as silent): list it anew.
                 Ok(Err(e)) if e.kind() == ErrorKind::NotFound => {
                     id = 0;
@@ -106,14 +114,16 @@ pub fn start(
         if id != 0 {
             let _ = tokio::time::timeout(END_TIMEOUT, meta.report_live(report(id, true))).await;
         }
+        ids
     });
     Reporter { stop, task }
 }
 
 impl Reporter {
-    /// Stops reporting and takes the copy off the live list.
-    pub async fn finish(self) {
+    /// Stops reporting and takes the copy off the live list; returns the ids it was listed
+    /// under, for its history record.
+    pub async fn finish(self) -> Vec<i64> {
         self.stop.cancel();
-        let _ = self.task.await;
+        self.task.await.unwrap_or_default()
     }
 }

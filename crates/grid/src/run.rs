@@ -213,10 +213,10 @@ pub async fn run(
         on_done(r)
     };
     let result = run_unrecorded(meta, paths, opts, &counters, &counted).await;
-    live.finish().await;
+    let live_ids = live.finish().await;
     if !matches!(&result, Err(e) if e.kind() == wire::error::ErrorKind::Invalid) {
         let (t, files) = run_record(paths, &opts.argv, started, &result);
-        crate::history::send(meta, t, files).await;
+        crate::history::send(meta, t, files, live_ids).await;
     }
     result
 }

@@ -262,6 +262,16 @@ impl Meta {
             trace: checked_trace(&t.trace),
         };
         let id = self.catalog.record_transfer(&rec, &files).await?;
+        // The client was cut off for a while but its copy went on: its own record replaces
+        // the one the server made when it fell silent.
+        for stale in self
+            .live_clients
+            .take_abandoned(&user.name, &q.live_ids[..q.live_ids.len().min(64)])
+        {
+            if let Err(e) = self.catalog.delete_transfer(stale).await {
+                tracing::warn!(error = %e, record = stale, "cannot drop an abandoned copy's record");
+            }
+        }
         Ok(pb::RecordTransferReply { id })
     }
 
@@ -429,7 +439,7 @@ impl Meta {
     }
 
     /// Records a client's copy that fell silent as abandoned, with what it had reported.
-    async fn record_abandoned(&self, c: ClientCopy, now: Instant, now_ms: i64) {
+    async fn record_abandoned(&self, live_id: u64, c: ClientCopy, now: Instant, now_ms: i64) {
         let f = &c.figures;
         let files = f.files_total.max(f.files_done).min(MAX_FILES);
         let rec = TransferRecord {
@@ -466,8 +476,11 @@ impl Meta {
             summary: ABANDONED_SUMMARY.into(),
             trace: String::new(),
         };
-        if let Err(e) = self.catalog.record_transfer(&rec, &[]).await {
-            tracing::warn!(error = %e, user = %c.user, "cannot record an abandoned copy in the history");
+        match self.catalog.record_transfer(&rec, &[]).await {
+            Ok(record) => self.live_clients.note_abandoned(live_id, &c.user, record),
+            Err(e) => {
+                tracing::warn!(error = %e, user = %c.user, "cannot record an abandoned copy in the history")
+            }
         }
     }
 }
@@ -495,9 +508,9 @@ pub async fn watch_live(meta: Arc<Meta>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
         }
         let (now, now_ms) = (Instant::now(), catalog::now_ms());
-        for c in meta.live_clients.expire(now) {
+        for (id, c) in meta.live_clients.expire(now) {
             tracing::info!(user = %c.user, kind = %c.kind, source = %c.source, "a client's copy fell silent: recorded as abandoned");
-            meta.record_abandoned(c, now, now_ms).await;
+            meta.record_abandoned(id, c, now, now_ms).await;
         }
     }
 }
@@ -589,6 +602,7 @@ mod tests {
             transfer: Some(t),
             files,
             id: 0,
+            live_ids: vec![],
         }
     }
 
@@ -630,6 +644,7 @@ mod tests {
                 transfer: None,
                 files: vec![file(1)],
                 id,
+                live_ids: vec![],
             },
         )
         .await
@@ -641,6 +656,7 @@ mod tests {
                     transfer: None,
                     files: vec![file(2)],
                     id,
+                    live_ids: vec![],
                 },
             )
             .await
@@ -656,6 +672,7 @@ mod tests {
                         transfer: None,
                         files: vec![],
                         id: target,
+                        live_ids: vec![],
                     },
                 )
                 .await
@@ -696,6 +713,7 @@ mod tests {
                     transfer: None,
                     files: vec![],
                     id: 0,
+                    live_ids: vec![],
                 },
             )
             .await
@@ -814,7 +832,8 @@ mod tests {
         let later = Instant::now() + crate::runs::CLIENT_SILENCE;
         let gone = m.live_clients.expire(later);
         assert_eq!(gone.len(), CLIENT_COPIES_PER_USER);
-        m.record_abandoned(gone[0].clone(), later, catalog::now_ms())
+        let (live_id, silent) = gone[0].clone();
+        m.record_abandoned(live_id, silent, later, catalog::now_ms())
             .await;
         let list = m
             .list_transfers(&bob, &pb::TransfersRequest::default())
@@ -836,9 +855,26 @@ mod tests {
             transfer: None,
             files: vec![file(0)],
             id: t.id,
+            live_ids: vec![],
         };
         let e = m.record_client_transfer(&bob, &more).await.unwrap_err();
         assert_eq!(e.kind, ErrorKind::NotFound);
+        // Its client's own record, naming the live id, replaces the abandoned one (another
+        // user's naming it does not).
+        let mut own = new_record(upload(1), vec![file(0)]);
+        own.live_ids = vec![live_id as i64];
+        m.record_client_transfer(&ann, &own).await.unwrap();
+        assert_eq!(m.catalog.count_transfers().await.unwrap(), 2);
+        m.record_client_transfer(&bob, &own).await.unwrap();
+        let list = m
+            .list_transfers(&bob, &pb::TransfersRequest::default())
+            .await
+            .unwrap()
+            .transfers;
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert_eq!(list[0].kind, "upload", "{list:?}");
+        assert_ne!(list[0].error_kind, "cancelled", "{list:?}");
+        assert_eq!(m.catalog.count_transfers().await.unwrap(), 2);
     }
 
     #[test]

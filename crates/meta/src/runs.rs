@@ -168,7 +168,14 @@ pub enum LiveRefusal {
 #[derive(Default)]
 pub struct LiveClients {
     copies: Mutex<HashMap<u64, ClientCopy>>,
+    /// Copies recorded as abandoned: (live id, user, history record), the newest
+    /// `ABANDONED_KEPT`, so that the client's own record, if it comes after all, replaces
+    /// the server's.
+    abandoned: Mutex<std::collections::VecDeque<(u64, String, i64)>>,
 }
+
+/// Abandoned copies remembered for their clients' late records.
+const ABANDONED_KEPT: usize = 4_096;
 
 fn cut(s: &str) -> String {
     let mut end = s.len().min(LIVE_NAME_BYTES);
@@ -265,8 +272,8 @@ impl LiveClients {
         }
     }
 
-    /// Takes off the list, and returns, the copies whose clients fell silent.
-    pub fn expire(&self, now: Instant) -> Vec<ClientCopy> {
+    /// Takes off the list, and returns with their ids, the copies whose clients fell silent.
+    pub fn expire(&self, now: Instant) -> Vec<(u64, ClientCopy)> {
         let mut copies = self.copies.lock().expect("live clients");
         let silent: Vec<u64> = copies
             .iter()
@@ -275,8 +282,31 @@ impl LiveClients {
             .collect();
         silent
             .into_iter()
-            .filter_map(|id| copies.remove(&id))
+            .filter_map(|id| copies.remove(&id).map(|c| (id, c)))
             .collect()
+    }
+
+    /// Remembers that live copy `id` of `user` was recorded as abandoned in `record`.
+    pub fn note_abandoned(&self, id: u64, user: &str, record: i64) {
+        let mut a = self.abandoned.lock().expect("abandoned");
+        a.push_back((id, user.to_string(), record));
+        while a.len() > ABANDONED_KEPT {
+            a.pop_front();
+        }
+    }
+
+    /// The abandoned records of `user`'s live copies `ids` (forgotten here once taken).
+    pub fn take_abandoned(&self, user: &str, ids: &[i64]) -> Vec<i64> {
+        let mut a = self.abandoned.lock().expect("abandoned");
+        let mut records = Vec::new();
+        a.retain(|(id, u, record)| {
+            let mine = u == user && ids.contains(&(*id as i64));
+            if mine {
+                records.push(*record);
+            }
+            !mine
+        });
+        records
     }
 
     /// The copies in progress, oldest first.
@@ -341,7 +371,8 @@ mod tests {
         // bob falls silent; ann reported 3 s in.
         let gone = live.expire(t0 + CLIENT_SILENCE + Duration::from_secs(1));
         assert_eq!(gone.len(), 1);
-        assert_eq!(gone[0].user, "bob");
+        assert_eq!(gone[0].1.user, "bob");
+        assert_eq!(gone[0].0, b);
         assert_eq!(live.list().len(), 1);
         // An ended copy leaves at once, and its id is then unknown.
         live.report("ann", a, figures(1000), true, t0 + Duration::from_secs(4))

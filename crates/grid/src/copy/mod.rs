@@ -140,7 +140,7 @@ pub async fn copy(
         crate::live::from_counters(ctx.counters.clone()),
     );
     let result = copy_unrecorded(meta, src, dst, opts, ctx).await;
-    live.finish().await;
+    let live_ids = live.finish().await;
     // A refused command line is no transfer.
     if !matches!(&result, Err(e) if e.kind() == wire::error::ErrorKind::Invalid) {
         let (mut t, files) =
@@ -164,7 +164,7 @@ pub async fn copy(
                 t.dst_site = site.clone();
             }
         }
-        crate::history::send(meta, t, files).await;
+        crate::history::send(meta, t, files, live_ids).await;
     }
     result
 }
