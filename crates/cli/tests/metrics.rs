@@ -104,6 +104,45 @@ fn serve_counts_files_bytes_and_sessions_by_direction() {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
     }
     assert!(text.contains("haul_build_info{version=\""), "{text}");
+    // Data streams count while their session runs: three for an upload held at 4 Mbit/s
+    // (about 3 s), none after it.
+    for d in ["send", "receive"] {
+        assert_eq!(
+            sample(&text, &format!("haul_streams_active{{direction=\"{d}\"}}")),
+            Some(0.0),
+            "{text}"
+        );
+    }
+    let mut held = common::haul()
+        .args([
+            "cp",
+            "--insecure",
+            "--progress",
+            "never",
+            "-p",
+            "3",
+            "--rate",
+            "4M",
+        ])
+        .arg(&src)
+        .arg(ep.url("held.bin"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let receiving = |want: f64| {
+        wait_for(Duration::from_secs(15), || {
+            let t = http_get(&metrics, "/metrics");
+            let r = sample(&t, "haul_streams_active{direction=\"receive\"}") == Some(want);
+            if !r {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r
+        })
+    };
+    assert!(receiving(3.0), "three streams never counted");
+    assert!(held.wait().unwrap().success());
+    assert!(receiving(0.0), "streams still counted after the upload");
     for name in ["haul_transfer_bytes_total", "haul_tcp_retransmits_total"] {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}: {text}");
         assert!(

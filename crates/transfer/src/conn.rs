@@ -275,6 +275,8 @@ pub struct DataConn {
     /// The opener has not yet read the endpoint's `BindResult`: it is the first frame that
     /// will come back (see [`read_bind_result`]).
     pub await_bind: bool,
+    /// On an endpoint: counts the stream in `haul_streams_active` while its reader runs.
+    pub open: Option<crate::metrics::ConnectionOpen>,
 }
 
 /// Opens data connection `stream` of a session and sends its bind. It does not wait for the
@@ -318,6 +320,7 @@ pub async fn open_data_stream(t: &StreamTarget, stream: u32) -> Result<DataConn,
         stream,
         io,
         await_bind: !t.confirm_bind,
+        open: None,
     })
 }
 

@@ -74,6 +74,8 @@ pub use crate::metrics::EndpointStats;
 struct Registered {
     key: DataKey,
     protect: Protect,
+    /// The transfer direction its streams count under (`None`: a path test's).
+    direction: Option<Direction>,
     conns: mpsc::Sender<DataConn>,
     seen: Mutex<HashSet<u32>>,
 }
@@ -313,6 +315,7 @@ async fn bind_data(
             stream: bind.stream,
             io,
             await_bind: false,
+            open: reg.direction.map(|d| ep.cfg.stats.metrics.stream_opened(d)),
         })
         .await;
 }
@@ -337,6 +340,7 @@ fn register(
     id: SessionId,
     key: DataKey,
     protect: Protect,
+    direction: Option<Direction>,
 ) -> Result<mpsc::Receiver<DataConn>, ErrorInfo> {
     let (tx, rx) = mpsc::channel(256);
     let mut sessions = ep.sessions.lock().expect("sessions lock");
@@ -351,6 +355,7 @@ fn register(
         Arc::new(Registered {
             key,
             protect,
+            direction,
             conns: tx,
             seen: Mutex::new(HashSet::new()),
         }),
@@ -554,7 +559,7 @@ async fn perf(
             } else {
                 Protect::Clear
             };
-            match register(ep, session, key, protect) {
+            match register(ep, session, key, protect, None) {
                 Ok(rx) => Some(rx),
                 Err(e) => return ctl.writer.send_response(&Response::Error(e)).await,
             }
@@ -793,7 +798,13 @@ async fn sink(
     open: SessionOpen,
     naming: Arc<dyn SinkNaming>,
 ) -> Result<(), TransferError> {
-    let conns = match register(ep, open.id, open.key, open.options.protect) {
+    let conns = match register(
+        ep,
+        open.id,
+        open.key,
+        open.options.protect,
+        Some(Direction::Receive),
+    ) {
         Ok(c) => c,
         Err(e) => return ctl.writer.send_response(&Response::Error(e)).await,
     };
@@ -894,7 +905,7 @@ async fn source(
     let mut options = options;
     let (conns, _guard, plan_text) = match &push {
         None => {
-            let conns = match register(ep, session, key, options.protect) {
+            let conns = match register(ep, session, key, options.protect, Some(Direction::Send)) {
                 Ok(c) => c,
                 Err(e) => return writer.send_response(&Response::Error(e)).await,
             };

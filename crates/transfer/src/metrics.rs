@@ -12,6 +12,7 @@
 //! | `haul_transfer_file_size_bytes` | histogram | `direction` (files done) |
 //! | `haul_transfer_file_duration_seconds` | histogram | `direction` (files done) |
 //! | `haul_sessions_active` | gauge | `direction` |
+//! | `haul_streams_active` | gauge | `direction` (data streams bound to transfer sessions in progress) |
 //! | `haul_sessions_total` | counter | `direction`, `result` (`ok`, `failed`) |
 //! | `haul_tcp_retransmits_total` | counter | `direction` |
 //! | `haul_connections_open` | gauge | (control connections, and data connections until they join their session) |
@@ -87,6 +88,7 @@ pub struct EndpointMetrics {
     file_size: HistogramFamily,
     file_duration: HistogramFamily,
     sessions_active: Family<DirectionLabels, Gauge>,
+    streams_active: Family<DirectionLabels, Gauge>,
     sessions: Family<ResultLabels, Counter>,
     retransmits: Family<DirectionLabels, Counter>,
     connections_open: Gauge,
@@ -103,6 +105,7 @@ impl Default for EndpointMetrics {
             file_size: Family::new_with_constructor(size_histogram),
             file_duration: Family::new_with_constructor(duration_histogram),
             sessions_active: Family::default(),
+            streams_active: Family::default(),
             sessions: Family::default(),
             retransmits: Family::default(),
             connections_open: Gauge::default(),
@@ -114,6 +117,7 @@ impl Default for EndpointMetrics {
             let _ = m.file_size.get_or_create(&d);
             let _ = m.file_duration.get_or_create(&d);
             let _ = m.sessions_active.get_or_create(&d);
+            let _ = m.streams_active.get_or_create(&d);
             let _ = m.retransmits.get_or_create(&d);
             for result in ["done", "skipped", "failed"] {
                 let _ = m.files.get_or_create(&ResultLabels { direction, result });
@@ -157,6 +161,11 @@ impl EndpointMetrics {
             self.sessions_active.clone(),
         );
         registry.register(
+            "haul_streams_active",
+            "Data streams bound to transfer sessions in progress",
+            self.streams_active.clone(),
+        );
+        registry.register(
             "haul_sessions",
             "Transfer sessions ended, by outcome",
             self.sessions.clone(),
@@ -184,12 +193,25 @@ impl EndpointMetrics {
         ConnectionOpen(self.connections_open.clone())
     }
 
+    /// A data stream joined a transfer session of `direction`; it counts as active until the
+    /// returned guard is dropped (when the stream's reader ends).
+    pub fn stream_opened(&self, direction: Direction) -> ConnectionOpen {
+        let g = self
+            .streams_active
+            .get_or_create(&DirectionLabels {
+                direction: direction.label(),
+            })
+            .clone();
+        g.inc();
+        ConnectionOpen(g)
+    }
+
     pub fn connection_refused(&self) {
         self.connections_refused.inc();
     }
 }
 
-/// Counts one connection as open while alive.
+/// Counts one connection (or data stream) as open while alive.
 pub struct ConnectionOpen(Gauge);
 
 impl Drop for ConnectionOpen {

@@ -1093,7 +1093,7 @@ pub async fn run_sink(
         let idle_look = (streams > 0).then(|| last_activity.1 + SINK_IDLE_REPORT);
         tokio::select! {
             c = conns.recv(), if conns_open => match c {
-                Some(conn::DataConn { stream: idx, io, await_bind }) => {
+                Some(conn::DataConn { stream: idx, io, await_bind, open }) => {
                     streams += 1;
                     let lowat = short_plain_path(&io);
                     let (r, w) = io.split();
@@ -1103,7 +1103,9 @@ pub async fn run_sink(
                     sh.live_streams.fetch_add(1, Ordering::SeqCst);
                     let stop = sh.cancel.child_token();
                     let span = tracing::info_span!("stream", idx);
-                    tokio::spawn(stream_reader(sh.clone(), idx, r, tx, stop.clone(), await_bind, lowat).instrument(span.clone()));
+                    let reader = stream_reader(sh.clone(), idx, r, tx, stop.clone(), await_bind, lowat);
+                    // The stream counts as active (on an endpoint) while its reader runs.
+                    tokio::spawn(async move { let _open = open; reader.await }.instrument(span.clone()));
                     tokio::spawn(stream_writer(w, rx, stop.clone()).instrument(span));
                     stops.push(stop);
                 }

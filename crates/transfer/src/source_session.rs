@@ -933,7 +933,7 @@ pub async fn run_source(
             .min();
         tokio::select! {
             c = conns.recv(), if conns_open => match c {
-                Some(conn::DataConn { stream: idx, io, await_bind }) => {
+                Some(conn::DataConn { stream: idx, io, await_bind, open }) => {
                     let cc = match tune_sender(&io, &opts, opts.streams.unwrap_or(1)) {
                         Ok(cc) => cc,
                         Err(e) => break Err(e),
@@ -962,7 +962,9 @@ pub async fn run_source(
                     sh.work.notify_waiters();
                     let span = tracing::info_span!("stream", idx);
                     writers.push(tokio::spawn(stream_writer(sh.clone(), idx, w, fd, stop.clone()).instrument(span.clone())));
-                    tokio::spawn(stream_reader(sh.clone(), idx, r, stop.clone(), await_bind).instrument(span));
+                    let reader = stream_reader(sh.clone(), idx, r, stop.clone(), await_bind);
+                    // The stream counts as active (on an endpoint) while its reader runs.
+                    tokio::spawn(async move { let _open = open; reader.await }.instrument(span));
                     stream_stops.push(stop);
                 }
                 None => conns_open = false,
