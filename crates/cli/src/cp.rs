@@ -233,7 +233,22 @@ async fn grid_copy(
         }
         _ => unreachable!("a remote side exists"),
     };
-    let meta = grid::MetaClient::connect(&peer, tls).await?;
+    let meta = match grid::MetaClient::connect(&peer, tls.clone()).await {
+        Ok(m) => m,
+        Err(e) => {
+            // The source is a standalone endpoint and the destination the grid.
+            if let (Location::Remote { .. }, Location::Remote { host, port, .. }) = (src, dst)
+                && grid::MetaClient::connect(&client::Peer::new(host.clone(), *port), tls)
+                    .await
+                    .is_ok()
+            {
+                return Err(TransferError::usage(
+                    "copies from a standalone endpoint into the grid go through a local directory for now: haul cp -r haul://ENDPOINT/path DIR, then haul cp -r DIR haul://META/path",
+                ));
+            }
+            return Err(e);
+        }
+    };
     let gopts = grid::copy::GridOptions {
         copy: opts,
         site: a.site.clone(),

@@ -1572,3 +1572,127 @@ fn daemons_notify_systemd_when_ready() {
         &[("NOTIFY_SOCKET", "/nonexistent/sock")],
     );
 }
+
+/// Issue 16 item 4 (grid to endpoint): `haul cp -r haul://META/dir haul://ENDPOINT/path`
+/// copies third party: every node holding a replica pushes its files straight to a standalone
+/// `haul serve` (certificate of the grid's CA, the user mapped to a local account); the
+/// directories and the empty file, which no node holds, come from the client. The tree
+/// arrives byte-identical (empty directory included), written as the mapped account, and the
+/// copy is in the history.
+#[test]
+fn grid_files_go_to_a_standalone_endpoint_third_party() {
+    if !testkit::is_root() {
+        testkit::skip!("needs root (the endpoint writes as the mapped account)");
+    }
+    let Some(uid) = ensure_task_account() else {
+        testkit::skip!("the local account {TASK_ACCOUNT} does not exist and cannot be created");
+    };
+    let g = Grid::start();
+    let (src, _) = sample_tree(g.path());
+    std::fs::create_dir_all(src.join("void")).unwrap();
+    g.ok("runner", &["mkdir", "/r"]);
+    assert_ok(&g.cp(
+        "runner",
+        &["-r", src.to_str().unwrap(), &g.url("/r"), "--site", "A"],
+    ));
+    // Spread over both sites, so that nodes of both push.
+    g.ok(
+        "runner",
+        &[
+            "replicate",
+            "-r",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "/r",
+        ],
+    );
+    let mapfile = g.path().join("endpoint-mapfile");
+    std::fs::write(
+        &mapfile,
+        format!(
+            "\"{}\" {TASK_ACCOUNT}\n",
+            harness::pki::user_subject("runner")
+        ),
+    )
+    .unwrap();
+    let root = g.path().join("endpoint-root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::os::unix::fs::chown(&root, Some(uid), None).unwrap();
+    let (cert, key, ca) = (g.pki("meta.pem"), g.pki("meta.key"), g.pki("ca/ca.pem"));
+    let ep = serve(
+        &root,
+        &[
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+            "--ca",
+            ca.to_str().unwrap(),
+            "--mapfile",
+            mapfile.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let out = g.cp("runner", &["-r", &g.url("/r/tree"), &ep.tls_url("copy")]);
+    assert_ok(&out);
+    let report = json(&out);
+    assert_eq!(report["files"], 5, "{report}");
+    // Each file with data came from a node (third party); the empty one from the client.
+    for f in report["file_list"].as_array().unwrap() {
+        let from_node = f["node"].as_str().is_some_and(|n| !n.is_empty());
+        assert_eq!(from_node, f["bytes"] != 0, "{f}");
+    }
+    assert_same_tree(&src, &root.join("copy"));
+    assert!(root.join("copy/void").is_dir());
+    use std::os::unix::fs::MetadataExt as _;
+    assert_eq!(
+        std::fs::metadata(root.join("copy/sub/deep/mid.bin"))
+            .unwrap()
+            .uid(),
+        uid
+    );
+    // Into an existing directory the tree keeps its name.
+    let out = g.cp("runner", &["-r", &g.url("/r/tree"), &ep.tls_url("copy")]);
+    assert_ok(&out);
+    assert_same_tree(&src, &root.join("copy/tree"));
+    // In the history as a copy from the grid.
+    let h = g.json("runner", &["transfers", "--json", "--kind", "copy"]);
+    let t = &h["transfers"][0];
+    assert!(t["destination"].as_str().unwrap().contains("/copy"), "{t}");
+    assert_eq!(t["files"], 5, "{t}");
+    // A user the endpoint does not map is refused by it (exit 5), an endpoint that is not
+    // there is unreachable (exit 4); neither leaves anything behind.
+    g.ok("alice", &["mkdir", "/alice"]);
+    let one = g.path().join("one.bin");
+    write_file(&one, 9, 100_000);
+    assert_ok(&g.cp("alice", &[one.to_str().unwrap(), &g.url("/alice/one.bin")]));
+    let out = g.cp(
+        "alice",
+        &[&g.url("/alice/one.bin"), &ep.tls_url("alice.bin")],
+    );
+    assert_exit(&out, 5, "");
+    assert!(!root.join("alice.bin").exists());
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let out = g.cp(
+        "runner",
+        &[
+            &g.url("/r/tree/small.txt"),
+            &format!("haul://127.0.0.1:{dead}/x"),
+        ],
+    );
+    assert_exit(&out, 4, "cannot connect");
+    assert!(!stderr(&out).contains("replica"), "{}", stderr(&out));
+    // The other way (endpoint to grid) is not third party yet: refused with the way round.
+    let out = g.cp(
+        "runner",
+        &[&ep.tls_url("copy/small.txt"), &g.url("/r/back.txt")],
+    );
+    assert_exit(&out, 2, "through a local directory");
+}

@@ -1,15 +1,17 @@
-//! Download: grid files to local ones. Each round sends every node the files it is to read
-//! from it (the replica the metadata server chose first); a file whose node fails, or whose
-//! replica turns out damaged, moves to its next replica and resumes there in the next round.
+//! Download: grid files to local ones, or (`to_endpoint`) to a standalone endpoint, third
+//! party: the nodes push the files straight to it. Each round sends every node the files it is
+//! to read from it (the replica the metadata server chose first); a file whose node fails, or
+//! whose replica turns out damaged, moves to its next replica and resumes there in the next
+//! round.
 
 use super::rounds::{Planned, Rounds, Runner, SessionResult, Tally, run_rounds};
 use super::{Cap, GridOptions, ReadFile, SESSION_FILES, catalog_agrees, open_source, write_empty};
 use crate::client::MetaClient;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use transfer::TransferError;
-use transfer::client::{Attempt, AttemptContext, CopyReport, Peer, SourceRequest};
+use transfer::client::{Attempt, AttemptContext, CopyReport, Peer, SinkRequest, SourceRequest};
 use transfer::progress::EventSender;
 use transfer::store::{Destination, Root};
 use wire::control::{ListedFile, Protect};
@@ -67,7 +69,7 @@ pub(super) async fn download(
         meta,
         opts,
         events: events.clone(),
-        dest: Arc::new(dest),
+        sink: Sink::Local(Arc::new(dest)),
         grants,
         failed_nodes: HashSet::new(),
     };
@@ -84,11 +86,180 @@ pub(super) async fn download(
     .await
 }
 
+/// Copies the grid path `src` to `dest` on the standalone endpoint `peer`, third party: each
+/// node holding a replica pushes its files there. The endpoint must trust the grid's CA (the
+/// client's certificate and the nodes' come from it) and map the user. Directories and empty
+/// files, which no node holds, are sent from here first, in one session that also settles how
+/// the endpoint names the copy (into an existing directory, or as a new name), so that the
+/// nodes' sessions, in parallel, all name it the same way.
+pub(super) async fn to_endpoint(
+    meta: &MetaClient,
+    src: &str,
+    peer: &Peer,
+    dest: &str,
+    opts: &GridOptions,
+    ctx: AttemptContext,
+) -> Result<CopyReport, TransferError> {
+    let AttemptContext {
+        counters,
+        events,
+        cancel,
+    } = ctx;
+    // The endpoint first: unreachable, refusing the user, or another grid's metadata server
+    // is the copy's error, not its replicas' (which would otherwise be failed over in vain).
+    transfer::client::probe(peer, opts.copy.tls.as_ref()).await?;
+    let (files, dirs, grants, is_dir) = open_source(meta, src, opts, &[]).await?;
+    let mut tally = Tally::new();
+    tally.count(
+        files.len() as u64,
+        files.iter().map(|f| f.source.size).sum(),
+        &counters,
+    );
+    let resolved = Arc::new(OnceLock::new());
+    let mut todo: Vec<ReadFile> = Vec::new();
+    let mut empty: Vec<ReadFile> = Vec::new();
+    for f in files {
+        if let Some(e) = f.unreadable() {
+            tally.fail(&f.source.path, e);
+        } else if f.source.size == 0 {
+            empty.push(f);
+        } else {
+            todo.push(f);
+        }
+    }
+    if is_dir || !empty.is_empty() {
+        let outcomes = send_skeleton(
+            src, is_dir, peer, dest, &dirs, &empty, &resolved, opts, &cancel,
+        )
+        .await?;
+        for f in empty {
+            match outcomes.get(&f.rel) {
+                Some(Ok(())) => tally.ok(&f.source.path, None, 0, &[], &events),
+                Some(Err(e)) => tally.fail(&f.source.path, e.clone()),
+                None => tally.fail(
+                    &f.source.path,
+                    TransferError::connect(format!(
+                        "{}: the endpoint did not confirm it",
+                        f.source.path
+                    )),
+                ),
+            }
+        }
+    }
+    let runner = Runner::new(counters.clone(), events.clone(), cancel, opts);
+    let mut plan = Download {
+        meta,
+        opts,
+        events: events.clone(),
+        sink: Sink::Endpoint {
+            peer: peer.clone(),
+            dest: dest.to_string(),
+            resolved,
+        },
+        grants,
+        failed_nodes: HashSet::new(),
+    };
+    run_rounds(
+        &mut plan,
+        todo,
+        &runner,
+        tally,
+        (
+            format!("haul://{}{}", meta.addr, src),
+            format!("haul://{peer}/{}", dest.trim_start_matches('/')),
+        ),
+    )
+    .await
+}
+
+/// Sends the source's directories and empty files (as a local tree of the same shape) to
+/// `dest` on `peer` in one session; records how the endpoint resolved `dest` in `resolved`.
+/// Returns each empty file's outcome by its name.
+#[allow(clippy::too_many_arguments)]
+async fn send_skeleton(
+    src: &str,
+    is_dir: bool,
+    peer: &Peer,
+    dest: &str,
+    dirs: &[api::meta::Entry],
+    empty: &[ReadFile],
+    resolved: &Arc<OnceLock<bool>>,
+    opts: &GridOptions,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Result<HashMap<String, Result<(), TransferError>>, TransferError> {
+    let tmp = tempfile::tempdir()
+        .map_err(|e| TransferError::local(format!("cannot make a temporary directory: {e}")))?;
+    // Every name starts with the copy's top entry: the source's own name.
+    let norm = super::normalize(src);
+    let top = norm.rsplit('/').next().unwrap_or_default().to_string();
+    if top.is_empty() {
+        return Err(TransferError::usage(
+            "copying the whole grid (/) to an endpoint: name a directory below it",
+        ));
+    }
+    if is_dir {
+        std::fs::create_dir_all(tmp.path().join(&top))
+            .map_err(|e| TransferError::local(format!("cannot make a temporary directory: {e}")))?;
+    }
+    for d in dirs {
+        std::fs::create_dir_all(tmp.path().join(&d.path))
+            .map_err(|e| TransferError::local(format!("cannot make a temporary directory: {e}")))?;
+    }
+    for f in empty {
+        write_empty(&tmp.path().join(&f.rel), &f.source)?;
+    }
+    let listing = transfer::client::enumerate_local(&tmp.path().join(&top), true).await?;
+    let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+    let ctx = AttemptContext {
+        counters: Arc::new(transfer::progress::Counters::default()),
+        events: etx,
+        cancel: cancel.child_token(),
+    };
+    transfer::client::upload(
+        listing.entries,
+        peer,
+        SinkRequest {
+            dest: dest.to_string(),
+            into_dir: None,
+            resolved: Some(resolved.clone()),
+            grant: None,
+        },
+        &opts.copy,
+        opts.copy.session.clone(),
+        ctx,
+    )
+    .await?;
+    let mut out = HashMap::new();
+    while let Ok(ev) = erx.try_recv() {
+        match ev {
+            transfer::progress::Event::FileDone { path, .. } => {
+                out.insert(path, Ok(()));
+            }
+            transfer::progress::Event::FileFailed { path, error } => {
+                out.insert(path, Err(error.into()));
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Where the files go: this host's file system, or a standalone endpoint the nodes push them
+/// to (with how it resolved the destination, fixed before the nodes' sessions start).
+enum Sink {
+    Local(Arc<Destination>),
+    Endpoint {
+        peer: Peer,
+        dest: String,
+        resolved: Arc<OnceLock<bool>>,
+    },
+}
+
 struct Download<'a> {
     meta: &'a MetaClient,
     opts: &'a GridOptions,
     events: EventSender,
-    dest: Arc<Destination>,
+    sink: Sink,
     /// Read capabilities, by node.
     grants: HashMap<String, Cap>,
     /// Nodes that failed or refused: no file is read from them again.
@@ -168,20 +339,46 @@ impl Rounds for Download<'_> {
             session.protect = Protect::Private;
         }
         let listed: Vec<ListedFile> = job.chunk.iter().map(|f| f.listed(f.rel.clone())).collect();
-        transfer::client::download(
-            &job.peer,
-            SourceRequest {
-                files: listed,
-                grant,
-                ..Default::default()
-            },
-            Arc::new(Root::Ambient),
-            self.dest.clone(),
-            copy,
-            session,
-            ctx,
-        )
-        .await
+        let source = SourceRequest {
+            files: listed,
+            grant,
+            ..Default::default()
+        };
+        match &self.sink {
+            Sink::Local(dest) => {
+                transfer::client::download(
+                    &job.peer,
+                    source,
+                    Arc::new(Root::Ambient),
+                    dest.clone(),
+                    copy,
+                    session,
+                    ctx,
+                )
+                .await
+            }
+            Sink::Endpoint {
+                peer,
+                dest,
+                resolved,
+            } => {
+                transfer::client::third_party(
+                    &job.peer,
+                    source,
+                    peer,
+                    SinkRequest {
+                        dest: dest.clone(),
+                        into_dir: resolved.get().copied(),
+                        resolved: Some(resolved.clone()),
+                        grant: None,
+                    },
+                    copy,
+                    session,
+                    ctx,
+                )
+                .await
+            }
+        }
     }
 
     fn settle(
@@ -216,7 +413,10 @@ impl Rounds for Download<'_> {
                 if catalog_agrees(&f.expect, digests) {
                     tally.ok(&f.source.path, Some(&r.node), *size, digests, &self.events);
                 } else {
-                    let _ = std::fs::remove_file(self.dest.map(&f.rel));
+                    // (At an endpoint the copy stays: its next attempt overwrites it.)
+                    if let Sink::Local(dest) = &self.sink {
+                        let _ = std::fs::remove_file(dest.map(&f.rel));
+                    }
                     tally.fail(
                         &f.source.path,
                         TransferError::integrity(format!(

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use transfer::TransferError;
-use transfer::client::{AttemptContext, CopyOptions, CopyReport, Location};
+use transfer::client::{AttemptContext, CopyOptions, CopyReport, Location, Peer};
 use wire::checksum::{Digest, parse_digests};
 use wire::control::ListedFile;
 use wire::data::Timestamp;
@@ -196,9 +196,17 @@ async fn copy_unrecorded(
             },
         ) => {
             if (h1, p1) != (h2, p2) {
-                return Err(TransferError::usage(
-                    "copies between two different grids (or a grid and a standalone endpoint) go through a local directory",
-                ));
+                // The other end is a standalone endpoint (another grid's metadata server
+                // refuses the session: copies between grids go through a local directory).
+                let peer = Peer::new(h2.clone(), *p2);
+                return download::to_endpoint(meta, a, &peer, b, opts, ctx)
+                    .await
+                    .map_err(|e| match e.kind() {
+                        wire::error::ErrorKind::IsMetadataServer => TransferError::usage(
+                            "copies between two grids go through a local directory",
+                        ),
+                        _ => e,
+                    });
             }
             within::within(meta, a, b, opts, ctx).await
         }
