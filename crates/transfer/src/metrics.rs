@@ -545,7 +545,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .collect();
         let helps = t.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!(types.len(), 10, "{t}");
+        assert_eq!(types.len(), 11, "{t}");
         assert_eq!(helps, types.len(), "{t}");
         for ty in types {
             let (name, kind) = ty.split_once(' ').unwrap();
