@@ -241,15 +241,9 @@ async fn live(m: &grid::MetaClient, json_out: bool) -> Result<u8, TransferError>
     Ok(0)
 }
 
-/// A record's trace as (seconds, bits per second) points.
+/// A record's trace as (seconds, bits per second) points (checked when it was stored).
 fn trace_points(trace: &str) -> Vec<(f64, f64)> {
-    trace
-        .split_whitespace()
-        .filter_map(|p| {
-            let (t, v) = p.split_once(':')?;
-            Some((t.parse().ok()?, v.parse().ok()?))
-        })
-        .collect()
+    transfer::trace::summary::parse_throughput_points(trace).unwrap_or_default()
 }
 
 async fn show(m: &grid::MetaClient, id: i64, a: &TransfersArgs) -> Result<u8, TransferError> {

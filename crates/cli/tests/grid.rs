@@ -849,25 +849,7 @@ fn run_tasks_where_the_data_is() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(g.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let (src, files) = sample_tree(g.path());
-    g.ok("runner", &["mkdir", "/r"]);
-    assert_ok(&g.cp(
-        "runner",
-        &["-r", src.to_str().unwrap(), &g.url("/r"), "--site", "A"],
-    ));
-    g.ok(
-        "runner",
-        &[
-            "replicate",
-            "-r",
-            "--copies",
-            "2",
-            "--site",
-            "B",
-            "--progress",
-            "never",
-            "/r",
-        ],
-    );
+    runner_tree_at_both_sites(&g, &src);
     g.ok("runner", &["mkdir", "/r/out"]);
 
     // Every file once, as haulrun, with its outputs registered in the grid.
@@ -1590,26 +1572,8 @@ fn grid_files_go_to_a_standalone_endpoint_third_party() {
     let g = Grid::start();
     let (src, _) = sample_tree(g.path());
     std::fs::create_dir_all(src.join("void")).unwrap();
-    g.ok("runner", &["mkdir", "/r"]);
-    assert_ok(&g.cp(
-        "runner",
-        &["-r", src.to_str().unwrap(), &g.url("/r"), "--site", "A"],
-    ));
     // Spread over both sites, so that nodes of both push.
-    g.ok(
-        "runner",
-        &[
-            "replicate",
-            "-r",
-            "--copies",
-            "2",
-            "--site",
-            "B",
-            "--progress",
-            "never",
-            "/r",
-        ],
-    );
+    runner_tree_at_both_sites(&g, &src);
     let mapfile = g.path().join("endpoint-mapfile");
     std::fs::write(
         &mapfile,

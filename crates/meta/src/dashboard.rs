@@ -340,13 +340,7 @@ fn or_dash(s: &str) -> &str {
 /// A transfer's throughput over time from its client's trace (`seconds:bits_per_second`
 /// pairs, checked when stored), drawn as one line.
 fn trace_chart(trace: &str) -> Markup {
-    let points: Vec<(f64, f64)> = trace
-        .split_whitespace()
-        .filter_map(|p| {
-            let (t, v) = p.split_once(':')?;
-            Some((t.parse().ok()?, v.parse().ok()?))
-        })
-        .collect();
+    let points = transfer::trace::summary::parse_throughput_points(trace).unwrap_or_default();
     let end = points.last().map(|p| p.0).unwrap_or(0.0).max(0.001);
     let peak = points.iter().map(|p| p.1).fold(1.0, f64::max);
     let (w, h) = (720.0, 180.0);

@@ -8,7 +8,9 @@
 
 use crate::auth::User;
 use crate::error::Error;
-use crate::runs::{CLIENT_COPIES, CLIENT_COPIES_PER_USER, ClientCopy, ClientFigures, LiveRefusal};
+use crate::runs::{
+    CLIENT_COPIES, CLIENT_COPIES_PER_USER, ClientCopy, ClientFigures, LiveRefusal, bounded,
+};
 use crate::state::{Meta, Retention};
 use api::meta as pb;
 use catalog::{TransferFile, TransferFilter, TransferRecord};
@@ -36,18 +38,6 @@ const ABANDONED_SUMMARY: &str =
 
 /// Kinds a client may record; the server's own are replicate, repair, reconcile and drain.
 const CLIENT_KINDS: [&str; 4] = ["upload", "download", "copy", "run"];
-
-/// `s` cut to at most `max` bytes, at a character boundary.
-fn bounded(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
-}
 
 fn file_of(f: &pb::TransferFile) -> TransferFile {
     TransferFile {
@@ -97,23 +87,12 @@ fn checked_trace(s: &str) -> String {
     if s.len() > MAX_TRACE_BYTES {
         return String::new();
     }
-    let mut last = -1.0f64;
-    let mut n = 0;
-    for pair in s.split_whitespace() {
-        let ok = pair.split_once(':').and_then(|(t, v)| {
-            let (t, v) = (t.parse::<f64>().ok()?, v.parse::<f64>().ok()?);
-            (t.is_finite() && v.is_finite() && t > last && v >= 0.0).then_some(t)
-        });
-        match ok {
-            Some(t) => last = t,
-            None => return String::new(),
+    match transfer::trace::summary::parse_throughput_points(s) {
+        Some(points) if points.len() <= MAX_TRACE_POINTS => {
+            s.split_whitespace().collect::<Vec<_>>().join(" ")
         }
-        n += 1;
-        if n > MAX_TRACE_POINTS {
-            return String::new();
-        }
+        _ => String::new(),
     }
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn file_to_pb(f: &TransferFile) -> pb::TransferFile {

@@ -177,8 +177,10 @@ pub struct LiveClients {
 /// Abandoned copies remembered for their clients' late records.
 const ABANDONED_KEPT: usize = 4_096;
 
-fn cut(s: &str) -> String {
-    let mut end = s.len().min(LIVE_NAME_BYTES);
+/// `s` cut to at most `max` bytes, at a character boundary: what the server keeps of a string
+/// a client sends (names of live copies here, the history's fields in `crate::history`).
+pub(crate) fn bounded(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
@@ -218,8 +220,8 @@ impl LiveClients {
             ClientCopy {
                 user: user.to_string(),
                 kind: kind.to_string(),
-                source: cut(source),
-                destination: cut(destination),
+                source: bounded(source, LIVE_NAME_BYTES),
+                destination: bounded(destination, LIVE_NAME_BYTES),
                 started: now,
                 started_ms: now_ms,
                 figures,

@@ -531,6 +531,30 @@ pub fn sample_tree(dir: &Path) -> (PathBuf, Vec<(&'static str, usize)>) {
     (root, files)
 }
 
+/// Puts the local tree `src` into the grid as `runner`, below `/r`, at site A, and
+/// replicates it to site B (2 copies): every file with data on nodes of both sites.
+pub fn runner_tree_at_both_sites(g: &Grid, src: &Path) {
+    g.ok("runner", &["mkdir", "/r"]);
+    assert_ok(&g.cp(
+        "runner",
+        &["-r", src.to_str().unwrap(), &g.url("/r"), "--site", "A"],
+    ));
+    g.ok(
+        "runner",
+        &[
+            "replicate",
+            "-r",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "/r",
+        ],
+    );
+}
+
 /// Grid paths of the non-empty files (those that have replicas) below grid dir `base`.
 pub fn grid_files(base: &str, files: &[(&str, usize)]) -> Vec<String> {
     files

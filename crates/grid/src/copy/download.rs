@@ -25,11 +25,6 @@ pub(super) async fn download(
     opts: &GridOptions,
     ctx: AttemptContext,
 ) -> Result<CopyReport, TransferError> {
-    let AttemptContext {
-        counters,
-        events,
-        cancel,
-    } = ctx;
     let (files, dirs, grants, is_dir) = open_source(meta, src, opts, &[]).await?;
     let wants_dir = local.to_string_lossy().ends_with('/');
     let dest =
@@ -46,44 +41,43 @@ pub(super) async fn download(
         })?;
     }
     let mut tally = Tally::new();
+    let (todo, empty) = sort_files(files, &mut tally, &ctx.counters);
+    // No node holds an empty file.
+    for f in empty {
+        match write_empty(&dest.map(&f.rel), &f.source) {
+            Ok(()) => tally.ok(&f.source.path, None, 0, &[], &ctx.events),
+            Err(e) => tally.fail(&f.source.path, e),
+        }
+    }
+    let to = local.display().to_string();
+    Download::new(meta, opts, Sink::Local(Arc::new(dest)), grants, &ctx)
+        .read(src, to, todo, tally, ctx)
+        .await
+}
+
+/// Counts a grid source's `files` in `tally` and sorts them: those that cannot be read are
+/// failed, the empty ones (which have no replica) come back apart from those to read.
+fn sort_files(
+    files: Vec<ReadFile>,
+    tally: &mut Tally,
+    counters: &Arc<transfer::progress::Counters>,
+) -> (Vec<ReadFile>, Vec<ReadFile>) {
     tally.count(
         files.len() as u64,
         files.iter().map(|f| f.source.size).sum(),
-        &counters,
+        counters,
     );
-    let mut todo: Vec<ReadFile> = Vec::new();
+    let (mut todo, mut empty) = (Vec::new(), Vec::new());
     for f in files {
         if let Some(e) = f.unreadable() {
             tally.fail(&f.source.path, e);
         } else if f.source.size == 0 {
-            match write_empty(&dest.map(&f.rel), &f.source) {
-                Ok(()) => tally.ok(&f.source.path, None, 0, &[], &events),
-                Err(e) => tally.fail(&f.source.path, e),
-            }
+            empty.push(f);
         } else {
             todo.push(f);
         }
     }
-    let runner = Runner::new(counters.clone(), events.clone(), cancel, opts);
-    let mut plan = Download {
-        meta,
-        opts,
-        events: events.clone(),
-        sink: Sink::Local(Arc::new(dest)),
-        grants,
-        failed_nodes: HashSet::new(),
-    };
-    run_rounds(
-        &mut plan,
-        todo,
-        &runner,
-        tally,
-        (
-            format!("haul://{}{}", meta.addr, src),
-            local.display().to_string(),
-        ),
-    )
-    .await
+    (todo, empty)
 }
 
 /// Copies the grid path `src` to `dest` on the standalone endpoint `peer`, third party: each
@@ -100,41 +94,29 @@ pub(super) async fn to_endpoint(
     opts: &GridOptions,
     ctx: AttemptContext,
 ) -> Result<CopyReport, TransferError> {
-    let AttemptContext {
-        counters,
-        events,
-        cancel,
-    } = ctx;
     // The endpoint first: unreachable, refusing the user, or another grid's metadata server
     // is the copy's error, not its replicas' (which would otherwise be failed over in vain).
     transfer::client::probe(peer, opts.copy.tls.as_ref()).await?;
     let (files, dirs, grants, is_dir) = open_source(meta, src, opts, &[]).await?;
     let mut tally = Tally::new();
-    tally.count(
-        files.len() as u64,
-        files.iter().map(|f| f.source.size).sum(),
-        &counters,
-    );
+    let (todo, empty) = sort_files(files, &mut tally, &ctx.counters);
     let resolved = Arc::new(OnceLock::new());
-    let mut todo: Vec<ReadFile> = Vec::new();
-    let mut empty: Vec<ReadFile> = Vec::new();
-    for f in files {
-        if let Some(e) = f.unreadable() {
-            tally.fail(&f.source.path, e);
-        } else if f.source.size == 0 {
-            empty.push(f);
-        } else {
-            todo.push(f);
-        }
-    }
     if is_dir || !empty.is_empty() {
         let outcomes = send_skeleton(
-            src, is_dir, peer, dest, &dirs, &empty, &resolved, opts, &cancel,
+            src,
+            is_dir,
+            peer,
+            dest,
+            &dirs,
+            &empty,
+            &resolved,
+            opts,
+            &ctx.cancel,
         )
         .await?;
         for f in empty {
             match outcomes.get(&f.rel) {
-                Some(Ok(())) => tally.ok(&f.source.path, None, 0, &[], &events),
+                Some(Ok(())) => tally.ok(&f.source.path, None, 0, &[], &ctx.events),
                 Some(Err(e)) => tally.fail(&f.source.path, e.clone()),
                 None => tally.fail(
                     &f.source.path,
@@ -146,30 +128,15 @@ pub(super) async fn to_endpoint(
             }
         }
     }
-    let runner = Runner::new(counters.clone(), events.clone(), cancel, opts);
-    let mut plan = Download {
-        meta,
-        opts,
-        events: events.clone(),
-        sink: Sink::Endpoint {
-            peer: peer.clone(),
-            dest: dest.to_string(),
-            resolved,
-        },
-        grants,
-        failed_nodes: HashSet::new(),
+    let to = format!("haul://{peer}/{}", dest.trim_start_matches('/'));
+    let sink = Sink::Endpoint {
+        peer: peer.clone(),
+        dest: dest.to_string(),
+        resolved,
     };
-    run_rounds(
-        &mut plan,
-        todo,
-        &runner,
-        tally,
-        (
-            format!("haul://{}{}", meta.addr, src),
-            format!("haul://{peer}/{}", dest.trim_start_matches('/')),
-        ),
-    )
-    .await
+    Download::new(meta, opts, sink, grants, &ctx)
+        .read(src, to, todo, tally, ctx)
+        .await
 }
 
 /// Sends the source's directories and empty files (as a local tree of the same shape) to
@@ -273,6 +240,40 @@ struct Job {
     chunk: Vec<ReadFile>,
     /// Partial files of an earlier round (or of an earlier command) are resumed.
     resume: bool,
+}
+
+impl<'a> Download<'a> {
+    fn new(
+        meta: &'a MetaClient,
+        opts: &'a GridOptions,
+        sink: Sink,
+        grants: HashMap<String, Cap>,
+        ctx: &AttemptContext,
+    ) -> Self {
+        Self {
+            meta,
+            opts,
+            events: ctx.events.clone(),
+            sink,
+            grants,
+            failed_nodes: HashSet::new(),
+        }
+    }
+
+    /// Reads `todo` from the nodes holding their replicas into the sink, in rounds; `to` names
+    /// the destination in the report.
+    async fn read(
+        mut self,
+        src: &str,
+        to: String,
+        todo: Vec<ReadFile>,
+        tally: Tally,
+        ctx: AttemptContext,
+    ) -> Result<CopyReport, TransferError> {
+        let runner = Runner::new(ctx.counters, ctx.events, ctx.cancel, self.opts);
+        let from = format!("haul://{}{}", self.meta.addr, src);
+        run_rounds(&mut self, todo, &runner, tally, (from, to)).await
+    }
 }
 
 impl Rounds for Download<'_> {

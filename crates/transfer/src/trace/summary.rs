@@ -111,6 +111,24 @@ pub fn throughput_points(lines: &[Line], max: usize) -> String {
     out.join(" ")
 }
 
+/// Reads back what [`throughput_points`] writes: the (seconds, bits per second) pairs, or
+/// `None` unless every pair has finite numbers, a rate that is not negative and a time later
+/// than the one before (the first after -1).
+pub fn parse_throughput_points(s: &str) -> Option<Vec<(f64, f64)>> {
+    let mut last = -1.0f64;
+    let mut points = Vec::new();
+    for pair in s.split_whitespace() {
+        let (t, v) = pair.split_once(':')?;
+        let (t, v) = (t.parse::<f64>().ok()?, v.parse::<f64>().ok()?);
+        if !(t.is_finite() && v.is_finite() && t > last && v >= 0.0) {
+            return None;
+        }
+        last = t;
+        points.push((t, v));
+    }
+    Some(points)
+}
+
 /// Percentiles of one quantity.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Percentiles {

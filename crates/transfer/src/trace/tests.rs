@@ -1,4 +1,4 @@
-use super::summary::{Percentiles, series, summarize, throughput_points};
+use super::summary::{Percentiles, parse_throughput_points, series, summarize, throughput_points};
 use super::*;
 
 fn sample(t_ms: u64, stream: u32, acked: u64, retrans: u32, busy_ms: u64, rwnd_ms: u64) -> Line {
@@ -179,13 +179,7 @@ fn a_sample_reads_the_kernels_fields_in_their_units() {
 fn the_history_keeps_a_bounded_throughput_series() {
     // Ten ticks at 1.5 Gbit/s: all of them fit in 600 points; in 4, means of 2 or 3.
     let all = throughput_points(&two_streams(), 600);
-    let points: Vec<(f64, f64)> = all
-        .split(' ')
-        .map(|p| {
-            let (t, v) = p.split_once(':').unwrap();
-            (t.parse().unwrap(), v.parse().unwrap())
-        })
-        .collect();
+    let points = parse_throughput_points(&all).expect("reads back");
     assert_eq!(points.len(), 10, "{all}");
     assert_eq!(points[0], (0.01, 1.5e9));
     assert!(points.windows(2).all(|w| w[0].0 < w[1].0), "{all}");
