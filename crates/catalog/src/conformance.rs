@@ -34,6 +34,7 @@ pub async fn run(c: &Catalog) {
     files_remember_they_arrived_privately(c).await;
     draining_and_removing_nodes(c).await;
     transfer_history(c).await;
+    jobs(c).await;
 }
 
 async fn batch_creates(c: &Catalog) {
@@ -1218,4 +1219,163 @@ async fn transfer_history(c: &Catalog) {
         .iter()
         .all(|r| r.trace.is_empty())
     );
+}
+
+async fn jobs(c: &Catalog) {
+    use crate::{JobFilter, JobState, NewJob};
+    let files: Vec<(String, String, u64)> = (0..700)
+        .map(|i| (format!("/src/f{i}"), format!("/dst/f{i}"), 1000 + i as u64))
+        .collect();
+    let a = c
+        .create_job(&NewJob {
+            user: "ann".into(),
+            priority: 2,
+            options: "{\"site\":\"s1\"}".into(),
+            files: files.clone(),
+        })
+        .await
+        .unwrap();
+    let b = c
+        .create_job(&NewJob {
+            user: "bob".into(),
+            priority: 5,
+            options: "{}".into(),
+            files: files[..3].to_vec(),
+        })
+        .await
+        .unwrap();
+    assert!(b > a);
+    let j = c.job(a).await.unwrap();
+    assert_eq!(
+        (j.user.as_str(), j.priority, j.state.as_str()),
+        ("ann", 2, "queued")
+    );
+    assert_eq!(j.options, "{\"site\":\"s1\"}");
+    assert_eq!((j.files, j.files_queued()), (700, 700));
+    assert_eq!(j.bytes, (0..700u64).map(|i| 1000 + i).sum::<u64>());
+    // Listings: newest first, by user, active only, paged.
+    let all = c
+        .jobs(&JobFilter {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.iter().map(|j| j.id).collect::<Vec<_>>(), vec![b, a]);
+    let anns = c
+        .jobs(&JobFilter {
+            user: Some("ann".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(anns.len(), 1);
+    let older = c
+        .jobs(&JobFilter {
+            before_id: Some(b),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(older.iter().map(|j| j.id).collect::<Vec<_>>(), vec![a]);
+    // Runnable files in order; a back-off hides a file until it passes.
+    let mut first = c.runnable_job_files(a, crate::now_ms(), 2).await.unwrap();
+    assert_eq!(first.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(first[1].source, "/src/f1");
+    first[0].state = "running".into();
+    first[0].target = 77;
+    first[0].tries = 1;
+    first[1].next_ms = crate::now_ms() + 60_000;
+    first[1].tries = 1;
+    first[1].error_kind = "connect".into();
+    c.update_job_files(&first).await.unwrap();
+    let next = c.runnable_job_files(a, crate::now_ms(), 2).await.unwrap();
+    assert_eq!(next.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![2, 3]);
+    assert!(c.next_job_try(a).await.unwrap().unwrap() <= crate::now_ms());
+    let running = c.running_job_files().await.unwrap();
+    assert_eq!(
+        (running.len(), running[0].target, running[0].tries),
+        (1, 77, 1)
+    );
+    // Done with a checksum, counted.
+    let mut f0 = running[0].clone();
+    f0.state = "done".into();
+    f0.checksum = "crc32c:01020304".into();
+    f0.node = "n1".into();
+    c.update_job_files(&[f0]).await.unwrap();
+    let j = c.job(a).await.unwrap();
+    assert_eq!((j.files_done, j.bytes_done, j.files_running), (1, 1000, 0));
+    let listed = c.job_files(a, Some(JobState::Done), 0, 10).await.unwrap();
+    assert_eq!(
+        (listed.len(), listed[0].checksum.as_str()),
+        (1, "crc32c:01020304")
+    );
+    assert_eq!(c.job_files(a, None, 698, 10).await.unwrap().len(), 2);
+    // Retry is refused while active; cancel ends the queued files and keeps what is done.
+    assert!(matches!(c.retry_job(a).await, Err(CatalogError::Busy(_))));
+    let mut f2 = next[0].clone();
+    f2.state = "running".into();
+    c.update_job_files(&[f2.clone()]).await.unwrap();
+    let was_running = c.cancel_job(a).await.unwrap();
+    assert_eq!(
+        was_running.iter().map(|f| f.seq).collect::<Vec<_>>(),
+        vec![2]
+    );
+    let j = c.job(a).await.unwrap();
+    assert_eq!(j.state, "cancelled");
+    assert!(j.ended_ms > 0);
+    assert_eq!(
+        (j.files_done, j.files_cancelled, j.files_running),
+        (1, 698, 1)
+    );
+    // A late "failed" from the copy that was running does not undo a cancel of a queued
+    // file; the running one's end is written.
+    let mut late = c.job_files(a, None, 5, 1).await.unwrap().remove(0);
+    late.state = "failed".into();
+    c.update_job_files(&[late]).await.unwrap();
+    f2.state = "cancelled".into();
+    c.update_job_files(&[f2]).await.unwrap();
+    let j = c.job(a).await.unwrap();
+    assert_eq!(
+        (j.files_cancelled, j.files_failed, j.files_running),
+        (699, 0, 0)
+    );
+    assert!(matches!(
+        c.cancel_job(a).await,
+        Err(CatalogError::Invalid(_))
+    ));
+    // Retry queues what did not arrive, from zero tries.
+    assert_eq!(c.retry_job(a).await.unwrap(), 699);
+    let j = c.job(a).await.unwrap();
+    assert_eq!(
+        (j.state.as_str(), j.files_queued(), j.ended_ms),
+        ("queued", 699, 0)
+    );
+    assert!(
+        c.runnable_job_files(a, crate::now_ms(), 800)
+            .await
+            .unwrap()
+            .iter()
+            .all(|f| f.tries == 0)
+    );
+    assert_eq!(
+        c.active_jobs()
+            .await
+            .unwrap()
+            .iter()
+            .map(|j| j.id)
+            .collect::<Vec<_>>(),
+        vec![a, b]
+    );
+    assert!(c.set_job_state(b, JobState::Done, "").await.unwrap());
+    assert!(!c.set_job_state(b + 1000, JobState::Done, "").await.unwrap());
+    assert_eq!(c.active_jobs().await.unwrap().len(), 1);
+    assert!(matches!(
+        c.job(b + 1000).await,
+        Err(CatalogError::NotFound(_))
+    ));
+    assert!(c.delete_job(b).await.unwrap());
+    assert!(c.job_files(b, None, 0, 10).await.unwrap().is_empty());
 }

@@ -12,11 +12,13 @@
 mod cache;
 pub mod conformance;
 mod history;
+mod jobs;
 mod migrations;
 mod paths;
 
 pub use cache::DentryCache;
 pub use history::{TransferFile, TransferFilter, TransferRecord};
+pub use jobs::{JobFile, JobFilter, JobRecord, JobState, NewJob};
 pub use paths::{join, normalize, parent_and_name};
 
 use serde::{Deserialize, Serialize};

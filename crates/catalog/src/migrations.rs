@@ -34,6 +34,7 @@ pub(crate) const SQLITE: Files = embed!("sqlite":
     "0006_node_drain.sql",
     "0007_transfer_history.sql",
     "0008_transfer_trace.sql",
+    "0009_jobs.sql",
 );
 
 pub(crate) const POSTGRES: Files = embed!("postgres":
@@ -45,6 +46,7 @@ pub(crate) const POSTGRES: Files = embed!("postgres":
     "0006_node_drain.sql",
     "0007_transfer_history.sql",
     "0008_transfer_trace.sql",
+    "0009_jobs.sql",
 );
 
 /// The migrator for one database's files.

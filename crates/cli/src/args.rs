@@ -309,6 +309,15 @@ pub enum Command {
     /// The grid's transfer history, newest first: haul transfers --failed --since 1d
     #[command(after_help = TRANSFERS_HELP)]
     Transfers(TransfersArgs),
+    /// Hand copies to the metadata server as a job it keeps and does node to node, retrying
+    /// for hours, whatever happens to this process: haul submit -r haul://META/a /b
+    #[command(after_help = SUBMIT_HELP)]
+    Submit(SubmitArgs),
+    /// Your transfer jobs, newest first (`haul job show ID` for one).
+    Jobs(JobsArgs),
+    /// One transfer job: show, cancel, retry, wait.
+    #[command(subcommand)]
+    Job(JobCommand),
     /// Run a command once per grid file on a node holding it: haul run PATH... -- CMD {}
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
@@ -364,7 +373,7 @@ pub struct TransfersArgs {
     #[arg(long, value_name = "SITE")]
     pub site: Option<String>,
     /// Only this kind.
-    #[arg(long, value_parser = ["upload", "download", "copy", "run", "replicate", "repair", "reconcile"])]
+    #[arg(long, value_parser = ["upload", "download", "copy", "run", "replicate", "repair", "reconcile", "drain", "job"])]
     pub kind: Option<String>,
     /// Only transfers that ended since then: a duration back from now (30m, 1h, 7d) or an
     /// RFC 3339 time.
@@ -969,6 +978,27 @@ pub struct MetaServeArgs {
     /// Transfer history: beyond this many records, the oldest are dropped.
     #[arg(long, value_name = "N", default_value_t = 1_000_000)]
     pub history_max: u64,
+    /// Transfer jobs: sessions of all jobs at once.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub job_sessions: u32,
+    /// Transfer jobs: sessions at once per link (source site to destination site).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub job_link_sessions: u32,
+    /// Transfer jobs: data streams per link, shared by its sessions [default: each session
+    /// plans its own]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub job_link_streams: Option<u32>,
+    /// Transfer jobs: files per session (the unit fair share hands out).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub job_batch_files: u32,
+    /// Transfer jobs: the wait after a file's first failed attempt, doubled after each
+    /// further one (at most an hour).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub job_retry_delay: std::time::Duration,
+    /// Transfer jobs: a fair-share weight, user:NAME=W or group:NAME=W (default 1; repeat).
+    /// Groups share first, then the users within a group.
+    #[arg(long = "share", value_name = "WHO=WEIGHT")]
+    pub shares: Vec<String>,
     #[command(flatten)]
     pub limits: ListenLimitArgs,
     /// Print the bound API address on stdout once listening (useful with port 0).
@@ -1124,6 +1154,130 @@ Examples:
 
 Exit codes: 0 every task exited 0; 1 some task failed (summary on stderr); 3, 4, 5 as for
 other grid commands when nothing could run.";
+
+const SUBMIT_HELP: &str = "\
+Sources and destinations are grid paths of one metadata server (haul://META/path, or /path
+with HAUL_META set). A destination ending in / or naming a directory receives the source
+under its own name; with -r a directory source is copied as a tree. A list file (-f) has one
+\"SOURCE DESTINATION\" pair per line; blank lines and lines starting with # are skipped.
+
+The job is kept in the catalog: it survives restarts of the metadata server and of the nodes,
+and this command may end (or the laptop sleep) at once. Files already at the destination with
+the source's checksum are not copied again; one that differs is refused unless --overwrite.
+Failed attempts are retried after a back-off that doubles (30 s, 1 min, ... at most 1 h) up to
+--tries; jobs of higher --priority go first, and users share what is left fairly.
+
+Follow it with: haul jobs, haul job show ID, haul job wait ID (exits with the job's code).";
+
+/// `haul submit`.
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// SOURCE DESTINATION pairs (grid paths).
+    #[arg(value_name = "SRC DST")]
+    pub pairs: Vec<String>,
+    /// Read SOURCE DESTINATION pairs from this file, one per line (- for stdin).
+    #[arg(short = 'f', long = "file", value_name = "LIST")]
+    pub list: Option<PathBuf>,
+    /// Copy directories as trees.
+    #[arg(short, long)]
+    pub recursive: bool,
+    /// 1 (lowest) to 5 (highest).
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=5))]
+    pub priority: u32,
+    /// Put the copies at this site [default: wherever the grid places them].
+    #[arg(long, value_name = "NAME")]
+    pub site: Option<String>,
+    /// Replace destination files that differ from their source.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Attempts per file [default: 10].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub tries: Option<u32>,
+    /// Files not done by then fail: a duration from now (12h, 3d) or an RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub deadline: Option<String>,
+    /// Cap each of the job's sessions at this rate (bits/s), e.g. 500M.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub rate: Option<u64>,
+    /// POST a JSON document to this http:// or https:// URL when the job ends.
+    #[arg(long, value_name = "URL")]
+    pub webhook: Option<String>,
+    /// Wait for the job to end and exit with its code.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print JSON on stdout (a document with "version": 1).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+/// `haul jobs`.
+#[derive(Args, Debug)]
+pub struct JobsArgs {
+    /// The metadata server: haul://host[:port] [default: $HAUL_META]
+    #[arg(value_name = "META", env = "HAUL_META")]
+    pub meta: Option<String>,
+    /// Only queued and running jobs.
+    #[arg(long)]
+    pub active: bool,
+    /// Everybody's jobs (administrators).
+    #[arg(long)]
+    pub all: bool,
+    /// Jobs to list at most (the newest).
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: u32,
+    /// Only jobs older than this id (the next page).
+    #[arg(long, value_name = "ID")]
+    pub before: Option<i64>,
+    /// Print JSON on stdout (a document with "version": 1).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+/// One job by id, on a metadata server.
+#[derive(Args, Debug)]
+pub struct JobIdArgs {
+    /// The job's number (as `haul submit` printed it).
+    #[arg(value_name = "ID")]
+    pub id: i64,
+    /// The metadata server: haul://host[:port] [default: $HAUL_META]
+    #[arg(value_name = "META", env = "HAUL_META")]
+    pub meta: Option<String>,
+    /// Print JSON on stdout (a document with "version": 1).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JobCommand {
+    /// A job's state and each of its files (source, destination, state, tries, node, error).
+    Show {
+        #[command(flatten)]
+        job: JobIdArgs,
+        /// Only files in this state.
+        #[arg(long, value_parser = ["queued", "running", "done", "failed", "cancelled"])]
+        state: Option<String>,
+    },
+    /// Cancel a job: queued files are dropped, copies in progress stopped (nothing is left
+    /// under a destination's name that did not arrive whole).
+    Cancel(JobIdArgs),
+    /// Queue an ended job's failed and cancelled files again.
+    Retry(JobIdArgs),
+    /// Wait for a job to end; exit with its code (0 done, 130 cancelled, else the first
+    /// failure's).
+    Wait {
+        #[command(flatten)]
+        job: JobIdArgs,
+        /// Give up waiting after this long (exit 8; the job goes on).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        timeout: Option<std::time::Duration>,
+    },
+}
 
 /// `haul run`.
 #[derive(Args, Debug, Clone)]

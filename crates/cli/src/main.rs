@@ -21,6 +21,7 @@ mod demo;
 mod docs_cmd;
 mod doctor_cmd;
 mod grid_cmd;
+mod job_cmd;
 mod jsondoc;
 mod lifecycle_cmd;
 mod meta_cmd;
@@ -200,6 +201,9 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Verify(a) => repl_cmd::verify(a).await,
         args::Command::Status(a) => repl_cmd::status(a).await,
         args::Command::Transfers(a) => transfers_cmd::transfers(a).await,
+        args::Command::Submit(a) => job_cmd::submit(a).await,
+        args::Command::Jobs(a) => job_cmd::jobs(a).await,
+        args::Command::Job(c) => job_cmd::job(c).await,
         args::Command::Run(a) => run_cmd::run(a).await,
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),

@@ -51,6 +51,12 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
     let catalog = meta::open_catalog(&url)
         .await
         .map_err(|e| TransferError::connect(format!("catalog database unavailable: {e}")))?;
+    let mut weights = meta::fairshare::Weights::default();
+    for s in &a.shares {
+        weights
+            .add(s)
+            .map_err(|e| TransferError::usage(format!("--share {e}")))?;
+    }
     let settings = Settings {
         heartbeat: a.heartbeat,
         node_timeout: a.node_timeout,
@@ -65,6 +71,14 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         history: meta::state::Retention {
             max_age: a.history_keep,
             max_records: a.history_max,
+        },
+        jobs: meta::jobrun::JobSettings {
+            sessions: a.job_sessions,
+            link_sessions: a.job_link_sessions,
+            batch_files: a.job_batch_files,
+            link_streams: a.job_link_streams,
+            retry_delay: a.job_retry_delay,
+            weights,
         },
     };
     let m = Arc::new(Meta::new(

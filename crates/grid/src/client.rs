@@ -685,6 +685,53 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner().copies)
     }
 
+    /// Hands a job to the metadata server.
+    pub async fn submit_job(
+        &self,
+        req: pb::SubmitJobRequest,
+    ) -> Result<pb::JobInfo, TransferError> {
+        let r = self.files.clone().submit_job(req).await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    /// The caller's jobs (an administrator's `all_users`: everybody's), newest first.
+    pub async fn jobs(&self, req: pb::JobsRequest) -> Result<Vec<pb::JobInfo>, TransferError> {
+        let r = self.files.clone().jobs(req).await;
+        Ok(r.map_err(from_status)?.into_inner().jobs)
+    }
+
+    /// One job and `limit` of its files from the `offset`th (only those in `state`, if not
+    /// empty).
+    pub async fn get_job(
+        &self,
+        id: i64,
+        offset: u64,
+        limit: u32,
+        state: &str,
+    ) -> Result<pb::JobDetail, TransferError> {
+        let r = self
+            .files
+            .clone()
+            .get_job(pb::GetJobRequest {
+                id,
+                offset,
+                limit,
+                state: state.to_string(),
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn cancel_job(&self, id: i64) -> Result<pb::JobInfo, TransferError> {
+        let r = self.files.clone().cancel_job(pb::JobId { id }).await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    pub async fn retry_job(&self, id: i64) -> Result<pb::JobInfo, TransferError> {
+        let r = self.files.clone().retry_job(pb::JobId { id }).await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
     /// A sign-in link for the dashboard (good once, for two minutes).
     pub async fn dashboard_login(&self) -> Result<pb::DashboardLoginReply, TransferError> {
         let r = self.files.clone().dashboard_login(pb::Empty {}).await;

@@ -712,6 +712,53 @@ impl Files for FilesService {
         .await
     }
 
+    async fn submit_job(
+        &self,
+        req: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
+        let m = &self.meta;
+        let items = req.get_ref().pairs.len() as u64;
+        m.user_call(Op::many("submit_job", items), &req, async |user, q| {
+            m.submit_job(&user, q).await
+        })
+        .await
+    }
+
+    async fn jobs(&self, req: Request<pb::JobsRequest>) -> Result<Response<pb::JobsReply>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("jobs"), &req, async |user, q| {
+            m.list_jobs(&user, q).await
+        })
+        .await
+    }
+
+    async fn get_job(
+        &self,
+        req: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::JobDetail>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("get_job"), &req, async |user, q| {
+            m.get_job(&user, q).await
+        })
+        .await
+    }
+
+    async fn cancel_job(&self, req: Request<pb::JobId>) -> Result<Response<pb::JobInfo>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("cancel_job"), &req, async |user, q| {
+            m.cancel_job(&user, q.id).await
+        })
+        .await
+    }
+
+    async fn retry_job(&self, req: Request<pb::JobId>) -> Result<Response<pb::JobInfo>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("retry_job"), &req, async |user, q| {
+            m.retry_job(&user, q.id).await
+        })
+        .await
+    }
+
     async fn live(&self, req: Request<pb::Empty>) -> Result<Response<pb::LiveList>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("live"), &req, async |user, _| {

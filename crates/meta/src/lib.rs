@@ -11,10 +11,13 @@ mod dashboard;
 pub mod enrol;
 pub mod error;
 pub mod exposition;
+pub mod fairshare;
 mod files;
 mod grpc;
 pub mod history;
 pub mod http;
+pub mod jobrun;
+pub mod jobs;
 mod lifecycle;
 pub mod metrics;
 mod namespace;
@@ -27,6 +30,7 @@ pub mod runs;
 pub mod state;
 pub mod verify;
 pub mod webauth;
+pub mod webhook;
 
 pub use state::{Meta, Settings};
 
@@ -332,8 +336,9 @@ fn spawn_background(
         stop.clone(),
     ));
     let silent = tokio::spawn(history::watch_live(meta.clone(), stop.clone()));
+    let jobs = tokio::spawn(jobrun::run(meta.clone(), stop.clone()));
     let mut tasks = vec![
-        liveness, pending, leases, reconciler, warmer, history, silent,
+        liveness, pending, leases, reconciler, warmer, history, silent, jobs,
     ];
     if let Some(every) = meta.settings.scrub_every {
         tasks.push(tokio::spawn(verify::scrub(

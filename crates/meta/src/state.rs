@@ -43,6 +43,8 @@ pub struct Settings {
     pub transfer_log: Option<Arc<transfer::translog::TransferLog>>,
     /// How long the transfer history keeps records.
     pub history: Retention,
+    /// How transfer jobs are scheduled.
+    pub jobs: crate::jobrun::JobSettings,
 }
 
 impl Default for Settings {
@@ -59,6 +61,7 @@ impl Default for Settings {
             listen: transfer::limits::Limits::default(),
             transfer_log: None,
             history: Default::default(),
+            jobs: Default::default(),
         }
     }
 }
@@ -176,6 +179,8 @@ pub struct Meta {
     pub live: crate::runs::LiveRuns,
     /// Clients' copies in progress, as their clients report them.
     pub live_clients: crate::runs::LiveClients,
+    /// Transfer jobs being run.
+    pub jobs: crate::jobrun::JobRuntime,
 }
 
 /// What the reconciler did last.
@@ -239,6 +244,7 @@ impl Meta {
             http_addr: Default::default(),
             live: Default::default(),
             live_clients: Default::default(),
+            jobs: Default::default(),
             client_tls: RwLock::new(None),
             own_cert: RwLock::new(None),
             control_pool: Default::default(),

@@ -1,0 +1,34 @@
+-- Transfer jobs (issue 16): work handed to the metadata server, kept across restarts, done
+-- file by file by its scheduler, node to node.
+CREATE TABLE jobs (
+    id BIGSERIAL PRIMARY KEY,
+    user_name TEXT NOT NULL,          -- the submitter (from the certificate)
+    priority BIGINT NOT NULL,        -- 1 (lowest) .. 5 (highest), 3 by default
+    state TEXT NOT NULL,              -- queued, running, done, failed, cancelled
+    options TEXT NOT NULL,            -- JSON: site, overwrite, tries, deadline, rate, webhook
+    created_ms BIGINT NOT NULL,
+    updated_ms BIGINT NOT NULL,
+    ended_ms BIGINT NOT NULL DEFAULT 0,
+    error TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX jobs_by_state ON jobs (state, id);
+CREATE INDEX jobs_by_user ON jobs (user_name, id);
+
+CREATE TABLE job_files (
+    job BIGINT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    seq BIGINT NOT NULL,
+    source TEXT NOT NULL,
+    destination TEXT NOT NULL,
+    size BIGINT NOT NULL,
+    state TEXT NOT NULL,              -- queued, running, done, failed, cancelled
+    tries BIGINT NOT NULL DEFAULT 0,
+    next_ms BIGINT NOT NULL DEFAULT 0,   -- not tried again before (back-off)
+    target BIGINT NOT NULL DEFAULT 0,    -- inode id of the copy being written (0: none)
+    node TEXT NOT NULL DEFAULT '',
+    checksum TEXT NOT NULL DEFAULT '',
+    error_kind TEXT NOT NULL DEFAULT '',
+    error TEXT NOT NULL DEFAULT '',
+    updated_ms BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (job, seq)
+);
+CREATE INDEX job_files_by_state ON job_files (job, state, next_ms);

@@ -1,0 +1,1067 @@
+//! Transfer jobs, the server's side: the task that works through every queued job, batch by
+//! batch, node to node, and what it remembers while it runs.
+//!
+//! Each pass looks at the active jobs (in the catalog: a restart loses nothing), takes each
+//! one's next runnable files as a batch (up to `batch_files`, files whose back-off has passed),
+//! and launches batches while there are free sessions: at most `sessions` in all and
+//! `link_sessions` per link (the batch's source site and destination site), the next batch
+//! chosen by [`crate::fairshare`] (priority, then fair share between groups and users).
+//!
+//! A batch is done as the job's user would do it by hand: the sources are opened and the
+//! destinations created with the user's permissions (`open_read`, `create_files`: pending,
+//! invisible until verified), then each (source node, destination node) pair copies its
+//! files in one third-party session driven with the server's own certificate and
+//! capabilities. A file is done when its copy is committed (the destination node reported it
+//! verified); otherwise its pending entry is dropped and it is queued again after a back-off
+//! (`retry_delay` doubled per attempt, at most an hour) avoiding the nodes that failed, until
+//! its tries or the job's deadline run out. Files already at the destination with the
+//! source's checksum are done without a copy.
+//!
+//! Restarts: each file being copied is stored `running` with the inode id of its copy. At
+//! start, a copy that was committed counts as done (it is not sent again); one that was not is
+//! dropped and its file queued again.
+
+use crate::auth::User;
+use crate::error::Error;
+use crate::fairshare::{Candidate, FairShare};
+use crate::jobs::JobOptions;
+use crate::state::{Meta, NodeEntry};
+use api::meta as pb;
+use catalog::{JobFile, JobRecord, JobState};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use transfer::TransferError;
+use transfer::client::{Peer, SinkRequest, SourceRequest};
+use transfer::progress::Event;
+use wire::control::ListedFile;
+use wire::error::ErrorKind;
+use wire::grant::Operation;
+
+/// How the job scheduler runs (`haul meta serve --job-*`).
+#[derive(Clone, Debug)]
+pub struct JobSettings {
+    /// Sessions of all jobs at once.
+    pub sessions: u32,
+    /// Sessions at once per link (source site, destination site).
+    pub link_sessions: u32,
+    /// Files per batch (one session per node pair).
+    pub batch_files: u32,
+    /// Data streams per link (shared by its sessions); `None`: each session plans its own.
+    pub link_streams: Option<u32>,
+    /// The first back-off after a failed attempt (doubled each time, at most an hour).
+    pub retry_delay: Duration,
+    pub weights: crate::fairshare::Weights,
+}
+
+impl Default for JobSettings {
+    fn default() -> Self {
+        Self {
+            sessions: 8,
+            link_sessions: 2,
+            batch_files: 100,
+            link_streams: None,
+            retry_delay: Duration::from_secs(30),
+            weights: Default::default(),
+        }
+    }
+}
+
+/// What the scheduler keeps in memory (lost on restart, which only costs a retry on a node
+/// that failed).
+#[derive(Default)]
+pub struct JobRuntime {
+    /// Wakes the scheduler (a job submitted, cancelled, retried).
+    pub wake: tokio::sync::Notify,
+    /// Cancels the sessions of a job.
+    cancels: Mutex<HashMap<i64, CancellationToken>>,
+    /// Nodes each file's next attempt avoids, by (job, seq).
+    avoid: Mutex<HashMap<(i64, i64), HashSet<String>>>,
+}
+
+impl JobRuntime {
+    /// Stops the sessions of job `id`.
+    pub fn cancel(&self, id: i64) {
+        if let Some(t) = self.cancels.lock().expect("jobs lock").remove(&id) {
+            t.cancel();
+        }
+    }
+
+    /// Forgets what the runs of job `id` learned (a retry starts afresh).
+    pub fn forget(&self, id: i64) {
+        self.avoid
+            .lock()
+            .expect("jobs lock")
+            .retain(|(j, _), _| *j != id);
+    }
+
+    fn token(&self, id: i64) -> CancellationToken {
+        self.cancels
+            .lock()
+            .expect("jobs lock")
+            .entry(id)
+            .or_default()
+            .clone()
+    }
+
+    fn avoided(&self, job: i64, seq: i64) -> HashSet<String> {
+        self.avoid
+            .lock()
+            .expect("jobs lock")
+            .get(&(job, seq))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn avoid_nodes(&self, job: i64, seq: i64, nodes: &[&str]) {
+        let mut a = self.avoid.lock().expect("jobs lock");
+        let set = a.entry((job, seq)).or_default();
+        set.extend(nodes.iter().map(|n| n.to_string()));
+    }
+
+    /// Forgets the nodes one file avoids (every one failed it: all may be tried again).
+    fn forget_file(&self, job: i64, seq: i64) {
+        self.avoid.lock().expect("jobs lock").remove(&(job, seq));
+    }
+
+    fn ended(&self, id: i64) {
+        self.cancels.lock().expect("jobs lock").remove(&id);
+        self.forget(id);
+    }
+}
+
+/// A link: (source site, destination site or "*").
+type Link = (String, String);
+
+/// The wait before attempt `tries + 1`: `base`, doubled per attempt, at most an hour.
+pub fn back_off(base: Duration, tries: u32) -> Duration {
+    let f = 1u64 << tries.saturating_sub(1).min(20);
+    base.saturating_mul(f as u32).min(Duration::from_secs(3600))
+}
+
+/// Whether another attempt can help a file that failed this way.
+fn retryable(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Connect
+            | ErrorKind::Unavailable
+            | ErrorKind::Stalled
+            | ErrorKind::Integrity
+            | ErrorKind::SourceDamaged
+            | ErrorKind::NoSpace
+            | ErrorKind::Busy
+            | ErrorKind::Io
+    )
+}
+
+/// Runs jobs until `stop`.
+pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
+    if let Err(e) = recover(&meta).await {
+        tracing::warn!(error = %e, "cannot look at the jobs a previous run left running");
+    }
+    let settings = meta.settings.jobs.clone();
+    let mut share = FairShare::new(settings.weights.clone());
+    let mut tasks: tokio::task::JoinSet<(i64, Link)> = tokio::task::JoinSet::new();
+    let mut on_link: HashMap<Link, u32> = HashMap::new();
+    let mut of_job: HashMap<i64, u32> = HashMap::new();
+    loop {
+        if (tasks.len() as u32) < settings.sessions {
+            match pass(&meta, &settings, &mut share, &on_link, &of_job).await {
+                Ok(launches) => {
+                    for (job, link, batch) in launches {
+                        *on_link.entry(link.clone()).or_default() += 1;
+                        *of_job.entry(job.id).or_default() += 1;
+                        let (m, s) = (meta.clone(), stop.clone());
+                        tasks.spawn(async move {
+                            let id = job.id;
+                            run_batch(m, job, batch, s).await;
+                            (id, link)
+                        });
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "job scheduler pass failed"),
+            }
+        }
+        tokio::select! {
+            Some(r) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Ok((job, link)) = r {
+                    if let Some(n) = on_link.get_mut(&link) { *n = n.saturating_sub(1); }
+                    if let Some(n) = of_job.get_mut(&job) { *n = n.saturating_sub(1); }
+                }
+            }
+            _ = meta.jobs.wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.cancelled() => {
+                for t in meta.jobs.cancels.lock().expect("jobs lock").values() {
+                    t.cancel();
+                }
+                while tasks.join_next().await.is_some() {}
+                return;
+            }
+        }
+    }
+}
+
+/// Files a stopped server left running: done if their copy was committed, else queued again
+/// (the pending copy dropped).
+async fn recover(meta: &Meta) -> Result<(), catalog::CatalogError> {
+    let running = meta.catalog.running_job_files().await?;
+    if running.is_empty() {
+        return Ok(());
+    }
+    let mut updates = Vec::new();
+    let (mut done, mut again) = (0, 0);
+    for mut f in running {
+        match committed_copy(meta, f.target).await {
+            Some(i) => {
+                f.state = JobState::Done.name().into();
+                f.checksum = i.checksum;
+                done += 1;
+            }
+            None => {
+                if f.target != 0 {
+                    let _ = meta.catalog.abort_pending(f.target).await;
+                }
+                f.state = JobState::Queued.name().into();
+                f.target = 0;
+                again += 1;
+            }
+        }
+        updates.push(f);
+    }
+    meta.catalog.update_job_files(&updates).await?;
+    meta.event(format!(
+        "jobs: of the files a previous run left being copied, {done} had arrived and {again} are queued again"
+    ));
+    Ok(())
+}
+
+/// The committed copy with inode id `id`, if it is one (not pending, with a checksum).
+async fn committed_copy(meta: &Meta, id: i64) -> Option<catalog::Inode> {
+    if id == 0 {
+        return None;
+    }
+    match meta.catalog.inode(id).await {
+        Ok(i) if !i.pending && !i.checksum.is_empty() => Some(i),
+        _ => None,
+    }
+}
+
+/// One look at the active jobs: ends those with nothing left, fails what passed its deadline,
+/// and chooses the batches to launch now.
+async fn pass(
+    meta: &Meta,
+    s: &JobSettings,
+    share: &mut FairShare,
+    on_link: &HashMap<Link, u32>,
+    of_job: &HashMap<i64, u32>,
+) -> Result<Vec<(JobRecord, Link, Vec<JobFile>)>, catalog::CatalogError> {
+    let now = catalog::now_ms();
+    let busy: u32 = on_link.values().sum();
+    let mut free = s.sessions.saturating_sub(busy);
+    let mut candidates: Vec<(Candidate, JobRecord, Link, Vec<JobFile>)> = Vec::new();
+    for j in meta.catalog.active_jobs().await? {
+        let opts = match JobOptions::parse(&j.options) {
+            Ok(o) if JobState::parse(&j.state).is_some() => o,
+            Ok(_) | Err(_) => {
+                corrupt(meta, &j).await;
+                continue;
+            }
+        };
+        let in_flight = of_job.get(&j.id).copied().unwrap_or(0);
+        if opts.deadline_ms > 0 && now >= opts.deadline_ms {
+            fail_queued(
+                meta,
+                &j,
+                "deadline",
+                "the job's deadline passed before it was copied",
+            )
+            .await?;
+        }
+        if in_flight == 0 && j.files_running == 0 && j.files_queued() == 0 {
+            finish(meta, &j.id, &opts).await?;
+            continue;
+        }
+        if free == 0 || in_flight >= s.link_sessions {
+            continue;
+        }
+        let files = meta
+            .catalog
+            .runnable_job_files(j.id, now, s.batch_files.max(1))
+            .await?;
+        let Some(first) = files.first() else { continue };
+        let link = link_of(meta, &first.source, &opts).await;
+        let user = meta.ids.user_named(&j.user);
+        candidates.push((
+            Candidate {
+                job: j.id,
+                user: j.user.clone(),
+                group: user.primary_group().to_string(),
+                priority: j.priority,
+                files: files.len() as u64,
+            },
+            j,
+            link,
+            files,
+        ));
+    }
+    let mut launches = Vec::new();
+    let mut used: HashMap<Link, u32> = on_link.clone();
+    while free > 0 {
+        let open: Vec<Candidate> = candidates
+            .iter()
+            .filter(|(_, _, l, _)| used.get(l).copied().unwrap_or(0) < s.link_sessions)
+            .map(|(c, ..)| c.clone())
+            .collect();
+        let Some(pick) = share.pick(&open).cloned() else {
+            break;
+        };
+        share.charge(&pick, pick.files);
+        let at = candidates
+            .iter()
+            .position(|(c, ..)| c.job == pick.job)
+            .expect("picked among candidates");
+        let (_, j, link, files) = candidates.swap_remove(at);
+        *used.entry(link.clone()).or_default() += 1;
+        free -= 1;
+        tracing::info!(
+            job = j.id, user = %j.user, priority = j.priority, files = files.len(),
+            src_site = %link.0, dst_site = %link.1, "job batch"
+        );
+        // Marked running (one more try each) before anything is copied.
+        let files: Vec<JobFile> = files
+            .into_iter()
+            .map(|mut f| {
+                f.state = JobState::Running.name().into();
+                f.tries += 1;
+                f.target = 0;
+                f
+            })
+            .collect();
+        meta.catalog.update_job_files(&files).await?;
+        if j.state == JobState::Queued.name() {
+            meta.catalog
+                .set_job_state(j.id, JobState::Running, "")
+                .await?;
+        }
+        launches.push((j, link, files));
+    }
+    Ok(launches)
+}
+
+/// A job record that cannot be read is reported and ended, never run.
+async fn corrupt(meta: &Meta, j: &JobRecord) {
+    let why = format!(
+        "corrupt job record (state {:?}, options {:?}): not run",
+        crate::runs::bounded(&j.state, 40),
+        crate::runs::bounded(&j.options, 200)
+    );
+    tracing::error!(job = j.id, "{why}");
+    meta.event(format!("job {}: {why}", j.id));
+    let _ = meta
+        .catalog
+        .set_job_state(j.id, JobState::Failed, &why)
+        .await;
+}
+
+/// Fails every queued file of `j` with `kind` and `why`.
+async fn fail_queued(
+    meta: &Meta,
+    j: &JobRecord,
+    kind: &str,
+    why: &str,
+) -> Result<(), catalog::CatalogError> {
+    loop {
+        let queued = meta
+            .catalog
+            .job_files(j.id, Some(JobState::Queued), 0, 5000)
+            .await?;
+        if queued.is_empty() {
+            return Ok(());
+        }
+        let failed: Vec<JobFile> = queued
+            .into_iter()
+            .map(|mut f| {
+                f.state = JobState::Failed.name().into();
+                f.error_kind = kind.into();
+                f.error = format!("{}: {why}", f.source);
+                f
+            })
+            .collect();
+        meta.catalog.update_job_files(&failed).await?;
+    }
+}
+
+/// Ends a job with nothing queued or running: done, or failed if a file failed.
+async fn finish(meta: &Meta, id: &i64, opts: &JobOptions) -> Result<(), catalog::CatalogError> {
+    let j = meta.catalog.job(*id).await?;
+    let (state, error) = if j.files_failed > 0 {
+        let first = meta
+            .catalog
+            .job_files(j.id, Some(JobState::Failed), 0, 1)
+            .await?;
+        let e = first.first().map(|f| f.error.clone()).unwrap_or_default();
+        (
+            JobState::Failed,
+            format!(
+                "{} of {} files failed; the first: {e}",
+                j.files_failed, j.files
+            ),
+        )
+    } else if j.files_cancelled > 0 {
+        (JobState::Cancelled, "cancelled".to_string())
+    } else {
+        (JobState::Done, String::new())
+    };
+    meta.catalog.set_job_state(j.id, state, &error).await?;
+    meta.jobs.ended(j.id);
+    meta.event(format!(
+        "job {} of {}: {} ({} of {} files, {} bytes)",
+        j.id,
+        j.user,
+        state.name(),
+        j.files_done,
+        j.files,
+        j.bytes_done
+    ));
+    if !opts.webhook.is_empty() {
+        let doc = crate::webhook::document(&meta.catalog.job(j.id).await?, &error);
+        crate::webhook::post(opts.webhook.clone(), doc);
+    }
+    Ok(())
+}
+
+/// The link a batch starting with `source` uses: the site of its best replica, and the job's
+/// destination site ("*" when the job names none).
+async fn link_of(meta: &Meta, source: &str, opts: &JobOptions) -> Link {
+    let dst = if opts.site.is_empty() {
+        "*".to_string()
+    } else {
+        opts.site.clone()
+    };
+    let src = async {
+        let i = meta.catalog.lookup(source).await.ok()??;
+        let reps = meta.catalog.replicas(i.id).await.ok()?;
+        reps.iter()
+            .filter(|r| r.state == catalog::ReplicaState::Complete)
+            .filter_map(|r| meta.node(&r.node))
+            .find(|n| n.node.up)
+            .map(|n| n.node.site.clone())
+    }
+    .await
+    .unwrap_or_else(|| "?".into());
+    (src, dst)
+}
+
+/// What became of one file of a batch.
+#[derive(Clone)]
+enum Outcome {
+    /// Committed at the destination: (inode id, checksum, node).
+    Done(i64, String, String),
+    Failed(ErrorKind, String),
+    /// Stopped by a cancel or a shutdown.
+    Stopped,
+}
+
+/// Copies one batch of a job and writes each file's end.
+async fn run_batch(meta: Arc<Meta>, job: JobRecord, files: Vec<JobFile>, stop: CancellationToken) {
+    let opts = JobOptions::parse(&job.options).unwrap_or_default();
+    let token = meta.jobs.token(job.id);
+    let user = meta.ids.user_named(&job.user);
+    let outcomes = copy_batch(&meta, &job, &opts, &user, &files, &token).await;
+    let cancelled = meta
+        .catalog
+        .job(job.id)
+        .await
+        .map(|j| j.state == JobState::Cancelled.name())
+        .unwrap_or(false);
+    let now = catalog::now_ms();
+    let mut updates = Vec::with_capacity(files.len());
+    for mut f in files {
+        let outcome = outcomes
+            .get(&f.seq)
+            .cloned()
+            .unwrap_or(Outcome::Failed(ErrorKind::Io, "not copied".into()));
+        match outcome {
+            Outcome::Done(id, checksum, node) => {
+                f.state = JobState::Done.name().into();
+                f.target = id;
+                f.checksum = checksum;
+                f.node = node;
+                f.error_kind.clear();
+                f.error.clear();
+            }
+            Outcome::Stopped if cancelled => {
+                f.state = JobState::Cancelled.name().into();
+                f.target = 0;
+            }
+            Outcome::Stopped => {
+                // The server is stopping: this attempt does not count.
+                f.state = JobState::Queued.name().into();
+                f.tries = f.tries.saturating_sub(1);
+                f.target = 0;
+            }
+            Outcome::Failed(kind, msg) => {
+                f.target = 0;
+                f.error_kind = kind.name().into();
+                f.error = msg;
+                let late = opts.deadline_ms > 0
+                    && now + back_off(meta.settings.jobs.retry_delay, f.tries).as_millis() as i64
+                        >= opts.deadline_ms;
+                if cancelled {
+                    f.state = JobState::Cancelled.name().into();
+                } else if retryable(kind) && f.tries < opts.max_tries && !late {
+                    f.state = JobState::Queued.name().into();
+                    f.next_ms =
+                        now + back_off(meta.settings.jobs.retry_delay, f.tries).as_millis() as i64;
+                } else {
+                    f.state = JobState::Failed.name().into();
+                }
+            }
+        }
+        updates.push(f);
+    }
+    if let Err(e) = meta.catalog.update_job_files(&updates).await {
+        tracing::error!(job = job.id, error = %e, "cannot record the end of a job's batch");
+    }
+    if !stop.is_cancelled() {
+        meta.jobs.wake.notify_one();
+    }
+}
+
+/// One file being copied: its source as opened, and its new inode at the destination node.
+struct Item {
+    seq: i64,
+    source: pb::ReadSource,
+    target: i64,
+}
+
+async fn copy_batch(
+    meta: &Arc<Meta>,
+    job: &JobRecord,
+    opts: &JobOptions,
+    user: &User,
+    files: &[JobFile],
+    token: &CancellationToken,
+) -> HashMap<i64, Outcome> {
+    let mut out: HashMap<i64, Outcome> = HashMap::new();
+    let fail = |out: &mut HashMap<i64, Outcome>, seq: i64, e: &Error| {
+        out.insert(seq, Outcome::Failed(e.kind, e.message.clone()));
+    };
+    let avoid: HashSet<String> = files
+        .iter()
+        .flat_map(|f| meta.jobs.avoided(f.job, f.seq))
+        .collect();
+    // 1. The sources, as the user may read them.
+    let read = meta
+        .open_read(
+            user,
+            &pb::OpenReadRequest {
+                paths: files.iter().map(|f| f.source.clone()).collect(),
+                client_site: String::new(),
+                // Every replica: a node that failed this job is only tried last (it may be
+                // the one source there is).
+                ..Default::default()
+            },
+        )
+        .await;
+    let read = match read {
+        Ok(r) => r,
+        Err(e) => {
+            for f in files {
+                fail(&mut out, f.seq, &e);
+            }
+            return out;
+        }
+    };
+    let mut sources: HashMap<&str, &pb::ReadSource> = HashMap::new();
+    for s in &read.files {
+        sources.insert(s.path.as_str(), s);
+    }
+    let refused: HashMap<&str, &pb::FileError> =
+        read.errors.iter().map(|e| (e.path.as_str(), e)).collect();
+    // 2. What is already there, and the directories the copies go in.
+    let mut to_create: Vec<(&JobFile, &pb::ReadSource)> = Vec::new();
+    let mut parents: HashMap<String, Option<Error>> = HashMap::new();
+    for f in files {
+        let Some(src) = sources.get(f.source.as_str()).copied() else {
+            let e = refused
+                .get(f.source.as_str())
+                .map(|e| {
+                    Error::new(
+                        ErrorKind::from_name(&e.code).unwrap_or(ErrorKind::Io),
+                        e.message.clone(),
+                    )
+                })
+                .unwrap_or_else(|| Error::not_found(format!("{}: no such file", f.source)));
+            fail(&mut out, f.seq, &e);
+            continue;
+        };
+        match meta.catalog.lookup(&f.destination).await {
+            Ok(Some(i)) if i.kind == catalog::Kind::File && !i.pending => {
+                if i.size == src.size && !src.checksum.is_empty() && i.checksum == src.checksum {
+                    out.insert(
+                        f.seq,
+                        Outcome::Done(i.id, i.checksum.clone(), String::new()),
+                    );
+                    continue;
+                }
+                if !opts.overwrite {
+                    fail(
+                        &mut out,
+                        f.seq,
+                        &Error::new(
+                            ErrorKind::Exists,
+                            format!(
+                                "{}: exists and differs from {} (submit with --overwrite to replace it)",
+                                f.destination, f.source
+                            ),
+                        ),
+                    );
+                    continue;
+                }
+            }
+            Ok(Some(i)) if i.kind == catalog::Kind::Dir => {
+                fail(
+                    &mut out,
+                    f.seq,
+                    &Error::new(
+                        ErrorKind::IsADirectory,
+                        format!("{}: is a directory", f.destination),
+                    ),
+                );
+                continue;
+            }
+            _ => {}
+        }
+        if let Ok((parent, _)) = catalog::parent_and_name(&f.destination)
+            && !parents.contains_key(&parent)
+        {
+            let r = meta.mkdir_as(user, &parent, 0o755, true).await.err();
+            parents.insert(parent, r);
+        }
+        if let Some(Some(e)) = catalog::parent_and_name(&f.destination)
+            .ok()
+            .and_then(|(p, _)| parents.get(&p))
+        {
+            let e = Error::new(e.kind, format!("{}: {}", f.destination, e.message));
+            fail(&mut out, f.seq, &e);
+            continue;
+        }
+        to_create.push((f, src));
+    }
+    if to_create.is_empty() || token.is_cancelled() {
+        for (f, _) in &to_create {
+            out.insert(f.seq, Outcome::Stopped);
+        }
+        return out;
+    }
+    // 3. The copies, pending, placed as the user's uploads would be.
+    let created = meta
+        .create_files(
+            user,
+            &pb::CreateFilesRequest {
+                files: to_create
+                    .iter()
+                    .map(|(f, s)| pb::NewFile {
+                        path: f.destination.clone(),
+                        size: s.size,
+                        mode: s.mode,
+                        mtime_ns: s.mtime_ns,
+                        private: s.private,
+                    })
+                    .collect(),
+                client_site: opts.site.clone(),
+                overwrite: opts.overwrite,
+                exclude_nodes: avoid.iter().cloned().collect(),
+            },
+        )
+        .await;
+    let created = match created {
+        Ok(c) => c,
+        Err(e) => {
+            for (f, _) in &to_create {
+                fail(&mut out, f.seq, &e);
+            }
+            return out;
+        }
+    };
+    let by_dst: HashMap<&str, &(&JobFile, &pb::ReadSource)> = to_create
+        .iter()
+        .map(|x| (x.0.destination.as_str(), x))
+        .collect();
+    for e in &created.errors {
+        if let Some((f, _)) = by_dst.get(e.path.as_str()) {
+            let kind = ErrorKind::from_name(&e.code).unwrap_or(ErrorKind::Io);
+            // No room or no node left once the failed ones are avoided: next time, every
+            // node may be tried again.
+            meta.jobs.forget_file(f.job, f.seq);
+            out.insert(f.seq, Outcome::Failed(kind, e.message.clone()));
+        }
+    }
+    for c in &created.created {
+        // Empty files: visible at once, nothing to copy.
+        if let Some((f, _)) = by_dst.get(c.path.as_str()) {
+            out.insert(f.seq, Outcome::Done(c.id, String::new(), String::new()));
+        }
+    }
+    // 4. One session per (source node, destination node).
+    let mut pairs: HashMap<(String, String), Vec<Item>> = HashMap::new();
+    let mut targets: Vec<JobFile> = Vec::new();
+    for pl in &created.placements {
+        for (id, path) in pl.ids.iter().zip(&pl.paths) {
+            let Some((f, src)) = by_dst.get(path.as_str()) else {
+                continue;
+            };
+            let from = src
+                .replicas
+                .iter()
+                .find(|r| !avoid.contains(&r.node))
+                .or_else(|| src.replicas.first());
+            let Some(from) = from else {
+                let _ = meta.catalog.abort_pending(*id).await;
+                out.insert(
+                    f.seq,
+                    Outcome::Failed(
+                        ErrorKind::Unavailable,
+                        format!("{}: no healthy replica", f.source),
+                    ),
+                );
+                continue;
+            };
+            let mut t = (*f).clone();
+            t.target = *id;
+            targets.push(t);
+            pairs
+                .entry((from.node.clone(), pl.node.clone()))
+                .or_default()
+                .push(Item {
+                    seq: f.seq,
+                    source: (*src).clone(),
+                    target: *id,
+                });
+        }
+    }
+    // Their inode ids are stored first: a restart finds and settles them.
+    if let Err(e) = meta.catalog.update_job_files(&targets).await {
+        tracing::warn!(job = job.id, error = %e, "cannot record the copies a batch makes");
+    }
+    let mut sessions = tokio::task::JoinSet::new();
+    for ((src, dst), items) in pairs {
+        let m = meta.clone();
+        let t = token.clone();
+        let opts = opts.clone();
+        let job = job.clone();
+        sessions.spawn(async move {
+            let r = copy_pair(&m, &job, &opts, &src, &dst, &items, &t).await;
+            (src, dst, items, r)
+        });
+    }
+    while let Some(joined) = sessions.join_next().await {
+        let Ok((src, dst, items, r)) = joined else {
+            continue;
+        };
+        let (_, failed, session_error) = r;
+        for it in items {
+            // A committed copy was verified by its node against the source's checksums
+            // (whether or not the session lived to say so).
+            if let Some(i) = committed_copy(meta, it.target).await {
+                out.insert(it.seq, Outcome::Done(it.target, i.checksum, dst.clone()));
+                continue;
+            }
+            let _ = meta.catalog.abort_pending(it.target).await;
+            if token.is_cancelled() {
+                out.insert(it.seq, Outcome::Stopped);
+                continue;
+            }
+            let e = failed
+                .get(&it.target)
+                .or(session_error.as_ref())
+                .cloned()
+                .unwrap_or_else(|| TransferError::connect("the copy did not finish"));
+            if session_error.is_some() {
+                meta.jobs.avoid_nodes(job.id, it.seq, &[&src, &dst]);
+            }
+            out.insert(
+                it.seq,
+                Outcome::Failed(
+                    e.kind(),
+                    format!(
+                        "{} -> {} ({src} -> {dst}): {}",
+                        it.source.path,
+                        it.target,
+                        e.message()
+                    ),
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// Copies `items` from node `src` to node `dst` in one third-party session. Returns the
+/// copies the destination confirmed, the files that failed and the session's error.
+async fn copy_pair(
+    meta: &Arc<Meta>,
+    job: &JobRecord,
+    opts: &JobOptions,
+    src: &str,
+    dst: &str,
+    items: &[Item],
+    token: &CancellationToken,
+) -> (
+    HashSet<i64>,
+    HashMap<i64, TransferError>,
+    Option<TransferError>,
+) {
+    let started_ms = catalog::now_ms();
+    let r = copy_pair_inner(meta, opts, src, dst, items, token).await;
+    let (done, failed, err, moved, streams) = match r {
+        Ok(x) => x,
+        Err(e) => (HashSet::new(), HashMap::new(), Some(e), 0, 0),
+    };
+    record(
+        meta,
+        job,
+        src,
+        dst,
+        items,
+        &done,
+        &failed,
+        err.as_ref(),
+        started_ms,
+        moved,
+        streams,
+    )
+    .await;
+    (done, failed, err)
+}
+
+type PairResult = (
+    HashSet<i64>,
+    HashMap<i64, TransferError>,
+    Option<TransferError>,
+    u64,
+    u32,
+);
+
+async fn copy_pair_inner(
+    meta: &Arc<Meta>,
+    opts: &JobOptions,
+    src: &str,
+    dst: &str,
+    items: &[Item],
+    token: &CancellationToken,
+) -> Result<PairResult, TransferError> {
+    let node = |n: &str| -> Result<NodeEntry, TransferError> {
+        meta.node(n)
+            .ok_or_else(|| TransferError::connect(format!("node {n} is not registered")))
+    };
+    let (from, to) = (node(src)?, node(dst)?);
+    let own = |n: &NodeEntry, op, ids: Vec<i64>| {
+        meta.own_grant(n, op, ids)
+            .map(|c| wire::grant::SignedGrant {
+                token: c.token,
+                mac: c.mac,
+            })
+            .map_err(|e| TransferError::connect(e.message))
+    };
+    let read = own(
+        &from,
+        Operation::Read,
+        items.iter().map(|i| i.source.id).collect(),
+    )?;
+    let write = own(
+        &to,
+        Operation::Write,
+        items.iter().map(|i| i.target).collect(),
+    )?;
+    let mut copy = meta
+        .copy_options()
+        .ok_or_else(|| TransferError::usage("the metadata server has no client certificate"))?;
+    let mut session = copy.session.clone();
+    session.shared_path = true;
+    if items.iter().any(|i| i.source.private) {
+        session.protect = wire::control::Protect::Private;
+    }
+    if opts.rate_bps > 0 {
+        session.rate_bps = Some(opts.rate_bps);
+    }
+    if let Some(n) = meta.settings.jobs.link_streams {
+        session.streams = Some((n / meta.settings.jobs.link_sessions.max(1)).max(1));
+    }
+    let mut files = Vec::with_capacity(items.len());
+    for i in items {
+        let expect = wire::checksum::parse_digests(&i.source.checksum).unwrap_or_default();
+        for d in &expect {
+            if !session.checksums.contains(&d.algorithm) {
+                session.checksums.push(d.algorithm);
+            }
+        }
+        files.push(ListedFile {
+            locator: i.source.id.to_string(),
+            name: i.target.to_string(),
+            size: i.source.size,
+            mode: 0o600,
+            mtime: wire::data::Timestamp {
+                secs: i.source.mtime_ns.div_euclid(1_000_000_000),
+                nanos: i.source.mtime_ns.rem_euclid(1_000_000_000) as u32,
+            },
+            expect,
+        });
+    }
+    copy.session = session.clone();
+    let counters = Arc::new(transfer::progress::Counters::default());
+    let started = std::time::Instant::now();
+    let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+    let result = transfer::client::third_party(
+        &Peer::parse(&from.node.address)?,
+        SourceRequest {
+            files,
+            grant: Some(read),
+            ..Default::default()
+        },
+        &Peer::parse(&to.node.address)?,
+        SinkRequest {
+            grant: Some(write),
+            ..Default::default()
+        },
+        &copy,
+        session,
+        transfer::client::AttemptContext {
+            counters: counters.clone(),
+            events: etx,
+            cancel: token.clone(),
+        },
+    )
+    .await;
+    let mut done = HashSet::new();
+    let mut failed = HashMap::new();
+    while let Ok(ev) = erx.try_recv() {
+        match ev {
+            Event::FileDone { path, .. } => {
+                if let Ok(id) = path.parse::<i64>() {
+                    done.insert(id);
+                }
+            }
+            Event::FileFailed { path, error } => {
+                if let Ok(id) = path.parse::<i64>() {
+                    failed.insert(id, TransferError::from(error));
+                }
+            }
+            _ => {}
+        }
+    }
+    let moved = transfer::progress::Counters::get(&counters.bytes_done);
+    let streams = result.as_ref().map(|a| a.source.streams).unwrap_or(0);
+    if result.is_ok() {
+        meta.note_rate(
+            src,
+            moved as f64 / started.elapsed().as_secs_f64().max(0.001),
+        );
+    }
+    Ok((done, failed, result.err(), moved, streams))
+}
+
+/// Puts a job's session into the transfer history (kind "job").
+#[allow(clippy::too_many_arguments)]
+async fn record(
+    meta: &Meta,
+    job: &JobRecord,
+    src: &str,
+    dst: &str,
+    items: &[Item],
+    done: &HashSet<i64>,
+    failed: &HashMap<i64, TransferError>,
+    err: Option<&TransferError>,
+    started_ms: i64,
+    moved: u64,
+    streams: u32,
+) {
+    let site = |n: &str| meta.node(n).map(|e| e.node.site).unwrap_or_default();
+    let files: Vec<catalog::TransferFile> = items
+        .iter()
+        .map(|i| {
+            let ok = done.contains(&i.target);
+            let e = (!ok)
+                .then(|| failed.get(&i.target).or(err).cloned())
+                .flatten();
+            catalog::TransferFile {
+                path: i.source.path.clone(),
+                node: dst.to_string(),
+                bytes: if ok { i.source.size } else { 0 },
+                checksum: if ok {
+                    i.source.checksum.clone()
+                } else {
+                    String::new()
+                },
+                error_kind: e
+                    .as_ref()
+                    .map(|e| e.kind().name().to_string())
+                    .unwrap_or_else(|| {
+                        if ok {
+                            String::new()
+                        } else {
+                            "cancelled".into()
+                        }
+                    }),
+                error: e.map(|e| e.message().to_string()).unwrap_or_default(),
+            }
+        })
+        .collect();
+    let failed_files: Vec<&catalog::TransferFile> =
+        files.iter().filter(|f| !f.error_kind.is_empty()).collect();
+    let first = failed_files.first();
+    let kind = first.and_then(|f| ErrorKind::from_name(&f.error_kind));
+    let rec = catalog::TransferRecord {
+        kind: "job".into(),
+        user: job.user.clone(),
+        source: format!("job {}: {src} ({})", job.id, site(src)),
+        destination: format!("{dst} ({})", site(dst)),
+        src_site: site(src),
+        dst_site: site(dst),
+        started_ms,
+        ended_ms: catalog::now_ms(),
+        files: files.len() as u64,
+        files_failed: failed_files.len() as u64,
+        bytes: files.iter().map(|f| f.bytes).sum(),
+        bytes_moved: moved,
+        streams,
+        attempts: 1,
+        error_kind: first.map(|f| f.error_kind.clone()).unwrap_or_default(),
+        exit_code: kind.map(transfer::error::exit_code_of).unwrap_or(0),
+        error: first
+            .map(|f| format!("{}: {}", f.path, f.error))
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    meta.record_transfer(rec, &files).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn back_off_doubles_up_to_an_hour() {
+        let b = Duration::from_secs(30);
+        assert_eq!(back_off(b, 1), Duration::from_secs(30));
+        assert_eq!(back_off(b, 2), Duration::from_secs(60));
+        assert_eq!(back_off(b, 4), Duration::from_secs(240));
+        assert_eq!(back_off(b, 8), Duration::from_secs(3600));
+        assert_eq!(back_off(b, 1000), Duration::from_secs(3600));
+        // Ten tries span hours: 30 s + 1 + 2 + 4 + 8 + 16 min + 32 min + 3 x 1 h.
+        let total: Duration = (1..10).map(|t| back_off(b, t)).sum();
+        assert!(total > Duration::from_secs(3 * 3600), "{total:?}");
+    }
+
+    #[test]
+    fn what_another_attempt_can_help() {
+        assert!(retryable(ErrorKind::Connect));
+        assert!(retryable(ErrorKind::NoSpace));
+        assert!(!retryable(ErrorKind::NotFound));
+        assert!(!retryable(ErrorKind::PermissionDenied));
+        assert!(!retryable(ErrorKind::Exists));
+    }
+}

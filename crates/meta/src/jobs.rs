@@ -1,0 +1,451 @@
+//! Transfer jobs, the users' side: `haul submit` hands source and destination pairs to the
+//! metadata server, which keeps them in the catalog and does them itself, node to node
+//! (`jobrun`), so that a job outlives the submitter's process and the server's restarts.
+//! This module checks and expands a submission, and lists, shows, cancels and retries jobs.
+
+use crate::auth::User;
+use crate::error::{Error, Result};
+use crate::perm::{self, Access};
+use crate::state::Meta;
+use api::meta as pb;
+use catalog::{JobFilter, JobRecord, JobState, Kind, NewJob};
+use serde::{Deserialize, Serialize};
+use wire::error::ErrorKind;
+
+/// The most files one job may hold (a bigger data set goes in several jobs).
+pub const MAX_JOB_FILES: usize = 200_000;
+/// The most queued and running jobs one user may have.
+pub const MAX_ACTIVE_JOBS: usize = 1_000;
+/// Attempts per file unless the job says otherwise, and the most it may say.
+pub const DEFAULT_TRIES: u32 = 10;
+pub const MAX_TRIES: u32 = 100;
+const MAX_WEBHOOK: usize = 2048;
+
+/// A job's options as stored with it (JSON in `jobs.options`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobOptions {
+    /// Put the copies at this site ("": wherever placement chooses).
+    #[serde(default)]
+    pub site: String,
+    #[serde(default)]
+    pub overwrite: bool,
+    pub max_tries: u32,
+    /// ms since the epoch; 0: none.
+    #[serde(default)]
+    pub deadline_ms: i64,
+    /// bits/s per session; 0: none.
+    #[serde(default)]
+    pub rate_bps: u64,
+    #[serde(default)]
+    pub webhook: String,
+}
+
+impl JobOptions {
+    /// Options of a stored job; a record that does not parse is corrupt.
+    pub fn parse(stored: &str) -> std::result::Result<Self, String> {
+        let o: Self = serde_json::from_str(stored).map_err(|e| e.to_string())?;
+        if o.max_tries == 0 || o.max_tries > MAX_TRIES {
+            return Err(format!("max_tries {} out of range", o.max_tries));
+        }
+        Ok(o)
+    }
+}
+
+/// The exit code `haul job wait` gives a job that ended this way (0 while it runs).
+pub fn exit_code(state: &str, first_error_kind: &str) -> i32 {
+    match JobState::parse(state) {
+        Some(JobState::Done) | Some(JobState::Queued) | Some(JobState::Running) => 0,
+        Some(JobState::Cancelled) => transfer::error::exit_code_of(ErrorKind::Cancelled),
+        Some(JobState::Failed) => ErrorKind::from_name(first_error_kind)
+            .map(transfer::error::exit_code_of)
+            .unwrap_or(1),
+        None => 1,
+    }
+}
+
+/// A destination path: into `dst` when it names a directory (ends with `/` or is one).
+async fn destination_of(meta: &Meta, src: &str, dst: &str) -> Result<String> {
+    let into_dir = dst.ends_with('/')
+        || matches!(meta.catalog.lookup(&catalog::normalize(dst)?).await, Ok(Some(i)) if i.kind == Kind::Dir);
+    let dst = catalog::normalize(dst)?;
+    if into_dir {
+        let (_, name) = catalog::parent_and_name(src)?;
+        Ok(catalog::join(&dst, &name))
+    } else {
+        Ok(dst)
+    }
+}
+
+impl Meta {
+    /// Checks a submission, expands directories, and stores the job (files whose source
+    /// cannot be read are stored failed, with the reason, so that the job says why).
+    pub async fn submit_job(&self, user: &User, q: &pb::SubmitJobRequest) -> Result<pb::JobInfo> {
+        if q.pairs.is_empty() {
+            return Err(Error::invalid(
+                "a job needs at least one source and destination",
+            ));
+        }
+        if q.pairs.len() > MAX_JOB_FILES {
+            return Err(Error::invalid(format!(
+                "{} pairs: at most {MAX_JOB_FILES} files per job",
+                q.pairs.len()
+            )));
+        }
+        let priority = match q.priority {
+            0 => 3,
+            p @ 1..=5 => p,
+            p => {
+                return Err(Error::invalid(format!(
+                    "priority {p}: use 1 (lowest) to 5 (highest)"
+                )));
+            }
+        };
+        let max_tries = match q.max_tries {
+            0 => DEFAULT_TRIES,
+            n if n <= MAX_TRIES => n,
+            n => return Err(Error::invalid(format!("{n} tries: at most {MAX_TRIES}"))),
+        };
+        if !q.webhook.is_empty() {
+            let ok = (q.webhook.starts_with("http://") || q.webhook.starts_with("https://"))
+                && q.webhook.len() <= MAX_WEBHOOK
+                && !q.webhook.chars().any(|c| c.is_control() || c == ' ');
+            if !ok {
+                return Err(Error::invalid(format!(
+                    "webhook {:?}: give an http:// or https:// URL of at most {MAX_WEBHOOK} bytes",
+                    crate::runs::bounded(&q.webhook, 80)
+                )));
+            }
+        }
+        if !q.site.is_empty() && !self.nodes().iter().any(|n| n.node.site == q.site) {
+            return Err(Error::invalid(format!(
+                "site {:?} has no storage node (see haul nodes)",
+                crate::runs::bounded(&q.site, 80)
+            )));
+        }
+        if q.deadline_ms < 0 {
+            return Err(Error::invalid("the deadline must be a time after 1970"));
+        }
+        let active = self
+            .catalog
+            .jobs(&JobFilter {
+                user: Some(user.name.clone()),
+                active: true,
+                limit: MAX_ACTIVE_JOBS as u32 + 1,
+                ..Default::default()
+            })
+            .await?;
+        if active.len() >= MAX_ACTIVE_JOBS {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "{} has {MAX_ACTIVE_JOBS} jobs queued or running: wait for some to end",
+                    user.name
+                ),
+            ));
+        }
+        // (source, destination, size, error)
+        let mut files: Vec<(String, String, u64, Option<Error>)> = Vec::new();
+        for pair in &q.pairs {
+            let src = match catalog::normalize(&pair.source) {
+                Ok(s) => s,
+                Err(e) => {
+                    files.push((
+                        pair.source.clone(),
+                        pair.destination.clone(),
+                        0,
+                        Some(e.into()),
+                    ));
+                    continue;
+                }
+            };
+            let (r, e) = match self.existing(user, &src).await {
+                Ok(x) => x,
+                Err(e) => {
+                    files.push((src, pair.destination.clone(), 0, Some(e)));
+                    continue;
+                }
+            };
+            let dst = destination_of(self, &r.norm, &pair.destination).await?;
+            if e.kind == Kind::File {
+                let err = (!perm::allows(user, &e, Access::Read)).then(|| {
+                    Error::permission_denied(format!(
+                        "{}: permission denied ({} may not read this file)",
+                        r.norm, user.name
+                    ))
+                });
+                let err = err.or_else(|| {
+                    (dst == r.norm).then(|| {
+                        Error::invalid(format!("{dst}: source and destination are the same file"))
+                    })
+                });
+                files.push((r.norm, dst, e.size, err));
+                continue;
+            }
+            if !q.recursive {
+                files.push((
+                    r.norm.clone(),
+                    dst,
+                    0,
+                    Some(Error::new(
+                        ErrorKind::IsADirectory,
+                        format!("{}: is a directory (submit with -r)", r.norm),
+                    )),
+                ));
+                continue;
+            }
+            if dst == r.norm || dst.starts_with(&format!("{}/", r.norm.trim_end_matches('/'))) {
+                return Err(Error::invalid(format!(
+                    "{dst}: cannot copy {} into itself",
+                    r.norm
+                )));
+            }
+            let dirs = self.catalog.dirs_below(&r.norm).await?;
+            let readable: std::collections::HashSet<i64> = dirs
+                .iter()
+                .filter(|(_, d)| {
+                    perm::allows(user, d, Access::Read) && perm::allows(user, d, Access::Search)
+                })
+                .map(|(_, d)| d.id)
+                .collect();
+            for (dp, d) in &dirs {
+                if !readable.contains(&d.id) {
+                    files.push((
+                        dp.clone(),
+                        String::new(),
+                        0,
+                        Some(Error::permission_denied(format!(
+                            "{dp}: permission denied ({} may not list this directory)",
+                            user.name
+                        ))),
+                    ));
+                }
+            }
+            let base = r.norm.trim_end_matches('/').len();
+            for (fp, f) in self.catalog.files_below(&r.norm).await? {
+                if files.len() > MAX_JOB_FILES {
+                    break;
+                }
+                if !readable.contains(&f.parent) {
+                    continue;
+                }
+                let rel = fp[base..].trim_start_matches('/');
+                let to = catalog::join(&dst, rel);
+                let err = (!perm::allows(user, &f, Access::Read)).then(|| {
+                    Error::permission_denied(format!(
+                        "{fp}: permission denied ({} may not read this file)",
+                        user.name
+                    ))
+                });
+                files.push((fp, to, f.size, err));
+            }
+        }
+        if files.len() > MAX_JOB_FILES {
+            return Err(Error::invalid(format!(
+                "more than {MAX_JOB_FILES} files: split the data set into several jobs"
+            )));
+        }
+        if files.is_empty() {
+            return Err(Error::invalid("the sources hold no files"));
+        }
+        let options = JobOptions {
+            site: q.site.clone(),
+            overwrite: q.overwrite,
+            max_tries,
+            deadline_ms: q.deadline_ms,
+            rate_bps: q.rate_bps,
+            webhook: q.webhook.clone(),
+        };
+        let id = self
+            .catalog
+            .create_job(&NewJob {
+                user: user.name.clone(),
+                priority,
+                options: serde_json::to_string(&options).expect("options serialize"),
+                files: files
+                    .iter()
+                    .map(|(s, d, n, _)| (s.clone(), d.clone(), *n))
+                    .collect(),
+            })
+            .await?;
+        let refused: Vec<catalog::JobFile> = files
+            .iter()
+            .enumerate()
+            .filter_map(|(seq, (s, d, n, e))| {
+                e.as_ref().map(|e| catalog::JobFile {
+                    job: id,
+                    seq: seq as i64,
+                    source: s.clone(),
+                    destination: d.clone(),
+                    size: *n,
+                    state: "failed".into(),
+                    error_kind: e.kind.name().into(),
+                    error: e.message().to_string(),
+                    ..Default::default()
+                })
+            })
+            .collect();
+        if !refused.is_empty() {
+            self.catalog.update_job_files(&refused).await?;
+        }
+        tracing::info!(job = id, user = %user.name, files = files.len(), refused = refused.len(), "job submitted");
+        self.jobs.wake.notify_one();
+        self.job_info(self.catalog.job(id).await?).await
+    }
+
+    /// The API form of a job record, with the exit code its end gives.
+    pub async fn job_info(&self, j: JobRecord) -> Result<pb::JobInfo> {
+        let kind = if j.state == "failed" {
+            self.catalog
+                .job_files(j.id, Some(JobState::Failed), 0, 1)
+                .await?
+                .first()
+                .map(|f| f.error_kind.clone())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(pb::JobInfo {
+            id: j.id,
+            exit_code: exit_code(&j.state, &kind),
+            user: j.user,
+            priority: j.priority,
+            state: j.state,
+            created_ms: j.created_ms,
+            ended_ms: j.ended_ms,
+            files: j.files,
+            files_done: j.files_done,
+            files_failed: j.files_failed,
+            files_running: j.files_running,
+            files_cancelled: j.files_cancelled,
+            bytes: j.bytes,
+            bytes_done: j.bytes_done,
+            error: j.error,
+            options: j.options,
+        })
+    }
+
+    /// A job the caller may see: their own, or any for an administrator.
+    async fn visible_job(&self, user: &User, id: i64) -> Result<JobRecord> {
+        let j = self.catalog.job(id).await?;
+        if j.user != user.name && !user.admin {
+            // Another user's job is not even said to exist.
+            return Err(Error::not_found(format!("job {id}: no such job")));
+        }
+        Ok(j)
+    }
+
+    /// The caller's jobs (an administrator's `all_users`: everybody's), newest first.
+    pub async fn list_jobs(&self, user: &User, q: &pb::JobsRequest) -> Result<pb::JobsReply> {
+        let f = JobFilter {
+            user: (!(q.all_users && user.admin)).then(|| user.name.clone()),
+            active: q.active,
+            before_id: (q.before_id > 0).then_some(q.before_id),
+            limit: q.limit.clamp(1, 1000),
+        };
+        let mut reply = pb::JobsReply::default();
+        for j in self.catalog.jobs(&f).await? {
+            reply.jobs.push(self.job_info(j).await?);
+        }
+        Ok(reply)
+    }
+
+    /// One job and a page of its files (only those in `state` when given).
+    pub async fn get_job(&self, user: &User, q: &pb::GetJobRequest) -> Result<pb::JobDetail> {
+        let j = self.visible_job(user, q.id).await?;
+        let state = match q.state.as_str() {
+            "" => None,
+            s => Some(JobState::parse(s).ok_or_else(|| {
+                Error::invalid(format!(
+                    "state {:?}: one of queued, running, done, failed, cancelled",
+                    crate::runs::bounded(s, 40)
+                ))
+            })?),
+        };
+        let files = self
+            .catalog
+            .job_files(j.id, state, q.offset, q.limit.clamp(1, 10_000))
+            .await?;
+        Ok(pb::JobDetail {
+            job: Some(self.job_info(j).await?),
+            files: files
+                .into_iter()
+                .map(|f| pb::JobFileInfo {
+                    seq: f.seq,
+                    source: f.source,
+                    destination: f.destination,
+                    size: f.size,
+                    state: f.state,
+                    tries: f.tries,
+                    node: f.node,
+                    checksum: f.checksum,
+                    error_kind: f.error_kind,
+                    error: f.error,
+                    next_ms: f.next_ms,
+                    updated_ms: f.updated_ms,
+                })
+                .collect(),
+        })
+    }
+
+    /// Cancels a job: queued files at once, copies in progress stopped (their unfinished
+    /// files are dropped, never left under their final names).
+    pub async fn cancel_job(&self, user: &User, id: i64) -> Result<pb::JobInfo> {
+        self.visible_job(user, id).await?;
+        self.catalog.cancel_job(id).await?;
+        self.jobs.cancel(id);
+        self.event(format!("job {id} cancelled by {}", user.name));
+        self.jobs.wake.notify_one();
+        self.job_info(self.catalog.job(id).await?).await
+    }
+
+    /// Queues an ended job's failed and cancelled files again.
+    pub async fn retry_job(&self, user: &User, id: i64) -> Result<pb::JobInfo> {
+        self.visible_job(user, id).await?;
+        let n = self.catalog.retry_job(id).await?;
+        if n == 0 {
+            return Err(Error::invalid(format!(
+                "job {id}: every file is done; nothing to retry"
+            )));
+        }
+        self.jobs.forget(id);
+        self.jobs.wake.notify_one();
+        self.job_info(self.catalog.job(id).await?).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_round_trip_and_corrupt_ones_are_refused() {
+        let o = JobOptions {
+            site: "s1".into(),
+            max_tries: 3,
+            ..Default::default()
+        };
+        let s = serde_json::to_string(&o).unwrap();
+        assert_eq!(JobOptions::parse(&s).unwrap(), o);
+        for bad in [
+            "",
+            "{",
+            "[]",
+            "{\"max_tries\": 0}",
+            "{\"max_tries\": 1000}",
+            "{\"site\": 5, \"max_tries\": 2}",
+        ] {
+            assert!(JobOptions::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_end() {
+        assert_eq!(exit_code("done", ""), 0);
+        assert_eq!(exit_code("running", ""), 0);
+        assert_eq!(exit_code("cancelled", ""), 130);
+        assert_eq!(exit_code("failed", "not_found"), 3);
+        assert_eq!(exit_code("failed", "no_space"), 6);
+        assert_eq!(exit_code("failed", "???"), 1);
+        assert_eq!(exit_code("garbage", ""), 1);
+    }
+}
