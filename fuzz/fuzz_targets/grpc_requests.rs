@@ -20,7 +20,7 @@ fuzz_target!(|bytes: &[u8]| {
     let Some((&which, body)) = bytes.split_first() else {
         return;
     };
-    match which % 30 {
+    match which % 34 {
         0 => round_trip::<pb::PathRequest>(body),
         1 => round_trip::<pb::ListRequest>(body),
         2 => round_trip::<pb::MkdirRequest>(body),
@@ -50,6 +50,10 @@ fuzz_target!(|bytes: &[u8]| {
         26 => round_trip::<pb::TransfersRequest>(body),
         27 => round_trip::<pb::TransferRequest>(body),
         28 => round_trip::<pb::LiveReport>(body),
+        29 => round_trip::<pb::SubmitJobRequest>(body),
+        30 => round_trip::<pb::JobsRequest>(body),
+        31 => round_trip::<pb::GetJobRequest>(body),
+        32 => round_trip::<pb::JobId>(body),
         _ => round_trip::<pb::Empty>(body),
     }
 });

@@ -236,17 +236,19 @@ async fn grid_copy(
     let meta = match grid::MetaClient::connect(&peer, tls.clone()).await {
         Ok(m) => m,
         Err(e) => {
-            // The source is a standalone endpoint and the destination the grid.
-            if let (Location::Remote { .. }, Location::Remote { host, port, .. }) = (src, dst)
-                && grid::MetaClient::connect(&client::Peer::new(host.clone(), *port), tls)
-                    .await
-                    .is_ok()
-            {
-                return Err(TransferError::usage(
-                    "copies from a standalone endpoint into the grid go through a local directory for now: haul cp -r haul://ENDPOINT/path DIR, then haul cp -r DIR haul://META/path",
-                ));
+            // The source is a standalone endpoint and the destination the grid: the copy is
+            // the grid's (third party, the endpoint pushing to the nodes).
+            match (src, dst) {
+                (Location::Remote { .. }, Location::Remote { host, port, .. }) => {
+                    match grid::MetaClient::connect(&client::Peer::new(host.clone(), *port), tls)
+                        .await
+                    {
+                        Ok(m) => m,
+                        Err(_) => return Err(e),
+                    }
+                }
+                _ => return Err(e),
             }
-            return Err(e);
         }
     };
     let gopts = grid::copy::GridOptions {

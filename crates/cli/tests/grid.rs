@@ -1653,10 +1653,56 @@ fn grid_files_go_to_a_standalone_endpoint_third_party() {
     );
     assert_exit(&out, 4, "cannot connect");
     assert!(!stderr(&out).contains("replica"), "{}", stderr(&out));
-    // The other way (endpoint to grid) is not third party yet: refused with the way round.
+    // The other way, endpoint to grid, third party too: the endpoint lists its tree, the
+    // metadata server places the files, and the endpoint pushes each node its share.
     let out = g.cp(
         "runner",
-        &[&ep.tls_url("copy/small.txt"), &g.url("/r/back.txt")],
+        &[
+            "-r",
+            &ep.tls_url("copy/tree"),
+            &g.url("/r/back"),
+            "--site",
+            "B",
+        ],
     );
-    assert_exit(&out, 2, "through a local directory");
+    assert_ok(&out);
+    let report = json(&out);
+    assert_eq!(report["files"], 5, "{report}");
+    for f in report["file_list"].as_array().unwrap() {
+        let to_node = f["node"].as_str().is_some_and(|n| !n.is_empty());
+        assert_eq!(to_node, f["bytes"] != 0, "{f}");
+    }
+    let w = g.where_(&["/r/back/big.bin".to_string()]);
+    let reps = live_complete(&w[0], &[]);
+    assert!(!reps.is_empty() && reps.iter().all(|r| r.1 == "B"), "{w:?}");
+    // The tree arrived whole (the empty directory too), and reads back the same.
+    let dl = tempfile::tempdir_in(g.path()).unwrap();
+    assert_ok(&g.cp(
+        "runner",
+        &["-r", &g.url("/r/back"), dl.path().to_str().unwrap()],
+    ));
+    assert_same_tree(&src, &dl.path().join("back"));
+    let void = g.json("runner", &["stat", "--json", "/r/back/void"]);
+    assert_eq!(void["entries"][0]["type"], "dir", "{void}");
+    // One file into a grid directory; a path that is not on the endpoint fails (exit 3).
+    assert_ok(&g.cp(
+        "runner",
+        &[&ep.tls_url("copy/small.txt"), &g.url("/r/back/")],
+    ));
+    assert_eq!(
+        g.json("runner", &["stat", "--json", "/r/back/small.txt"])["entries"][0]["size"],
+        std::fs::metadata(src.join("small.txt")).unwrap().len()
+    );
+    let out = g.cp(
+        "runner",
+        &[&ep.tls_url("copy/nothing"), &g.url("/r/nothing")],
+    );
+    assert_exit(&out, 3, "nothing");
+    // A user the endpoint does not map is refused by it, and nothing appears in the grid.
+    let out = g.cp(
+        "alice",
+        &[&ep.tls_url("copy/small.txt"), &g.url("/alice/x.txt")],
+    );
+    assert_exit(&out, 5, "");
+    assert_exit(&g.run("alice", &["stat", "/alice/x.txt"]), 3, "");
 }

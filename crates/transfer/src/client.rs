@@ -271,6 +271,58 @@ pub async fn probe(peer: &Peer, tls: Option<&ClientTls>) -> Result<Probe, Transf
     Ok(probe)
 }
 
+/// What an endpoint would send of `path` (`Request::List`): its entries in enumeration order
+/// (parents first) and what it cannot send, with why.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    pub entries: Vec<wire::control::ListingEntry>,
+    pub unsendable: Vec<(String, wire::error::ErrorInfo)>,
+}
+
+/// Asks `peer` what a source session of `path` would send, without sending it.
+pub async fn list(
+    peer: &Peer,
+    path: &str,
+    recursive: bool,
+    tls: Option<&ClientTls>,
+) -> Result<Listing, TransferError> {
+    let mut s = conn::connect_control(&peer.host, peer.port, tls, &sys::host_limits()).await?;
+    s.send(&Request::List {
+        path: path.to_string(),
+        recursive,
+    })
+    .await?;
+    let mut out = Listing::default();
+    loop {
+        match s.reader.response().await? {
+            Response::Listing {
+                entries,
+                unsendable,
+                last,
+            } => {
+                out.entries.extend(entries);
+                out.unsendable.extend(unsendable);
+                if out.entries.len() + out.unsendable.len() > crate::endpoint::MAX_LISTING {
+                    return Err(TransferError::protocol(
+                        "the endpoint listed more entries than a listing may have",
+                    ));
+                }
+                if last {
+                    break;
+                }
+            }
+            Response::Error(e) => return Err(e.into()),
+            other => {
+                return Err(TransferError::protocol(format!(
+                    "expected a listing, got {other:?}"
+                )));
+            }
+        }
+    }
+    s.writer.shutdown().await;
+    Ok(out)
+}
+
 /// An endpoint (or storage node) to talk to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {

@@ -443,6 +443,18 @@ async fn control(
                 };
                 ctl.writer.send_response(&reply).await?;
             }
+            Request::List { path, recursive } => {
+                let request = SourceSelection {
+                    path,
+                    recursive,
+                    files: Vec::new(),
+                    grant: None,
+                };
+                match source_list(&ep, &caller, request).await {
+                    Ok(list) => send_listing(ctl.writer, list).await?,
+                    Err(e) => ctl.writer.send_response(&Response::Error(e)).await?,
+                }
+            }
             Request::Cancel | Request::PerfSent { .. } => {}
             Request::Perf { session, key, test } => {
                 perf(&ep, ctl, session, key, test, addrs)
@@ -580,6 +592,76 @@ async fn perf(
         limits.handshake_timeout,
     )
     .await
+}
+
+/// Entries a listing may have (a bigger tree is copied in parts).
+pub const MAX_LISTING: usize = 1_000_000;
+/// Bytes of names per `Listing` frame (well under a control message's limit).
+const LISTING_FRAME_BYTES: usize = 256 * 1024;
+
+/// Answers `List` with `list` in frames of at most [`LISTING_FRAME_BYTES`] of names.
+async fn send_listing(
+    writer: &mut crate::conn::ControlWriter,
+    list: SourceList,
+) -> Result<(), TransferError> {
+    if list.entries.len() + list.unsendable.len() > MAX_LISTING {
+        let e = ErrorInfo::new(
+            ErrorKind::Invalid,
+            format!("more than {MAX_LISTING} entries: copy the tree in parts"),
+        );
+        return writer.send_response(&Response::Error(e)).await;
+    }
+    let mut entries = Vec::new();
+    let mut unsendable = Vec::new();
+    let mut bytes = 0;
+    let mut sent = false;
+    let mut items = list
+        .entries
+        .into_iter()
+        .map(Ok)
+        .chain(list.unsendable.into_iter().map(Err))
+        .peekable();
+    while let Some(item) = items.next() {
+        match item {
+            Ok(e) => {
+                bytes += e.rel.len() + 32;
+                entries.push(control::ListingEntry {
+                    rel: e.rel,
+                    is_dir: e.kind == wire::data::EntryKind::Dir,
+                    size: e.size,
+                    mode: e.mode,
+                    mtime: e.mtime,
+                });
+            }
+            Err((rel, error)) => {
+                bytes += rel.len() + error.message.len() + 32;
+                unsendable.push((rel, error));
+            }
+        }
+        let last = items.peek().is_none();
+        if last || bytes >= LISTING_FRAME_BYTES {
+            writer
+                .send_response(&Response::Listing {
+                    entries: std::mem::take(&mut entries),
+                    unsendable: std::mem::take(&mut unsendable),
+                    last,
+                })
+                .await?;
+            bytes = 0;
+            sent = true;
+        }
+    }
+    if !sent {
+        // Nothing to list: one empty, last part.
+        writer
+            .send_response(&Response::Listing {
+                entries,
+                unsendable,
+                last: true,
+            })
+            .await?;
+    }
+    Ok(())
 }
 
 /// What a source session sends, as the service lists it on a blocking thread.

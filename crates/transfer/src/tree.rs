@@ -8,7 +8,7 @@ use crate::service::{Admitted, Caller, Service, SinkNaming, SourceList, SourceSe
 use crate::store::{self, Destination, Root};
 use crate::tls::Mapfile;
 use std::sync::Arc;
-use wire::control::EntryInfo;
+use wire::control::{EntryInfo, ListedFile};
 use wire::error::{ErrorInfo, ErrorKind};
 use wire::grant::SignedGrant;
 
@@ -109,10 +109,7 @@ impl Service for TreeService {
         request: SourceSelection,
     ) -> Result<SourceList, ErrorInfo> {
         if !request.files.is_empty() {
-            return Err(ErrorInfo::new(
-                ErrorKind::Unsupported,
-                "file lists are only served by storage nodes",
-            ));
+            return listed_files(caller, request.files);
         }
         let rel = store::remote_rel_path(&request.path)?;
         let mut list = SourceList::default();
@@ -125,6 +122,53 @@ impl Service for TreeService {
         })?;
         Ok(list)
     }
+}
+
+/// The files of a file list, each found as a source session of its path would find it (below
+/// the root, no link followed, regular files only), announced under its listed name. A file
+/// whose size changed since it was listed is refused: the list placed it by that size.
+fn listed_files(caller: &Caller, files: Vec<ListedFile>) -> Result<SourceList, ErrorInfo> {
+    let mut list = SourceList::default();
+    for f in files {
+        let rel = store::remote_rel_path(&f.locator)?;
+        let mut found = None;
+        if let Err(e) = store::enumerate(&caller.root, &rel, false, &mut |e| {
+            found = Some(e);
+            false
+        }) {
+            list.unsendable.push((f.name, e));
+            continue;
+        }
+        match found {
+            Some(store::Found::Entry(mut e)) if e.kind == wire::data::EntryKind::File => {
+                if e.size != f.size {
+                    list.unsendable.push((
+                        f.name,
+                        ErrorInfo::new(
+                            ErrorKind::Invalid,
+                            format!(
+                                "{}: its size changed since it was listed ({} bytes, then {})",
+                                f.locator, f.size, e.size
+                            ),
+                        ),
+                    ));
+                    continue;
+                }
+                e.rel = f.name;
+                e.expect = f.expect;
+                list.entries.push(e);
+            }
+            Some(store::Found::Unsendable { error, .. }) => list.unsendable.push((f.name, error)),
+            _ => list.unsendable.push((
+                f.name,
+                ErrorInfo::new(
+                    ErrorKind::NotFound,
+                    format!("{}: not a regular file", f.locator),
+                ),
+            )),
+        }
+    }
+    Ok(list)
 }
 
 #[cfg(test)]
@@ -179,18 +223,47 @@ mod tests {
         };
         let list = rw.source_list(&caller(&base), req(vec![])).unwrap();
         assert_eq!(list.entries.len(), 1);
-        let listed = wire::control::ListedFile {
-            locator: "1".into(),
-            name: "a".into(),
-            size: 3,
+        // File lists (a copy into the grid names each file by its path and its new id):
+        // found below the root as a path request finds them, never through a link.
+        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("l")).unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let listed = |locator: &str, name: &str, size| wire::control::ListedFile {
+            locator: locator.into(),
+            name: name.into(),
+            size,
             mode: 0o644,
             mtime: Default::default(),
             expect: vec![],
         };
-        let e = rw
-            .source_list(&caller(&base), req(vec![listed]))
-            .err()
+        let list = rw
+            .source_list(
+                &caller(&base),
+                req(vec![
+                    listed("a", "42", 3),
+                    listed("missing", "43", 3),
+                    listed("a", "44", 4),
+                    listed("l", "45", 3),
+                    listed("d", "46", 0),
+                ]),
+            )
             .unwrap();
-        assert_eq!(e.kind, ErrorKind::Unsupported);
+        assert_eq!(list.entries.len(), 1);
+        assert_eq!(list.entries[0].rel, "42");
+        assert_eq!(list.entries[0].locator, std::path::PathBuf::from("a"));
+        let refused: Vec<(&str, ErrorKind)> = list
+            .unsendable
+            .iter()
+            .map(|(n, e)| (n.as_str(), e.kind))
+            .collect();
+        assert_eq!(refused.len(), 4, "{refused:?}");
+        assert_eq!(refused[0], ("43", ErrorKind::NotFound));
+        assert_eq!(refused[1], ("44", ErrorKind::Invalid));
+        assert_eq!(refused[2].0, "45");
+        assert_eq!(refused[3].0, "46");
+        // A path leaving the root refuses the whole list.
+        assert!(
+            rw.source_list(&caller(&base), req(vec![listed("../a", "47", 3)]))
+                .is_err()
+        );
     }
 }

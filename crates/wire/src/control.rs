@@ -222,6 +222,24 @@ pub enum Request {
     PerfSent {
         datagrams: u64,
     },
+    /// List what a source session of `path` would send (its files and directories, and what
+    /// it cannot send), without sending it: answered with [`Response::Listing`] frames, the
+    /// last one marked. A copy into the grid places the files from this list first.
+    List {
+        path: String,
+        recursive: bool,
+    },
+}
+
+/// An entry of a [`Response::Listing`]: named as a source session would announce it (the
+/// source's base name, then the path below it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListingEntry {
+    pub rel: String,
+    pub is_dir: bool,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: crate::data::Timestamp,
 }
 
 /// A file named explicitly in a source request.
@@ -322,6 +340,13 @@ pub enum Response {
     PerfInterval(crate::perf::PerfInterval),
     /// The endpoint's side of a finished test.
     PerfDone(crate::perf::PerfOutcome),
+    /// Part of the answer to [`Request::List`]: entries in enumeration order (parents before
+    /// children), the entries that cannot be sent with why, and whether this is the last part.
+    Listing {
+        entries: Vec<ListingEntry>,
+        unsendable: Vec<(String, ErrorInfo)>,
+        last: bool,
+    },
 }
 
 impl Request {
@@ -521,6 +546,10 @@ mod tests {
                 },
             },
             Request::PerfSent { datagrams: 9 },
+            Request::List {
+                path: "data/tree".into(),
+                recursive: true,
+            },
         ];
         let mut fb = FrameBuffer::new();
         for r in &reqs {
@@ -550,6 +579,20 @@ mod tests {
                 ..Default::default()
             }),
             Response::Error(ErrorInfo::new(ErrorKind::Unmapped, "who are you")),
+            Response::Listing {
+                entries: vec![ListingEntry {
+                    rel: "tree/a.nc".into(),
+                    is_dir: false,
+                    size: 7,
+                    mode: 0o640,
+                    mtime: crate::data::Timestamp { secs: 3, nanos: 4 },
+                }],
+                unsendable: vec![(
+                    "tree/fifo".into(),
+                    ErrorInfo::new(ErrorKind::Unsupported, "not a regular file"),
+                )],
+                last: true,
+            },
         ];
         for resp in resps {
             fb.extend(&resp.encode());

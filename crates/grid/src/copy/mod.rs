@@ -195,6 +195,21 @@ async fn copy_unrecorded(
                 path: b,
             },
         ) => {
+            if (h1, p1) != (h2, p2) && meta.addr == Peer::new(h2.clone(), *p2) {
+                // The source is a standalone endpoint: it pushes to the nodes.
+                let peer = Peer::new(h1.clone(), *p1);
+                return upload::upload_from(
+                    meta,
+                    upload::Origin::Endpoint {
+                        peer: &peer,
+                        path: a,
+                    },
+                    b,
+                    opts,
+                    ctx,
+                )
+                .await;
+            }
             if (h1, p1) != (h2, p2) {
                 // The other end is a standalone endpoint (another grid's metadata server
                 // refuses the session: copies between grids go through a local directory).

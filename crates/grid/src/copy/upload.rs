@@ -1,7 +1,10 @@
-//! Upload: local files into the grid. Each round asks the metadata server to place the files
-//! still to send (avoiding nodes that failed or filled up), sends each node its files with a
-//! write capability, and aborts what did not arrive: nothing is visible in the namespace before
-//! a node has verified it.
+//! Upload: local files, or a standalone endpoint's, into the grid. Each round asks the
+//! metadata server to place the files still to send (avoiding nodes that failed or filled up),
+//! sends each node its files with a write capability, and aborts what did not arrive: nothing
+//! is visible in the namespace before a node has verified it. From an endpoint the copy is
+//! third party: the endpoint lists its tree first (`Request::List`), then pushes each node its
+//! files (a file list naming each by its path there and its new id), and the data never passes
+//! through the client.
 
 use super::rounds::{Planned, Rounds, Runner, SessionResult, Tally, run_rounds};
 use super::{Cap, GridOptions, grid_destination, map_grid, ns_of, place, renamed};
@@ -10,11 +13,79 @@ use api::meta as pb;
 use std::collections::HashMap;
 use std::path::Path;
 use transfer::TransferError;
-use transfer::client::{Attempt, AttemptContext, CopyReport, Peer, SinkRequest};
+use transfer::client::{Attempt, AttemptContext, CopyReport, Peer, SinkRequest, SourceRequest};
 use transfer::progress::EventSender;
 use transfer::store::SourceEntry;
+use wire::control::ListedFile;
 use wire::control::Protect;
 use wire::data::EntryKind;
+
+/// Where an upload's files come from.
+pub(super) enum Origin<'a> {
+    Local(&'a Path),
+    /// A standalone endpoint and the path there.
+    Endpoint {
+        peer: &'a Peer,
+        path: &'a str,
+    },
+}
+
+impl Origin<'_> {
+    fn shown(&self) -> String {
+        match self {
+            Origin::Local(p) => p.display().to_string(),
+            Origin::Endpoint { peer, path } => format!(
+                "haul://{}/{}",
+                transfer::conn::format_addr(&peer.host, peer.port),
+                path.trim_start_matches('/')
+            ),
+        }
+    }
+
+    /// Entries to send (locators where the origin reads them) and those it cannot send.
+    async fn list(
+        &self,
+        opts: &GridOptions,
+    ) -> Result<(Vec<SourceEntry>, Vec<(String, wire::error::ErrorInfo)>), TransferError> {
+        match self {
+            Origin::Local(l) => {
+                let listing = transfer::client::enumerate_local(l, opts.copy.recursive).await?;
+                Ok((listing.entries, listing.unsendable))
+            }
+            Origin::Endpoint { peer, path } => {
+                let l =
+                    transfer::client::list(peer, path, opts.copy.recursive, opts.copy.tls.as_ref())
+                        .await?;
+                // Entries are named from the source's base name down; the endpoint reads them
+                // from the source's parent.
+                let trimmed = path.trim_matches('/');
+                let parent = trimmed.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+                let entries = l
+                    .entries
+                    .into_iter()
+                    .map(|e| SourceEntry {
+                        locator: if parent.is_empty() {
+                            e.rel.clone().into()
+                        } else {
+                            format!("{parent}/{}", e.rel).into()
+                        },
+                        kind: if e.is_dir {
+                            EntryKind::Dir
+                        } else {
+                            EntryKind::File
+                        },
+                        rel: e.rel,
+                        size: e.size,
+                        mode: e.mode,
+                        mtime: e.mtime,
+                        expect: Vec::new(),
+                    })
+                    .collect();
+                Ok((entries, l.unsendable))
+            }
+        }
+    }
+}
 
 /// Copies `local` to the grid path `dest`.
 pub(super) async fn upload(
@@ -24,18 +95,28 @@ pub(super) async fn upload(
     opts: &GridOptions,
     ctx: AttemptContext,
 ) -> Result<CopyReport, TransferError> {
+    upload_from(meta, Origin::Local(local), dest, opts, ctx).await
+}
+
+/// Copies what `origin` holds to the grid path `dest`.
+pub(super) async fn upload_from(
+    meta: &MetaClient,
+    origin: Origin<'_>,
+    dest: &str,
+    opts: &GridOptions,
+    ctx: AttemptContext,
+) -> Result<CopyReport, TransferError> {
     let AttemptContext {
         counters,
         events,
         cancel,
     } = ctx;
-    let listing = transfer::client::enumerate_local(local, opts.copy.recursive).await?;
-    let entries = listing.entries;
+    let (entries, unsendable_list) = origin.list(opts).await?;
     let source_is_dir = entries.first().is_some_and(|e| e.kind == EntryKind::Dir);
     let (base, into_dir) = grid_destination(meta, dest, source_is_dir).await?;
     let mut tally = Tally::new();
-    let unsendable = listing.unsendable.len() as u64;
-    for (rel, error) in listing.unsendable {
+    let unsendable = unsendable_list.len() as u64;
+    for (rel, error) in unsendable_list {
         tally.fail(&map_grid(&base, into_dir, &rel), error.into());
     }
     // Directories first, parents before children (enumeration order).
@@ -55,9 +136,11 @@ pub(super) async fn upload(
     );
     let runner = Runner::new(counters.clone(), events.clone(), cancel, opts);
     let todo: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
+    let shown = origin.shown();
     let mut plan = Upload {
         meta,
         opts,
+        origin: &origin,
         events: events.clone(),
         by_path: files.into_iter().collect(),
         exclude: Vec::new(),
@@ -68,10 +151,7 @@ pub(super) async fn upload(
         todo,
         &runner,
         tally,
-        (
-            local.display().to_string(),
-            format!("haul://{}{}", meta.addr, dest),
-        ),
+        (shown, format!("haul://{}{}", meta.addr, dest)),
     )
     .await
 }
@@ -79,6 +159,7 @@ pub(super) async fn upload(
 struct Upload<'a> {
     meta: &'a MetaClient,
     opts: &'a GridOptions,
+    origin: &'a Origin<'a>,
     events: EventSender,
     /// Every file to send, by its grid path.
     by_path: HashMap<String, SourceEntry>,
@@ -172,18 +253,50 @@ impl Rounds for Upload<'_> {
             .fresh(self.meta, node, "write", job.ids.clone())
             .await?;
         let copy = &self.opts.copy;
-        transfer::client::upload(
-            job.list.clone(),
-            &job.peer,
-            SinkRequest {
-                grant,
-                ..Default::default()
-            },
-            copy,
-            copy.session.clone(),
-            ctx,
-        )
-        .await
+        let sink = SinkRequest {
+            grant,
+            ..Default::default()
+        };
+        match self.origin {
+            Origin::Local(_) => {
+                transfer::client::upload(
+                    job.list.clone(),
+                    &job.peer,
+                    sink,
+                    copy,
+                    copy.session.clone(),
+                    ctx,
+                )
+                .await
+            }
+            Origin::Endpoint { peer, .. } => {
+                let files = job
+                    .list
+                    .iter()
+                    .map(|e| ListedFile {
+                        locator: e.locator.to_string_lossy().into_owned(),
+                        name: e.rel.clone(),
+                        size: e.size,
+                        mode: e.mode,
+                        mtime: e.mtime,
+                        expect: Vec::new(),
+                    })
+                    .collect();
+                transfer::client::third_party(
+                    peer,
+                    SourceRequest {
+                        files,
+                        ..Default::default()
+                    },
+                    &job.peer,
+                    sink,
+                    copy,
+                    copy.session.clone(),
+                    ctx,
+                )
+                .await
+            }
+        }
     }
 
     fn settle(
