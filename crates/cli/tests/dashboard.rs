@@ -104,6 +104,18 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
         3,
         "",
     );
+    // A transfer job, done node to node by the metadata server.
+    let job = g.json(
+        "alice",
+        &[
+            "submit",
+            "--json",
+            "--wait",
+            "/alice/big.bin",
+            "/alice/big-copy.bin",
+        ],
+    );
+    assert_eq!(job["job"]["state"], "done", "{job}");
     // Site A's nodes stall after 1 MiB of data sent: a replication to B stays in flight.
     for i in 0..g.nodes.len() {
         if g.nodes[i].site != "A" {
@@ -289,6 +301,14 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
         hour.contains("class=\"pt\"") && hour.contains("data-pair=\"client → A\""),
         "{hour}"
     );
+    let jobs = dom
+        .split("id=\"jobs\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no jobs table: {dom}"));
+    assert!(
+        jobs.contains("data-state=\"done\"") && jobs.contains("1 of 1"),
+        "{jobs}"
+    );
     let failures = dom
         .split("id=\"failures\"")
         .nth(1)
@@ -336,6 +356,7 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
         "{dom}"
     );
     assert!(dom.contains("id=\"live-none\""), "{dom}");
+    assert!(dom.contains("id=\"jobs-none\""), "{dom}");
     let _ = replicating.kill();
     let _ = replicating.wait();
     // A client killed mid-copy stops reporting: after 30 s of silence its copy leaves the

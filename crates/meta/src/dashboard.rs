@@ -404,6 +404,51 @@ fn live_rows(meta: &Meta, user: &User) -> Markup {
     }
 }
 
+/// Transfer jobs: the user's (an administrator's: everybody's), active ones and the newest.
+async fn job_rows(meta: &Meta, user: &User) -> Markup {
+    let jobs = meta
+        .list_jobs(
+            user,
+            &pb::JobsRequest {
+                limit: 20,
+                all_users: user.admin,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(|r| r.jobs)
+        .unwrap_or_default();
+    html! {
+        h2 { "Transfer jobs" }
+        @if jobs.is_empty() {
+            p class="note" id="jobs-none" { "No jobs (haul submit hands copies to the grid)." }
+        } @else {
+            table id="jobs" {
+                tr { th { "job" } th class="l" { "who" } th { "priority" } th class="l" { "state" } th { "files" } th { "progress" } th { "failed" } th class="l" { "submitted" } th class="l" { "ended" } }
+                @for j in &jobs {
+                    tr class="job" data-state=(j.state) {
+                        td { (j.id) }
+                        td class="l" { (j.user) }
+                        td { (j.priority) }
+                        td class="l" {
+                            @if j.state == "failed" || j.state == "cancelled" {
+                                span class="failed" { (j.state) }
+                            } @else {
+                                (j.state)
+                            }
+                        }
+                        td { (j.files_done) " of " (j.files) }
+                        td class="progress" { (bytes(j.bytes_done)) " of " (bytes(j.bytes)) " (" (format!("{:.0}", 100.0 * j.bytes_done as f64 / j.bytes.max(1) as f64)) "%)" }
+                        td { (j.files_failed) }
+                        td class="l" { (rfc3339(j.created_ms)) }
+                        td class="l" { @if j.ended_ms > 0 { (rfc3339(j.ended_ms)) } @else { "—" } }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `/`: the public view, and with a session the user's.
 pub async fn overview(State(meta): State<Arc<Meta>>, headers: HeaderMap) -> Response {
     let user = session_user(&meta, &headers);
@@ -453,8 +498,10 @@ pub async fn overview(State(meta): State<Arc<Meta>>, headers: HeaderMap) -> Resp
             1_800_000,
         )
         .await;
+        let jobs = job_rows(&meta, u).await;
         signed_in = html! {
             (live_rows(&meta, u))
+            (jobs)
             h2 { "Throughput" }
             (hour)
             (day)
