@@ -72,7 +72,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
             max_age: a.history_keep,
             max_records: a.history_max,
         },
-        jobs: meta::jobrun::JobSettings {
+        jobs: meta::jobspec::JobSettings {
             sessions: a.job_sessions,
             link_sessions: a.job_link_sessions,
             batch_files: a.job_batch_files,

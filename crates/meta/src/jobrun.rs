@@ -24,12 +24,12 @@
 use crate::auth::User;
 use crate::error::Error;
 use crate::fairshare::{Candidate, FairShare};
-use crate::jobs::JobOptions;
+use crate::jobspec::{JobOptions, JobSettings, back_off, retryable};
 use crate::state::{Meta, NodeEntry};
 use api::meta as pb;
 use catalog::{JobFile, JobRecord, JobState};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use transfer::TransferError;
@@ -39,121 +39,8 @@ use wire::control::ListedFile;
 use wire::error::ErrorKind;
 use wire::grant::Operation;
 
-/// How the job scheduler runs (`haul meta serve --job-*`).
-#[derive(Clone, Debug)]
-pub struct JobSettings {
-    /// Sessions of all jobs at once.
-    pub sessions: u32,
-    /// Sessions at once per link (source site, destination site).
-    pub link_sessions: u32,
-    /// Files per batch (one session per node pair).
-    pub batch_files: u32,
-    /// Data streams per link (shared by its sessions); `None`: each session plans its own.
-    pub link_streams: Option<u32>,
-    /// The first back-off after a failed attempt (doubled each time, at most an hour).
-    pub retry_delay: Duration,
-    pub weights: crate::fairshare::Weights,
-}
-
-impl Default for JobSettings {
-    fn default() -> Self {
-        Self {
-            sessions: 8,
-            link_sessions: 2,
-            batch_files: 100,
-            link_streams: None,
-            retry_delay: Duration::from_secs(30),
-            weights: Default::default(),
-        }
-    }
-}
-
-/// What the scheduler keeps in memory (lost on restart, which only costs a retry on a node
-/// that failed).
-#[derive(Default)]
-pub struct JobRuntime {
-    /// Wakes the scheduler (a job submitted, cancelled, retried).
-    pub wake: tokio::sync::Notify,
-    /// Cancels the sessions of a job.
-    cancels: Mutex<HashMap<i64, CancellationToken>>,
-    /// Nodes each file's next attempt avoids, by (job, seq).
-    avoid: Mutex<HashMap<(i64, i64), HashSet<String>>>,
-}
-
-impl JobRuntime {
-    /// Stops the sessions of job `id`.
-    pub fn cancel(&self, id: i64) {
-        if let Some(t) = self.cancels.lock().expect("jobs lock").remove(&id) {
-            t.cancel();
-        }
-    }
-
-    /// Forgets what the runs of job `id` learned (a retry starts afresh).
-    pub fn forget(&self, id: i64) {
-        self.avoid
-            .lock()
-            .expect("jobs lock")
-            .retain(|(j, _), _| *j != id);
-    }
-
-    fn token(&self, id: i64) -> CancellationToken {
-        self.cancels
-            .lock()
-            .expect("jobs lock")
-            .entry(id)
-            .or_default()
-            .clone()
-    }
-
-    fn avoided(&self, job: i64, seq: i64) -> HashSet<String> {
-        self.avoid
-            .lock()
-            .expect("jobs lock")
-            .get(&(job, seq))
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn avoid_nodes(&self, job: i64, seq: i64, nodes: &[&str]) {
-        let mut a = self.avoid.lock().expect("jobs lock");
-        let set = a.entry((job, seq)).or_default();
-        set.extend(nodes.iter().map(|n| n.to_string()));
-    }
-
-    /// Forgets the nodes one file avoids (every one failed it: all may be tried again).
-    fn forget_file(&self, job: i64, seq: i64) {
-        self.avoid.lock().expect("jobs lock").remove(&(job, seq));
-    }
-
-    fn ended(&self, id: i64) {
-        self.cancels.lock().expect("jobs lock").remove(&id);
-        self.forget(id);
-    }
-}
-
 /// A link: (source site, destination site or "*").
 type Link = (String, String);
-
-/// The wait before attempt `tries + 1`: `base`, doubled per attempt, at most an hour.
-pub fn back_off(base: Duration, tries: u32) -> Duration {
-    let f = 1u64 << tries.saturating_sub(1).min(20);
-    base.saturating_mul(f as u32).min(Duration::from_secs(3600))
-}
-
-/// Whether another attempt can help a file that failed this way.
-fn retryable(kind: ErrorKind) -> bool {
-    matches!(
-        kind,
-        ErrorKind::Connect
-            | ErrorKind::Unavailable
-            | ErrorKind::Stalled
-            | ErrorKind::Integrity
-            | ErrorKind::SourceDamaged
-            | ErrorKind::NoSpace
-            | ErrorKind::Busy
-            | ErrorKind::Io
-    )
-}
 
 /// Runs jobs until `stop`.
 pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
@@ -1037,31 +924,4 @@ async fn record(
         ..Default::default()
     };
     meta.record_transfer(rec, &files).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn back_off_doubles_up_to_an_hour() {
-        let b = Duration::from_secs(30);
-        assert_eq!(back_off(b, 1), Duration::from_secs(30));
-        assert_eq!(back_off(b, 2), Duration::from_secs(60));
-        assert_eq!(back_off(b, 4), Duration::from_secs(240));
-        assert_eq!(back_off(b, 8), Duration::from_secs(3600));
-        assert_eq!(back_off(b, 1000), Duration::from_secs(3600));
-        // Ten tries span hours: 30 s + 1 + 2 + 4 + 8 + 16 min + 32 min + 3 x 1 h.
-        let total: Duration = (1..10).map(|t| back_off(b, t)).sum();
-        assert!(total > Duration::from_secs(3 * 3600), "{total:?}");
-    }
-
-    #[test]
-    fn what_another_attempt_can_help() {
-        assert!(retryable(ErrorKind::Connect));
-        assert!(retryable(ErrorKind::NoSpace));
-        assert!(!retryable(ErrorKind::NotFound));
-        assert!(!retryable(ErrorKind::PermissionDenied));
-        assert!(!retryable(ErrorKind::Exists));
-    }
 }

@@ -5,63 +5,14 @@
 
 use crate::auth::User;
 use crate::error::{Error, Result};
+use crate::jobspec::{
+    DEFAULT_TRIES, JobOptions, MAX_ACTIVE_JOBS, MAX_JOB_FILES, MAX_TRIES, MAX_WEBHOOK, exit_code,
+};
 use crate::perm::{self, Access};
 use crate::state::Meta;
 use api::meta as pb;
 use catalog::{JobFilter, JobRecord, JobState, Kind, NewJob};
-use serde::{Deserialize, Serialize};
 use wire::error::ErrorKind;
-
-/// The most files one job may hold (a bigger data set goes in several jobs).
-pub const MAX_JOB_FILES: usize = 200_000;
-/// The most queued and running jobs one user may have.
-pub const MAX_ACTIVE_JOBS: usize = 1_000;
-/// Attempts per file unless the job says otherwise, and the most it may say.
-pub const DEFAULT_TRIES: u32 = 10;
-pub const MAX_TRIES: u32 = 100;
-const MAX_WEBHOOK: usize = 2048;
-
-/// A job's options as stored with it (JSON in `jobs.options`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct JobOptions {
-    /// Put the copies at this site ("": wherever placement chooses).
-    #[serde(default)]
-    pub site: String,
-    #[serde(default)]
-    pub overwrite: bool,
-    pub max_tries: u32,
-    /// ms since the epoch; 0: none.
-    #[serde(default)]
-    pub deadline_ms: i64,
-    /// bits/s per session; 0: none.
-    #[serde(default)]
-    pub rate_bps: u64,
-    #[serde(default)]
-    pub webhook: String,
-}
-
-impl JobOptions {
-    /// Options of a stored job; a record that does not parse is corrupt.
-    pub fn parse(stored: &str) -> std::result::Result<Self, String> {
-        let o: Self = serde_json::from_str(stored).map_err(|e| e.to_string())?;
-        if o.max_tries == 0 || o.max_tries > MAX_TRIES {
-            return Err(format!("max_tries {} out of range", o.max_tries));
-        }
-        Ok(o)
-    }
-}
-
-/// The exit code `haul job wait` gives a job that ended this way (0 while it runs).
-pub fn exit_code(state: &str, first_error_kind: &str) -> i32 {
-    match JobState::parse(state) {
-        Some(JobState::Done) | Some(JobState::Queued) | Some(JobState::Running) => 0,
-        Some(JobState::Cancelled) => transfer::error::exit_code_of(ErrorKind::Cancelled),
-        Some(JobState::Failed) => ErrorKind::from_name(first_error_kind)
-            .map(transfer::error::exit_code_of)
-            .unwrap_or(1),
-        None => 1,
-    }
-}
 
 /// A destination path: into `dst` when it names a directory (ends with `/` or is one).
 async fn destination_of(meta: &Meta, src: &str, dst: &str) -> Result<String> {
@@ -410,42 +361,5 @@ impl Meta {
         self.jobs.forget(id);
         self.jobs.wake.notify_one();
         self.job_info(self.catalog.job(id).await?).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn options_round_trip_and_corrupt_ones_are_refused() {
-        let o = JobOptions {
-            site: "s1".into(),
-            max_tries: 3,
-            ..Default::default()
-        };
-        let s = serde_json::to_string(&o).unwrap();
-        assert_eq!(JobOptions::parse(&s).unwrap(), o);
-        for bad in [
-            "",
-            "{",
-            "[]",
-            "{\"max_tries\": 0}",
-            "{\"max_tries\": 1000}",
-            "{\"site\": 5, \"max_tries\": 2}",
-        ] {
-            assert!(JobOptions::parse(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn exit_codes_follow_the_end() {
-        assert_eq!(exit_code("done", ""), 0);
-        assert_eq!(exit_code("running", ""), 0);
-        assert_eq!(exit_code("cancelled", ""), 130);
-        assert_eq!(exit_code("failed", "not_found"), 3);
-        assert_eq!(exit_code("failed", "no_space"), 6);
-        assert_eq!(exit_code("failed", "???"), 1);
-        assert_eq!(exit_code("garbage", ""), 1);
     }
 }

@@ -18,6 +18,7 @@ pub mod history;
 pub mod http;
 pub mod jobrun;
 pub mod jobs;
+pub mod jobspec;
 mod lifecycle;
 pub mod metrics;
 mod namespace;

@@ -44,7 +44,7 @@ pub struct Settings {
     /// How long the transfer history keeps records.
     pub history: Retention,
     /// How transfer jobs are scheduled.
-    pub jobs: crate::jobrun::JobSettings,
+    pub jobs: crate::jobspec::JobSettings,
 }
 
 impl Default for Settings {
@@ -180,7 +180,7 @@ pub struct Meta {
     /// Clients' copies in progress, as their clients report them.
     pub live_clients: crate::runs::LiveClients,
     /// Transfer jobs being run.
-    pub jobs: crate::jobrun::JobRuntime,
+    pub jobs: crate::jobspec::JobRuntime,
 }
 
 /// What the reconciler did last.

@@ -302,7 +302,7 @@ pub async fn list(
             } => {
                 out.entries.extend(entries);
                 out.unsendable.extend(unsendable);
-                if out.entries.len() + out.unsendable.len() > crate::endpoint::MAX_LISTING {
+                if out.entries.len() + out.unsendable.len() > wire::control::MAX_LISTING {
                     return Err(TransferError::protocol(
                         "the endpoint listed more entries than a listing may have",
                     ));

@@ -594,8 +594,6 @@ async fn perf(
     .await
 }
 
-/// Entries a listing may have (a bigger tree is copied in parts).
-pub const MAX_LISTING: usize = 1_000_000;
 /// Bytes of names per `Listing` frame (well under a control message's limit).
 const LISTING_FRAME_BYTES: usize = 256 * 1024;
 
@@ -604,10 +602,13 @@ async fn send_listing(
     writer: &mut crate::conn::ControlWriter,
     list: SourceList,
 ) -> Result<(), TransferError> {
-    if list.entries.len() + list.unsendable.len() > MAX_LISTING {
+    if list.entries.len() + list.unsendable.len() > control::MAX_LISTING {
         let e = ErrorInfo::new(
             ErrorKind::Invalid,
-            format!("more than {MAX_LISTING} entries: copy the tree in parts"),
+            format!(
+                "more than {} entries: copy the tree in parts",
+                control::MAX_LISTING
+            ),
         );
         return writer.send_response(&Response::Error(e)).await;
     }

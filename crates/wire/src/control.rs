@@ -231,6 +231,9 @@ pub enum Request {
     },
 }
 
+/// Entries one answer to [`Request::List`] may have (a bigger tree is copied in parts).
+pub const MAX_LISTING: usize = 1_000_000;
+
 /// An entry of a [`Response::Listing`]: named as a source session would announce it (the
 /// source's base name, then the path below it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
