@@ -1376,6 +1376,14 @@ async fn jobs(c: &Catalog) {
         c.job(b + 1000).await,
         Err(CatalogError::NotFound(_))
     ));
+    // What the optimizer learned per link, kept and replaced.
+    assert_eq!(c.link_tuning("A", "B").await.unwrap(), None);
+    c.set_link_tuning("A", "B", 6, 9.4e8).await.unwrap();
+    c.set_link_tuning("A", "*", 2, f64::NAN).await.unwrap();
+    assert_eq!(c.link_tuning("A", "B").await.unwrap(), Some((6, 9.4e8)));
+    c.set_link_tuning("A", "B", 3, 3e8).await.unwrap();
+    assert_eq!(c.link_tuning("A", "B").await.unwrap(), Some((3, 3e8)));
+    assert_eq!(c.link_tuning("A", "*").await.unwrap(), Some((2, 0.0)));
     assert!(c.delete_job(b).await.unwrap());
     assert!(c.job_files(b, None, 0, 10).await.unwrap().is_empty());
 }

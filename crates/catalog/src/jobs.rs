@@ -521,6 +521,56 @@ impl Catalog {
         .await
     }
 
+    /// What the jobs' optimizer learned about the link `src` -> `dst`: sessions and goodput.
+    pub async fn link_tuning(&self, src: &str, dst: &str) -> Result<Option<(u32, f64)>> {
+        let row = sqlx::query(
+            "SELECT sessions, goodput_bps FROM link_tuning WHERE src_site = $1 AND dst_site = $2",
+        )
+        .bind(src)
+        .bind(dst)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok((
+                r.try_get::<i64, _>(0)?.clamp(0, u32::MAX as i64) as u32,
+                r.try_get::<f64, _>(1)?,
+            ))
+        })
+        .transpose()
+    }
+
+    /// Remembers what the optimizer learned about the link `src` -> `dst`.
+    pub async fn set_link_tuning(
+        &self,
+        src: &str,
+        dst: &str,
+        sessions: u32,
+        goodput_bps: f64,
+    ) -> Result<()> {
+        let now = crate::now_ms();
+        let goodput = if goodput_bps.is_finite() {
+            goodput_bps.max(0.0)
+        } else {
+            0.0
+        };
+        self.write(async |w| {
+            sqlx::query(
+                "INSERT INTO link_tuning (src_site, dst_site, sessions, goodput_bps, updated_ms) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (src_site, dst_site) DO UPDATE SET \
+                 sessions = excluded.sessions, goodput_bps = excluded.goodput_bps, updated_ms = excluded.updated_ms",
+            )
+            .bind(src)
+            .bind(dst)
+            .bind(sessions as i64)
+            .bind(goodput)
+            .bind(now)
+            .execute(&mut *w.tx)
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Drops job `id` and its files; whether it existed.
     pub async fn delete_job(&self, id: i64) -> Result<bool> {
         self.write(async |w| {

@@ -981,9 +981,15 @@ pub struct MetaServeArgs {
     /// Transfer jobs: sessions of all jobs at once.
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub job_sessions: u32,
-    /// Transfer jobs: sessions at once per link (source site to destination site).
+    /// Transfer jobs: sessions at once per link (source site to destination site) where the
+    /// optimizer has learned nothing yet.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub job_link_sessions: u32,
+    /// Transfer jobs: the most sessions the optimizer gives one link (it revises each link's
+    /// number every few seconds from the goodput and loss it measures; equal to
+    /// --job-link-sessions keeps it fixed).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub job_max_link_sessions: u32,
     /// Transfer jobs: data streams per link, shared by its sessions [default: each session
     /// plans its own]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]

@@ -75,6 +75,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
         jobs: meta::jobspec::JobSettings {
             sessions: a.job_sessions,
             link_sessions: a.job_link_sessions,
+            max_link_sessions: a.job_max_link_sessions,
             batch_files: a.job_batch_files,
             link_streams: a.job_link_streams,
             retry_delay: a.job_retry_delay,

@@ -25,12 +25,14 @@ use crate::auth::User;
 use crate::error::Error;
 use crate::fairshare::{Candidate, FairShare};
 use crate::jobspec::{JobOptions, JobSettings, back_off, retryable};
+use crate::optimizer::{LinkTuner, TunerSettings};
 use crate::state::{Meta, NodeEntry};
 use api::meta as pb;
 use catalog::{JobFile, JobRecord, JobState};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use transfer::TransferError;
 use transfer::client::{Peer, SinkRequest, SourceRequest};
@@ -42,6 +44,100 @@ use wire::grant::Operation;
 /// A link: (source site, destination site or "*").
 type Link = (String, String);
 
+/// What a link's sessions moved, as they run (read and reset by the optimizer), and the
+/// sessions the optimizer allows the link now.
+#[derive(Debug, Default)]
+struct LinkMeter {
+    bytes: AtomicU64,
+    resent: AtomicU64,
+    streams: AtomicU32,
+    sessions: AtomicU32,
+}
+
+/// The optimizer of every link jobs use, and what it remembers.
+struct Links {
+    tuner: TunerSettings,
+    start: u32,
+    links: HashMap<Link, (LinkTuner, Arc<LinkMeter>)>,
+}
+
+/// Bytes a TCP retransmit stands for (one full segment on a 1500-byte MTU).
+const SEGMENT: u64 = 1448;
+
+impl Links {
+    fn new(s: &JobSettings) -> Self {
+        let max = s.max_link_sessions.max(s.link_sessions).max(1);
+        Self {
+            tuner: TunerSettings {
+                min_sessions: 1,
+                max_sessions: max,
+                ..Default::default()
+            },
+            start: s.link_sessions.max(1),
+            links: HashMap::new(),
+        }
+    }
+
+    /// The link's optimizer, made (from what the catalog remembers of the link) if new.
+    async fn get(&mut self, meta: &Meta, link: &Link) -> &mut (LinkTuner, Arc<LinkMeter>) {
+        if !self.links.contains_key(link) {
+            let learned = meta
+                .catalog
+                .link_tuning(&link.0, &link.1)
+                .await
+                .ok()
+                .flatten()
+                .map(|(n, _)| n);
+            let t = LinkTuner::new(self.tuner, learned.unwrap_or(self.start), Instant::now());
+            let m = Arc::new(LinkMeter::default());
+            m.sessions.store(t.sessions(), Ordering::Relaxed);
+            self.links.insert(link.clone(), (t, m));
+        }
+        self.links.get_mut(link).expect("inserted")
+    }
+
+    fn limit(&self, link: &Link) -> u32 {
+        self.links
+            .get(link)
+            .map(|(t, _)| t.sessions())
+            .unwrap_or(self.start)
+    }
+
+    /// Feeds each optimizer what its link moved; a probe that ended may change the link's
+    /// sessions, which the catalog then remembers.
+    async fn sample(&mut self, meta: &Meta, on_link: &HashMap<Link, u32>) {
+        let now = Instant::now();
+        for (link, (t, m)) in self.links.iter_mut() {
+            let bytes = m.bytes.swap(0, Ordering::Relaxed);
+            let resent = m.resent.swap(0, Ordering::Relaxed);
+            t.record(now, bytes, resent, m.streams.load(Ordering::Relaxed).max(1));
+            let running = on_link.get(link).copied().unwrap_or(0);
+            let before = t.sessions();
+            if let Some(r) = t.tick(now, running >= before) {
+                m.sessions.store(t.sessions(), Ordering::Relaxed);
+                tracing::debug!(
+                    src_site = %link.0, dst_site = %link.1, sessions = r.sessions,
+                    goodput_bps = r.goodput_bps, loss = r.loss, next = t.sessions(),
+                    "job link probe"
+                );
+                if t.sessions() != before {
+                    tracing::info!(
+                        src_site = %link.0, dst_site = %link.1, from = before, to = t.sessions(),
+                        goodput_bps = r.goodput_bps as u64, "job link sessions changed"
+                    );
+                }
+                if let Err(e) = meta
+                    .catalog
+                    .set_link_tuning(&link.0, &link.1, t.sessions(), r.goodput_bps)
+                    .await
+                {
+                    tracing::warn!(error = %e, "cannot remember what the optimizer learned");
+                }
+            }
+        }
+    }
+}
+
 /// Runs jobs until `stop`.
 pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
     if let Err(e) = recover(&meta).await {
@@ -52,17 +148,20 @@ pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
     let mut tasks: tokio::task::JoinSet<(i64, Link)> = tokio::task::JoinSet::new();
     let mut on_link: HashMap<Link, u32> = HashMap::new();
     let mut of_job: HashMap<i64, u32> = HashMap::new();
+    let mut links = Links::new(&settings);
     loop {
+        links.sample(&meta, &on_link).await;
         if (tasks.len() as u32) < settings.sessions {
-            match pass(&meta, &settings, &mut share, &on_link, &of_job).await {
+            match pass(&meta, &settings, &mut share, &mut links, &on_link, &of_job).await {
                 Ok(launches) => {
                     for (job, link, batch) in launches {
                         *on_link.entry(link.clone()).or_default() += 1;
                         *of_job.entry(job.id).or_default() += 1;
                         let (m, s) = (meta.clone(), stop.clone());
+                        let meter = links.get(&meta, &link).await.1.clone();
                         tasks.spawn(async move {
                             let id = job.id;
-                            run_batch(m, job, batch, s).await;
+                            run_batch(m, job, batch, meter, s).await;
                             (id, link)
                         });
                     }
@@ -141,6 +240,7 @@ async fn pass(
     meta: &Meta,
     s: &JobSettings,
     share: &mut FairShare,
+    links: &mut Links,
     on_link: &HashMap<Link, u32>,
     of_job: &HashMap<i64, u32>,
 ) -> Result<Vec<(JobRecord, Link, Vec<JobFile>)>, catalog::CatalogError> {
@@ -170,7 +270,7 @@ async fn pass(
             finish(meta, &j.id, &opts).await?;
             continue;
         }
-        if free == 0 || in_flight >= s.link_sessions {
+        if free == 0 {
             continue;
         }
         let files = meta
@@ -179,6 +279,11 @@ async fn pass(
             .await?;
         let Some(first) = files.first() else { continue };
         let link = link_of(meta, &first.source, &opts).await;
+        links.get(meta, &link).await;
+        // A job may use all of its link (the optimizer's number of sessions).
+        if in_flight >= links.limit(&link) {
+            continue;
+        }
         let user = meta.ids.user_named(&j.user);
         candidates.push((
             Candidate {
@@ -198,7 +303,7 @@ async fn pass(
     while free > 0 {
         let open: Vec<Candidate> = candidates
             .iter()
-            .filter(|(_, _, l, _)| used.get(l).copied().unwrap_or(0) < s.link_sessions)
+            .filter(|(_, _, l, _)| used.get(l).copied().unwrap_or(0) < links.limit(l))
             .map(|(c, ..)| c.clone())
             .collect();
         let Some(pick) = share.pick(&open).cloned() else {
@@ -352,11 +457,17 @@ enum Outcome {
 }
 
 /// Copies one batch of a job and writes each file's end.
-async fn run_batch(meta: Arc<Meta>, job: JobRecord, files: Vec<JobFile>, stop: CancellationToken) {
+async fn run_batch(
+    meta: Arc<Meta>,
+    job: JobRecord,
+    files: Vec<JobFile>,
+    meter: Arc<LinkMeter>,
+    stop: CancellationToken,
+) {
     let opts = JobOptions::parse(&job.options).unwrap_or_default();
     let token = meta.jobs.token(job.id);
     let user = meta.ids.user_named(&job.user);
-    let outcomes = copy_batch(&meta, &job, &opts, &user, &files, &token).await;
+    let outcomes = copy_batch(&meta, &job, &opts, &user, &files, &meter, &token).await;
     let cancelled = meta
         .catalog
         .job(job.id)
@@ -430,6 +541,7 @@ async fn copy_batch(
     opts: &JobOptions,
     user: &User,
     files: &[JobFile],
+    meter: &Arc<LinkMeter>,
     token: &CancellationToken,
 ) -> HashMap<i64, Outcome> {
     let mut out: HashMap<i64, Outcome> = HashMap::new();
@@ -640,8 +752,9 @@ async fn copy_batch(
         let t = token.clone();
         let opts = opts.clone();
         let job = job.clone();
+        let meter = meter.clone();
         sessions.spawn(async move {
-            let r = copy_pair(&m, &job, &opts, &src, &dst, &items, &t).await;
+            let r = copy_pair(&m, &job, &opts, &src, &dst, &items, &meter, &t).await;
             (src, dst, items, r)
         });
     }
@@ -689,6 +802,7 @@ async fn copy_batch(
 
 /// Copies `items` from node `src` to node `dst` in one third-party session. Returns the
 /// copies the destination confirmed, the files that failed and the session's error.
+#[allow(clippy::too_many_arguments)]
 async fn copy_pair(
     meta: &Arc<Meta>,
     job: &JobRecord,
@@ -696,6 +810,7 @@ async fn copy_pair(
     src: &str,
     dst: &str,
     items: &[Item],
+    meter: &Arc<LinkMeter>,
     token: &CancellationToken,
 ) -> (
     HashSet<i64>,
@@ -703,7 +818,7 @@ async fn copy_pair(
     Option<TransferError>,
 ) {
     let started_ms = catalog::now_ms();
-    let r = copy_pair_inner(meta, opts, src, dst, items, token).await;
+    let r = copy_pair_inner(meta, opts, src, dst, items, meter, token).await;
     let (done, failed, err, moved, streams) = match r {
         Ok(x) => x,
         Err(e) => (HashSet::new(), HashMap::new(), Some(e), 0, 0),
@@ -739,6 +854,7 @@ async fn copy_pair_inner(
     src: &str,
     dst: &str,
     items: &[Item],
+    meter: &Arc<LinkMeter>,
     token: &CancellationToken,
 ) -> Result<PairResult, TransferError> {
     let node = |n: &str| -> Result<NodeEntry, TransferError> {
@@ -776,7 +892,9 @@ async fn copy_pair_inner(
         session.rate_bps = Some(opts.rate_bps);
     }
     if let Some(n) = meta.settings.jobs.link_streams {
-        session.streams = Some((n / meta.settings.jobs.link_sessions.max(1)).max(1));
+        // The fairness cap: the link's sessions share its streams.
+        let sessions = meter.sessions.load(Ordering::Relaxed).max(1);
+        session.streams = Some((n / sessions).max(1));
     }
     let mut files = Vec::with_capacity(items.len());
     for i in items {
@@ -802,6 +920,27 @@ async fn copy_pair_inner(
     let counters = Arc::new(transfer::progress::Counters::default());
     let started = std::time::Instant::now();
     let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+    // What the session moves counts for its link's optimizer as it goes.
+    let stop_feed = CancellationToken::new();
+    let feed = {
+        let (c, m, stop) = (counters.clone(), meter.clone(), stop_feed.clone());
+        tokio::spawn(async move {
+            let mut last = 0u64;
+            loop {
+                let done = tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => false,
+                    _ = stop.cancelled() => true,
+                };
+                let now = transfer::progress::Counters::get(&c.bytes_done);
+                m.bytes
+                    .fetch_add(now.saturating_sub(last), Ordering::Relaxed);
+                last = last.max(now);
+                if done {
+                    return;
+                }
+            }
+        })
+    };
     let result = transfer::client::third_party(
         &Peer::parse(&from.node.address)?,
         SourceRequest {
@@ -840,8 +979,17 @@ async fn copy_pair_inner(
             _ => {}
         }
     }
+    stop_feed.cancel();
+    let _ = feed.await;
     let moved = transfer::progress::Counters::get(&counters.bytes_done);
     let streams = result.as_ref().map(|a| a.source.streams).unwrap_or(0);
+    if let Ok(a) = &result {
+        meter.resent.fetch_add(
+            a.source.tcp_retransmits.saturating_mul(SEGMENT),
+            Ordering::Relaxed,
+        );
+        meter.streams.store(a.source.streams, Ordering::Relaxed);
+    }
     if result.is_ok() {
         meta.note_rate(
             src,

@@ -68,6 +68,9 @@ pub struct JobSettings {
     pub sessions: u32,
     /// Sessions at once per link (source site, destination site).
     pub link_sessions: u32,
+    /// The most sessions the optimizer gives a link (`link_sessions` is where a link it has
+    /// learned nothing about starts; equal values keep every link fixed).
+    pub max_link_sessions: u32,
     /// Files per batch (one session per node pair).
     pub batch_files: u32,
     /// Data streams per link (shared by its sessions); `None`: each session plans its own.
@@ -82,6 +85,7 @@ impl Default for JobSettings {
         Self {
             sessions: 8,
             link_sessions: 2,
+            max_link_sessions: 16,
             batch_files: 100,
             link_streams: None,
             retry_delay: Duration::from_secs(30),

@@ -23,6 +23,7 @@ mod lifecycle;
 pub mod metrics;
 mod namespace;
 mod nodes;
+pub mod optimizer;
 pub mod perm;
 pub mod placement;
 pub mod reconcile;

@@ -32,3 +32,14 @@ CREATE TABLE job_files (
     PRIMARY KEY (job, seq)
 );
 CREATE INDEX job_files_by_state ON job_files (job, state, next_ms);
+
+-- What the jobs' optimizer learned per link (source site, destination site): the number of
+-- sessions it settled on and the goodput it measured there, the start for the next job.
+CREATE TABLE link_tuning (
+    src_site TEXT NOT NULL,
+    dst_site TEXT NOT NULL,
+    sessions BIGINT NOT NULL,
+    goodput_bps DOUBLE PRECISION NOT NULL,
+    updated_ms BIGINT NOT NULL,
+    PRIMARY KEY (src_site, dst_site)
+);
