@@ -1384,6 +1384,13 @@ async fn jobs(c: &Catalog) {
     c.set_link_tuning("A", "B", 3, 3e8).await.unwrap();
     assert_eq!(c.link_tuning("A", "B").await.unwrap(), Some((3, 3e8)));
     assert_eq!(c.link_tuning("A", "*").await.unwrap(), Some((2, 0.0)));
+    let all = c.link_tunings().await.unwrap();
+    assert_eq!(
+        all.iter()
+            .map(|l| (l.0.as_str(), l.1.as_str(), l.2))
+            .collect::<Vec<_>>(),
+        vec![("A", "*", 2), ("A", "B", 3)]
+    );
     assert!(c.delete_job(b).await.unwrap());
     assert!(c.job_files(b, None, 0, 10).await.unwrap().is_empty());
 }

@@ -539,6 +539,28 @@ impl Catalog {
         .transpose()
     }
 
+    /// Every link the optimizer learned about: (source site, destination site, sessions,
+    /// goodput, when), by site names.
+    pub async fn link_tunings(&self) -> Result<Vec<(String, String, u32, f64, i64)>> {
+        let rows = sqlx::query(
+            "SELECT src_site, dst_site, sessions, goodput_bps, updated_ms FROM link_tuning \
+             ORDER BY src_site, dst_site LIMIT 10000",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    r.try_get::<i64, _>(2)?.clamp(0, u32::MAX as i64) as u32,
+                    r.try_get::<f64, _>(3)?,
+                    r.try_get::<i64, _>(4)?,
+                ))
+            })
+            .collect()
+    }
+
     /// Remembers what the optimizer learned about the link `src` -> `dst`.
     pub async fn set_link_tuning(
         &self,

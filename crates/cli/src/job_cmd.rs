@@ -185,6 +185,16 @@ fn job_json(j: &pb::JobInfo) -> Value {
     })
 }
 
+fn link_json(l: &pb::JobLink) -> Value {
+    json!({
+        "src_site": l.src_site,
+        "dst_site": l.dst_site,
+        "sessions": l.sessions,
+        "goodput_bps": l.goodput_bps,
+        "updated": rfc3339_ms(l.updated_ms),
+    })
+}
+
 fn queued(j: &pb::JobInfo) -> u64 {
     j.files
         .saturating_sub(j.files_done + j.files_failed)
@@ -240,7 +250,7 @@ fn meta_of(meta: &Option<String>) -> Result<transfer::client::Peer, TransferErro
 
 pub async fn jobs(a: JobsArgs) -> Result<u8, TransferError> {
     let m = connect(&meta_of(&a.meta)?, &a.creds).await?;
-    let list = m
+    let reply = m
         .jobs(pb::JobsRequest {
             active: a.active,
             limit: a.limit,
@@ -248,9 +258,23 @@ pub async fn jobs(a: JobsArgs) -> Result<u8, TransferError> {
             all_users: a.all,
         })
         .await?;
+    let list = reply.jobs;
     if a.json {
-        crate::jsondoc::print(json!({ "jobs": list.iter().map(job_json).collect::<Vec<_>>() }));
+        crate::jsondoc::print(json!({
+            "jobs": list.iter().map(job_json).collect::<Vec<_>>(),
+            "links": reply.links.iter().map(link_json).collect::<Vec<_>>(),
+        }));
         return Ok(0);
+    }
+    for l in &reply.links {
+        eprintln!(
+            "link {} -> {}: {}, {} measured ({})",
+            shown(&l.src_site),
+            shown(&l.dst_site),
+            wire::units::count(l.sessions as u64, "session", "sessions"),
+            wire::units::format_rate(l.goodput_bps),
+            rfc3339_ms(l.updated_ms)
+        );
     }
     if list.is_empty() {
         eprintln!("no jobs");

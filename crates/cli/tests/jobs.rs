@@ -235,6 +235,16 @@ fn a_job_survives_restarts_of_the_metadata_server_and_nodes() {
         assert!(!reps.is_empty() && reps.iter().all(|r| r.1 == "B"), "{f}");
     }
     assert_download_same(&g, "alice", &g.url("/alice/copy"), &src, &[]);
+    // The optimizer measured the link (A to B) and remembers its setting.
+    let links = g.json("alice", &["jobs", "--json"])["links"].clone();
+    let ab = links
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["src_site"] == "A" && l["dst_site"] == "B")
+        .unwrap_or_else(|| panic!("no link A -> B learned: {links}"));
+    assert!(ab["sessions"].as_u64().unwrap() >= 1, "{ab}");
+    assert!(ab["goodput_bps"].as_f64().unwrap() > 0.0, "{ab}");
     // The history has the job's sessions.
     let h = g.json("alice", &["transfers", "--kind", "job", "--json"]);
     assert!(!h["transfers"].as_array().unwrap().is_empty(), "{h}");

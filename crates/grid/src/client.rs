@@ -695,9 +695,9 @@ impl MetaClient {
     }
 
     /// The caller's jobs (an administrator's `all_users`: everybody's), newest first.
-    pub async fn jobs(&self, req: pb::JobsRequest) -> Result<Vec<pb::JobInfo>, TransferError> {
+    pub async fn jobs(&self, req: pb::JobsRequest) -> Result<pb::JobsReply, TransferError> {
         let r = self.files.clone().jobs(req).await;
-        Ok(r.map_err(from_status)?.into_inner().jobs)
+        Ok(r.map_err(from_status)?.into_inner())
     }
 
     /// One job and `limit` of its files from the `offset`th (only those in `state`, if not

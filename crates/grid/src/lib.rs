@@ -14,8 +14,9 @@ pub use client::{DEFAULT_META_PORT, MetaClient};
 /// server and what it answers (generated from `meta.proto`; see the `api` crate).
 pub mod types {
     pub use api::meta::{
-        Entry, FileError, GetJobRequest, JobDetail, JobFileInfo, JobInfo, JobPair, JobsRequest,
-        LiveCopy, NodeInfo, OpenReadRequest, Policy, PolicyRequest, ReplicateRequest,
-        SubmitJobRequest, Transfer, TransferFile, TransferReply, TransfersRequest, VerifyRequest,
+        Entry, FileError, GetJobRequest, JobDetail, JobFileInfo, JobInfo, JobLink, JobPair,
+        JobsReply, JobsRequest, LiveCopy, NodeInfo, OpenReadRequest, Policy, PolicyRequest,
+        ReplicateRequest, SubmitJobRequest, Transfer, TransferFile, TransferReply,
+        TransfersRequest, VerifyRequest,
     };
 }

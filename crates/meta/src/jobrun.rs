@@ -150,7 +150,6 @@ pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
     let mut of_job: HashMap<i64, u32> = HashMap::new();
     let mut links = Links::new(&settings);
     loop {
-        links.sample(&meta, &on_link).await;
         if (tasks.len() as u32) < settings.sessions {
             match pass(&meta, &settings, &mut share, &mut links, &on_link, &of_job).await {
                 Ok(launches) => {
@@ -169,6 +168,9 @@ pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
                 Err(e) => tracing::warn!(error = %e, "job scheduler pass failed"),
             }
         }
+        // After the launches: a link whose session just ended has its next one by now (a
+        // probe that ends while the link has less work than sessions is thrown away).
+        links.sample(&meta, &on_link).await;
         tokio::select! {
             Some(r) = tasks.join_next(), if !tasks.is_empty() => {
                 if let Ok((job, link)) = r {

@@ -297,6 +297,21 @@ impl Meta {
         for j in self.catalog.jobs(&f).await? {
             reply.jobs.push(self.job_info(j).await?);
         }
+        reply.links = self
+            .catalog
+            .link_tunings()
+            .await?
+            .into_iter()
+            .map(
+                |(src_site, dst_site, sessions, goodput_bps, updated_ms)| pb::JobLink {
+                    src_site,
+                    dst_site,
+                    sessions,
+                    goodput_bps,
+                    updated_ms,
+                },
+            )
+            .collect();
         Ok(reply)
     }
 
