@@ -32,7 +32,7 @@ struct Args {
     /// Smaller sizes (a check that everything works, not a measurement).
     #[arg(long)]
     quick: bool,
-    /// Only these parts: meta, catalog, run, restore, drain, scrape (comma separated).
+    /// Only these parts: meta, catalog, run, restore, drain, scrape, jobs (comma separated).
     #[arg(long)]
     only: Option<String>,
 }
@@ -63,8 +63,11 @@ impl Grid {
                 .iter()
                 .map(|n| (n.to_string(), vec!["127.0.0.1".into()]))
                 .collect(),
-            users: vec!["bench".into()],
-            mapfile: vec![("bench".into(), TASK_ACCOUNT.into())],
+            users: vec!["bench".into(), "late".into()],
+            mapfile: vec![
+                ("bench".into(), TASK_ACCOUNT.into()),
+                ("late".into(), "late".into()),
+            ],
             groups: vec![],
         };
         Pki::create(dir, &spec, &|| Command::new(haul)).map_err(|e| anyhow::anyhow!(e))
@@ -166,12 +169,27 @@ impl Grid {
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
+        self.cmd_as("bench", args)
+    }
+
+    fn cmd_as(&self, user: &str, args: &[&str]) -> Command {
         let mut c = Command::new(&self.haul);
         c.args(args)
             .current_dir(&self.dir)
             .env("HAUL_META", format!("haul://{}", self.meta_addr));
-        self.pki.as_user(&mut c, "bench");
+        self.pki.as_user(&mut c, user);
         c
+    }
+
+    fn json_as(&self, user: &str, args: &[&str]) -> Result<Value> {
+        let out = self.cmd_as(user, args).output()?;
+        if !out.status.success() {
+            bail!(
+                "haul {args:?} as {user}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(serde_json::from_str(&String::from_utf8_lossy(&out.stdout))?)
     }
 
     fn ok(&self, args: &[&str]) -> Result<String> {
@@ -928,6 +946,185 @@ fn drain_suite(work: &Path, haul: &Path, files: usize, size: usize) -> Result<Va
     }))
 }
 
+/// Files of a job, `sizes` (count, bytes) written under `src`.
+fn write_mixed(src: &Path, sizes: &[(usize, usize)]) -> Result<(usize, u64)> {
+    let (mut n, mut bytes) = (0usize, 0u64);
+    for (k, (count, size)) in sizes.iter().enumerate() {
+        let dir = src.join(format!("s{k}"));
+        write_files(&dir, *count, *size)?;
+        n += count;
+        bytes += (*count * *size) as u64;
+    }
+    Ok((n, bytes))
+}
+
+/// Waits for job `id` (as `user`) to end; its document.
+fn wait_job(g: &Grid, user: &str, id: &str, limit: Duration) -> Result<Value> {
+    let t = Instant::now();
+    loop {
+        let j = g.json_as(user, &["job", "show", id, "--json", "--state", "failed"])?;
+        let state = j["job"]["state"].as_str().unwrap_or("").to_string();
+        if matches!(state.as_str(), "done" | "failed" | "cancelled") {
+            if state != "done" {
+                bail!("job {id} ended {state}: {}", j["job"]);
+            }
+            return Ok(j["job"].clone());
+        }
+        if t.elapsed() > limit {
+            bail!("job {id} not done within {} s", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn submit(g: &Grid, user: &str, args: &[&str]) -> Result<String> {
+    let mut a = vec!["submit", "--json"];
+    a.extend_from_slice(args);
+    let j = g.json_as(user, &a)?;
+    Ok(j["job"]["id"].as_i64().context("job id")?.to_string())
+}
+
+/// Transfer jobs (issue 16), side by side in one run on 4 nodes (2 sites): a job of `files`
+/// files of mixed sizes from site A to site B against the same copy made by `haul cp` (the
+/// client driving the node-to-node sessions); then fair share: a second user's 10 files
+/// submitted 3 s after the first user's big job, their completion time against the same job
+/// alone, and how many of the big job's files were completed meanwhile.
+fn jobs_suite(work: &Path, haul: &Path, quick: bool) -> Result<Value> {
+    let dir = work.join("jobs");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Grid::pki(&dir, haul, &["n1", "n2", "n3", "n4"])?;
+    let nodes = [("n1", "A"), ("n2", "A"), ("n3", "B"), ("n4", "B")];
+    let g = Grid::start(&dir, haul, None, &nodes, &[])?;
+    // 90% small, 9% medium, 1% large (a climate or physics data set's shape, scaled down).
+    let scale = if quick { 10 } else { 1 };
+    let sizes = [
+        (9000 / scale, 16 << 10),
+        (900 / scale, 256 << 10),
+        (100 / scale, 4 << 20),
+    ];
+    let src = dir.join("src");
+    let (files, bytes) = write_mixed(&src, &sizes)?;
+    g.ok(&["mkdir", "/ds"])?;
+    let t = Instant::now();
+    g.ok(&[
+        "cp",
+        "-r",
+        "--site",
+        "A",
+        "--progress",
+        "never",
+        &src.to_string_lossy(),
+        &format!("haul://{}/ds/", g.meta_addr),
+    ])?;
+    let upload_s = t.elapsed().as_secs_f64();
+    // The job.
+    let t = Instant::now();
+    let id = submit(&g, "bench", &["-r", "--site", "B", "/ds/src", "/job"])?;
+    let j = wait_job(&g, "bench", &id, Duration::from_secs(3600))?;
+    let job_s = t.elapsed().as_secs_f64();
+    let links = g.json(&["jobs", "--json"])?["links"].clone();
+    // The same copy by the client.
+    let t = Instant::now();
+    g.ok(&[
+        "cp",
+        "-r",
+        "--site",
+        "B",
+        "--progress",
+        "never",
+        &format!("haul://{}/ds/src", g.meta_addr),
+        &format!("haul://{}/cp", g.meta_addr),
+    ])?;
+    let cp_s = t.elapsed().as_secs_f64();
+    // Fair share: the late user's 10 files of 256 KiB.
+    let late_src = dir.join("late-src");
+    write_files(&late_src, 10, 256 << 10)?;
+    let late_cp = |to: &str| -> Result<()> {
+        let out = g
+            .cmd_as(
+                "late",
+                &[
+                    "cp",
+                    "-r",
+                    "--site",
+                    "A",
+                    "--progress",
+                    "never",
+                    &late_src.to_string_lossy(),
+                    to,
+                ],
+            )
+            .output()?;
+        if !out.status.success() {
+            bail!("late upload: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    };
+    g.ok(&["mkdir", "-m", "1777", "/late"])?;
+    late_cp(&format!("haul://{}/late/", g.meta_addr))?;
+    let big = submit(&g, "bench", &["-r", "--site", "B", "/ds/src", "/job2"])?;
+    std::thread::sleep(Duration::from_secs(3));
+    let since = now_ms();
+    let t = Instant::now();
+    let late = submit(
+        &g,
+        "late",
+        &["-r", "--site", "B", "/late/late-src", "/late/dst"],
+    )?;
+    let late_job = wait_job(&g, "late", &late, Duration::from_secs(3600))?;
+    let late_s = t.elapsed().as_secs_f64();
+    let until = now_ms();
+    let big_mid = g.json(&["job", "show", &big, "--json", "--state", "done"])?;
+    let big_meanwhile = big_mid["job"]["files_list"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|f| {
+                    f["updated_ms"]
+                        .as_i64()
+                        .is_some_and(|t| t >= since && t <= until)
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    wait_job(&g, "bench", &big, Duration::from_secs(3600))?;
+    // The same late job alone.
+    let t = Instant::now();
+    let alone = submit(
+        &g,
+        "late",
+        &["-r", "--site", "B", "/late/late-src", "/late/dst2"],
+    )?;
+    wait_job(&g, "late", &alone, Duration::from_secs(600))?;
+    let alone_s = t.elapsed().as_secs_f64();
+    Ok(json!({
+        "files": files,
+        "bytes": bytes,
+        "sizes": sizes.iter().map(|(n, s)| json!([n, s])).collect::<Vec<_>>(),
+        "upload_seconds": upload_s,
+        "job_seconds": job_s,
+        "job_files_per_s": files as f64 / job_s.max(1e-9),
+        "job_mbit_per_s": bytes as f64 * 8.0 / job_s.max(1e-9) / 1e6,
+        "job_files_done": j["files_done"],
+        "cp_seconds": cp_s,
+        "cp_mbit_per_s": bytes as f64 * 8.0 / cp_s.max(1e-9) / 1e6,
+        "links": links,
+        "late_seconds_under_load": late_s,
+        "late_seconds_alone": alone_s,
+        "late_files": late_job["files_done"],
+        "big_files_done_meanwhile": big_meanwhile,
+        "batch_files": 100,
+    }))
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 /// Prometheus scrapes of a grid of `nodes` storage nodes (4 sites, each node with
 /// `--metrics`), after files were uploaded and replicated between every pair of sites so that
 /// the per-site-pair series exist: the metadata server's page and the nodes' pages, time and
@@ -1040,7 +1237,7 @@ fn main() -> Result<()> {
     let only: Vec<String> = args
         .only
         .as_deref()
-        .unwrap_or("meta,catalog,run,restore,drain,scrape")
+        .unwrap_or("meta,catalog,run,restore,drain,scrape,jobs")
         .split(',')
         .map(|s| s.trim().to_string())
         .collect();
@@ -1109,6 +1306,12 @@ fn main() -> Result<()> {
         let v = drain_suite(&args.work, &haul, n, size)?;
         eprintln!("gridbench: {v}");
         results.insert("drain".into(), v);
+    }
+    if want("jobs") {
+        eprintln!("gridbench: transfer jobs (a mixed-size data set, then fair share)");
+        let v = jobs_suite(&args.work, &haul, args.quick)?;
+        eprintln!("gridbench: {v}");
+        results.insert("jobs".into(), v);
     }
     if want("scrape") {
         let n = if args.quick { 12 } else { 100 };
@@ -1277,6 +1480,39 @@ fn markdown(doc: &Value) -> String {
             f(&m["all_nodes_pass_p50_s"]),
             f(&m["seconds_until_all_up"]),
             f(&m["meta_rss_mib"]),
+        );
+    }
+    let j = &r["jobs"];
+    if !j.is_null() {
+        s += &format!(
+            "## Transfer jobs
+
+{} files ({} bytes; counts and sizes {}) uploaded to site A of 4 nodes (2 sites), then copied to site B: by a job (`haul submit -r --site B`, the metadata server driving node-to-node sessions of 100 files, the optimizer choosing the sessions per link) and, side by side, by `haul cp -r haul://META/... haul://META/... --site B` (the client driving them). Then fair share: a second user's 10 files of 256 KiB submitted 3 s after a second run of the big job.
+
+| | |
+|---|---|
+| job: seconds / files per second / Mbit/s | {} / {} / {} |
+| `haul cp` within the grid: seconds / Mbit/s | {} / {} |
+| job time / cp time | {} |
+| what the optimizer kept per link | {} |
+| late user's 10 files under the big job: seconds | {} |
+| the same job alone: seconds | {} |
+| big job's files completed while the late job ran | {} |
+
+",
+            j["files"],
+            j["bytes"],
+            j["sizes"],
+            f(&j["job_seconds"]),
+            f(&j["job_files_per_s"]),
+            f(&j["job_mbit_per_s"]),
+            f(&j["cp_seconds"]),
+            f(&j["cp_mbit_per_s"]),
+            f(&json!(j["job_seconds"].as_f64().unwrap_or(0.0) / j["cp_seconds"].as_f64().unwrap_or(1.0).max(1e-9))),
+            j["links"],
+            f(&j["late_seconds_under_load"]),
+            f(&j["late_seconds_alone"]),
+            j["big_files_done_meanwhile"],
         );
     }
     let d = &r["drain"];
