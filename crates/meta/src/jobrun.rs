@@ -41,6 +41,9 @@ use wire::control::ListedFile;
 use wire::error::ErrorKind;
 use wire::grant::Operation;
 
+/// The most bytes one batch carries (with `--job-batch-files` the most files).
+const BATCH_BYTES: u64 = 1 << 30;
+
 /// A link: (source site, destination site or "*").
 type Link = (String, String);
 
@@ -275,10 +278,22 @@ async fn pass(
         if free == 0 {
             continue;
         }
-        let files = meta
+        let mut files = meta
             .catalog
             .runnable_job_files(j.id, now, s.batch_files.max(1))
             .await?;
+        // At most BATCH_BYTES a batch (one file at least): big files make several sessions,
+        // which the link's optimizer can then count.
+        let mut bytes = 0u64;
+        let keep = files
+            .iter()
+            .position(|f| {
+                bytes += f.size;
+                bytes > BATCH_BYTES
+            })
+            .map(|i| i.max(1))
+            .unwrap_or(files.len());
+        files.truncate(keep);
         let Some(first) = files.first() else { continue };
         let link = link_of(meta, &first.source, &opts).await;
         links.get(meta, &link).await;

@@ -1,0 +1,301 @@
+//! haul-jobbench: a transfer job across an emulated WAN link whose capacity changes while it
+//! runs (issue 16's capacity-change figure). A netlab lab of two sites (one host each: the
+//! metadata server and a storage node at a, a storage node at b), a data set uploaded to a's
+//! node, then one job (`haul submit -r --site B`) copying it to b while the link goes
+//! `--high` -> `--low` -> `--high` (the emulator's live `set`), `--phase` seconds each. The
+//! goodput is the bytes the emulated link delivered a -> b, sampled every 250 ms; for each
+//! change, the seconds until the goodput (mean over the last second) is back above 90% of the
+//! new rate, and each phase's mean goodput as a share of its rate. Every figure is measured in
+//! this run. Writes bench/results/<date>-jobs-wan.{md,json}. Run it through `bench/jobs`.
+
+#[allow(dead_code)]
+#[path = "../data.rs"]
+mod data;
+#[allow(dead_code)]
+#[path = "../labgrid.rs"]
+mod labgrid;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use data::MIB;
+use labgrid::Grid;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// The haul binary (a release build).
+    #[arg(long)]
+    haul: PathBuf,
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    #[arg(long, default_value = "/var/tmp/haul-jobbench")]
+    work: PathBuf,
+    /// Round-trip time of the link, ms.
+    #[arg(long, default_value_t = 40)]
+    rtt_ms: u64,
+    /// The link's rate before and after the dip, bits/s.
+    #[arg(long, default_value_t = 1_000_000_000)]
+    high: u64,
+    /// The rate during the dip, bits/s.
+    #[arg(long, default_value_t = 300_000_000)]
+    low: u64,
+    /// Seconds of each phase.
+    #[arg(long, default_value_t = 20)]
+    phase: u64,
+    /// Shorter phases and data (a check that everything works, not a measurement).
+    #[arg(long)]
+    quick: bool,
+}
+
+/// One sample of the link a -> b.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    t: f64,
+    bytes: u64,
+    rate_bps: u64,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if let Err(why) = netlab::Lab::available() {
+        bail!("netlab cannot run here: {why}");
+    }
+    let haul = std::fs::canonicalize(&args.haul).context("--haul")?;
+    let phase = if args.quick { 6 } else { args.phase };
+    std::fs::create_dir_all(&args.work)?;
+    // Enough data that the job outlasts the three phases by a third.
+    let need = (args.high as f64 * 2.0 + args.low as f64) / 8.0 * phase as f64 * 1.35;
+    let file = 64 * MIB;
+    let count = ((need / file as f64).ceil() as usize).max(4);
+    let sizes = vec![file; count];
+    let _ = std::fs::remove_dir_all(args.work.join("wan"));
+    let _ = std::fs::remove_file(args.work.join(".wan.complete"));
+    let ds = data::tree(&args.work, "jobs", "wan", &sizes, 1616)?;
+    eprintln!(
+        "jobbench: {} files, {}, link {} -> {} -> {} bit/s, {} ms, {phase} s phases",
+        ds.file_count,
+        data::human(ds.bytes),
+        args.high,
+        args.low,
+        args.high,
+        args.rtt_ms
+    );
+    let lab = netlab::Lab::builder()
+        .site("a", 1)
+        .site("b", 1)
+        .rate_bps(args.high)
+        .rtt(Duration::from_millis(args.rtt_ms))
+        .mtu(9000)
+        .profile(netlab::Profile::Tuned)
+        .build()
+        .context("building the lab")?;
+    let dir = args.work.join("grid");
+    let _ = std::fs::remove_dir_all(&dir);
+    let g = Grid::start(&dir, &haul, &lab)?;
+    let mk = g.run(&["mkdir", "-p", "/ds"], Duration::from_secs(30), "mkdir")?;
+    if !mk.ok() {
+        bail!("mkdir /ds: {}", mk.why());
+    }
+    let up = g.run(
+        &[
+            "cp",
+            "-r",
+            "--site",
+            "A",
+            "--progress",
+            "never",
+            &ds.root.to_string_lossy(),
+            &format!("{}/ds/", g.meta_url),
+        ],
+        Duration::from_secs(1800),
+        "upload",
+    )?;
+    if !up.ok() {
+        bail!("upload: {}", up.why());
+    }
+    let job = g.json(
+        &["submit", "--json", "-r", "--site", "B", "/ds/wan", "/copy"],
+        Duration::from_secs(60),
+    )?;
+    let id = job["job"]["id"].as_i64().context("job id")?.to_string();
+    let started = Instant::now();
+    let base = lab.elapsed().as_secs_f64();
+    let ab = |s: &netlab::Stats| {
+        s.directions
+            .iter()
+            .find(|d| d.from == "a")
+            .map(|d| d.bytes)
+            .unwrap_or(0)
+    };
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut changes: Vec<(f64, u64)> = vec![(0.0, args.high)];
+    let plan = [
+        (Duration::from_secs(phase), args.low),
+        (Duration::from_secs(2 * phase), args.high),
+    ];
+    let mut next = 0;
+    let mut rate = args.high;
+    let mut done = false;
+    let mut sessions: Vec<(f64, u64)> = Vec::new();
+    let mut last_poll = Instant::now();
+    // Sample until the three phases are over (and the job still runs), bounded.
+    while started.elapsed() < Duration::from_secs(3 * phase + 2) {
+        if next < plan.len() && started.elapsed() >= plan[next].0 {
+            rate = plan[next].1;
+            let mut p = lab.link("a").context("link a")?;
+            p.rate_bps = Some(rate);
+            lab.set_link("a", p)?;
+            changes.push((started.elapsed().as_secs_f64(), rate));
+            next += 1;
+        }
+        let s = lab.stats();
+        samples.push(Sample {
+            t: s.elapsed_s - base,
+            bytes: ab(&s),
+            rate_bps: rate,
+        });
+        if last_poll.elapsed() >= Duration::from_secs(2) {
+            last_poll = Instant::now();
+            if let Ok(v) = g.json(&["jobs", "--json"], Duration::from_secs(10)) {
+                if let Some(l) = v["links"].as_array().and_then(|a| {
+                    a.iter()
+                        .find(|l| l["src_site"] == "A" && l["dst_site"] == "B")
+                        .cloned()
+                }) {
+                    sessions.push((
+                        started.elapsed().as_secs_f64(),
+                        l["sessions"].as_u64().unwrap_or(0),
+                    ));
+                }
+                done = v["jobs"]
+                    .as_array()
+                    .and_then(|a| a.first())
+                    .is_some_and(|j| j["state"] != "running" && j["state"] != "queued");
+            }
+        }
+        if done {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let stats = lab.stats();
+    let _ = g.run(&["job", "cancel", &id], Duration::from_secs(30), "cancel");
+    // Goodput over the last second at each sample.
+    let mut series: Vec<(f64, f64, u64)> = Vec::new();
+    for (i, s) in samples.iter().enumerate() {
+        let Some(j) = samples[..i].iter().rposition(|p| s.t - p.t >= 1.0) else {
+            continue;
+        };
+        let p = samples[j];
+        let bps = (s.bytes - p.bytes) as f64 * 8.0 / (s.t - p.t);
+        series.push((s.t, bps, s.rate_bps));
+    }
+    let mut rows = Vec::new();
+    for (k, (at, r)) in changes.iter().enumerate() {
+        let end = changes.get(k + 1).map(|c| c.0).unwrap_or(3.0 * phase as f64);
+        let recovered = series
+            .iter()
+            .find(|(t, bps, _)| *t > *at + 1.0 && *t < end && *bps >= 0.9 * *r as f64)
+            .map(|(t, _, _)| t - at);
+        let in_phase: Vec<f64> = series
+            .iter()
+            .filter(|(t, _, _)| *t > *at + 1.0 && *t <= end)
+            .map(|(_, b, _)| *b)
+            .collect();
+        let mean = in_phase.iter().sum::<f64>() / in_phase.len().max(1) as f64;
+        rows.push(json!({
+            "at_s": at,
+            "rate_bps": r,
+            "seconds_to_90_percent": recovered,
+            "mean_goodput_bps": mean,
+            "mean_share": mean / *r as f64,
+        }));
+    }
+    let late = stats
+        .directions
+        .iter()
+        .map(|d| d.late_mean_us)
+        .fold(0.0, f64::max);
+    let doc = json!({
+        "started": now_rfc3339(),
+        "quick": args.quick,
+        "rtt_ms": args.rtt_ms,
+        "high_bps": args.high,
+        "low_bps": args.low,
+        "phase_s": phase,
+        "files": ds.file_count,
+        "bytes": ds.bytes,
+        "changes": rows,
+        "optimizer_sessions": sessions,
+        "series": series.iter().map(|(t, b, r)| json!([t, b, r])).collect::<Vec<_>>(),
+        "emulator_late_mean_us": late,
+        "emulator_cpu_s": stats.emulator_cpu_s,
+        "host_drops": stats.host_tx_dropped + stats.host_rx_dropped,
+    });
+    std::fs::create_dir_all(&args.out)?;
+    let stem = format!(
+        "{}-jobs-wan{}",
+        &now_rfc3339()[..10],
+        if args.quick { "-quick" } else { "" }
+    );
+    std::fs::write(
+        args.out.join(format!("{stem}.json")),
+        serde_json::to_string_pretty(&doc)?,
+    )?;
+    let md = markdown(&doc);
+    std::fs::write(args.out.join(format!("{stem}.md")), &md)?;
+    print!("{md}");
+    Ok(())
+}
+
+fn now_rfc3339() -> String {
+    let out = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn mbit(v: &Value) -> String {
+    v.as_f64()
+        .map(|b| format!("{:.0}", b / 1e6))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn markdown(doc: &Value) -> String {
+    let mut s = format!(
+        "# A transfer job across a link whose capacity changes, {}\n\nGenerated by `bench/jobs{}`: netlab, two sites (metadata server and a node at a, a node at b), {} ms RTT, MTU 9000; {} files ({} bytes) copied a -> b by one job (`haul submit -r --site B`) while the emulator's rate goes {} -> {} -> {} Mbit/s, {} s each. Goodput: bytes the emulated link delivered a -> b, over the last second, sampled every 250 ms. Numbers as measured; 2 cores shared by the emulator, both nodes, the metadata server and the client.\n\n| change at (s) | new rate (Mbit/s) | seconds until goodput ≥ 90% of it | mean goodput in the phase (Mbit/s) | share of the rate |\n|---|---|---|---|---|\n",
+        doc["started"].as_str().unwrap_or(""),
+        if doc["quick"] == true { " --quick" } else { "" },
+        doc["rtt_ms"],
+        doc["files"],
+        doc["bytes"],
+        mbit(&doc["high_bps"]),
+        mbit(&doc["low_bps"]),
+        mbit(&doc["high_bps"]),
+        doc["phase_s"],
+    );
+    for r in doc["changes"].as_array().into_iter().flatten() {
+        s += &format!(
+            "| {:.1} | {} | {} | {} | {:.0}% |\n",
+            r["at_s"].as_f64().unwrap_or(0.0),
+            mbit(&r["rate_bps"]),
+            r["seconds_to_90_percent"]
+                .as_f64()
+                .map(|x| format!("{x:.1}"))
+                .unwrap_or_else(|| "not within the phase".into()),
+            mbit(&r["mean_goodput_bps"]),
+            r["mean_share"].as_f64().unwrap_or(0.0) * 100.0
+        );
+    }
+    s += &format!(
+        "\nThe optimizer's sessions on the link A -> B over time (s, sessions): {}\n\nEmulator: mean lateness {:.0} µs, CPU {:.1} s, host drops {} (a measurement with host drops is suspect).\n",
+        doc["optimizer_sessions"],
+        doc["emulator_late_mean_us"].as_f64().unwrap_or(0.0),
+        doc["emulator_cpu_s"].as_f64().unwrap_or(0.0),
+        doc["host_drops"],
+    );
+    s
+}
