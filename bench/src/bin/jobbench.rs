@@ -194,7 +194,10 @@ fn main() -> Result<()> {
     }
     let mut rows = Vec::new();
     for (k, (at, r)) in changes.iter().enumerate() {
-        let end = changes.get(k + 1).map(|c| c.0).unwrap_or(3.0 * phase as f64);
+        let end = changes
+            .get(k + 1)
+            .map(|c| c.0)
+            .unwrap_or(3.0 * phase as f64);
         let recovered = series
             .iter()
             .find(|(t, bps, _)| *t > *at + 1.0 && *t < end && *bps >= 0.9 * *r as f64)

@@ -1232,6 +1232,7 @@ async fn jobs(c: &Catalog) {
             priority: 2,
             options: "{\"site\":\"s1\"}".into(),
             files: files.clone(),
+            refused: vec![],
         })
         .await
         .unwrap();
@@ -1241,10 +1242,37 @@ async fn jobs(c: &Catalog) {
             priority: 5,
             options: "{}".into(),
             files: files[..3].to_vec(),
+            refused: vec![(1, "not_found".into(), "/src/f1: gone".into())],
         })
         .await
         .unwrap();
     assert!(b > a);
+    let refused = c.job_files(b, Some(JobState::Failed), 0, 10).await.unwrap();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(
+        (refused[0].seq, refused[0].error_kind.as_str()),
+        (1, "not_found")
+    );
+    // Claiming: only queued files, once; the job becomes running.
+    assert_eq!(c.claim_job_files(b, &[0, 1, 2]).await.unwrap(), vec![0, 2]);
+    assert_eq!(
+        c.claim_job_files(b, &[0, 2]).await.unwrap(),
+        Vec::<i64>::new()
+    );
+    let jb = c.job(b).await.unwrap();
+    assert_eq!((jb.state.as_str(), jb.files_running), ("running", 2));
+    let claimed = c
+        .job_files(b, Some(JobState::Running), 0, 10)
+        .await
+        .unwrap();
+    assert!(claimed.iter().all(|f| f.tries == 1));
+    // The lease: one holder at a time, taken over when it ran out.
+    let now = crate::now_ms();
+    assert!(c.take_job_lease("s1", now, 30_000).await.unwrap());
+    assert!(!c.take_job_lease("s2", now + 1, 30_000).await.unwrap());
+    assert!(c.take_job_lease("s1", now + 2, 30_000).await.unwrap());
+    assert!(c.take_job_lease("s2", now + 40_000, 30_000).await.unwrap());
+    assert!(!c.take_job_lease("s1", now + 40_001, 30_000).await.unwrap());
     let j = c.job(a).await.unwrap();
     assert_eq!(
         (j.user.as_str(), j.priority, j.state.as_str()),
@@ -1295,10 +1323,12 @@ async fn jobs(c: &Catalog) {
     assert_eq!(next.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![2, 3]);
     assert!(c.next_job_try(a).await.unwrap().unwrap() <= crate::now_ms());
     let running = c.running_job_files().await.unwrap();
+    // Job a's one, and job b's two claimed above.
     assert_eq!(
         (running.len(), running[0].target, running[0].tries),
-        (1, 77, 1)
+        (3, 77, 1)
     );
+    assert_eq!(running[0].job, a);
     // Done with a checksum, counted.
     let mut f0 = running[0].clone();
     f0.state = "done".into();

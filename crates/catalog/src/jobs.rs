@@ -117,6 +117,9 @@ pub struct NewJob {
     pub options: String,
     /// (source, destination, size) of each file.
     pub files: Vec<(String, String, u64)>,
+    /// Files refused at submission, stored failed in the same transaction: (index in
+    /// `files`, error kind, error).
+    pub refused: Vec<(usize, String, String)>,
 }
 
 /// Which jobs to list. Newest first.
@@ -220,7 +223,92 @@ impl Catalog {
                 }
                 query.execute(&mut *w.tx).await?;
             }
+            for (seq, kind, error) in &job.refused {
+                sqlx::query(
+                    "UPDATE job_files SET state = 'failed', error_kind = $3, error = $4 \
+                     WHERE job = $1 AND seq = $2",
+                )
+                .bind(id)
+                .bind(*seq as i64)
+                .bind(kind.as_str())
+                .bind(error.as_str())
+                .execute(&mut *w.tx)
+                .await?;
+            }
             Ok(id)
+        })
+        .await
+    }
+
+    /// Marks the listed files of job `id` running (one more try each, no copy yet) if they
+    /// are still queued, and the job running if it was queued; returns the files claimed (a
+    /// file cancelled or taken meanwhile is not). One transaction.
+    pub async fn claim_job_files(&self, id: i64, seqs: &[i64]) -> Result<Vec<i64>> {
+        let now = crate::now_ms();
+        self.write(async |w| {
+            let mut claimed = Vec::new();
+            for seq in seqs {
+                let n = sqlx::query(
+                    "UPDATE job_files SET state = 'running', tries = tries + 1, target = 0, \
+                     updated_ms = $3 WHERE job = $1 AND seq = $2 AND state = 'queued'",
+                )
+                .bind(id)
+                .bind(*seq)
+                .bind(now)
+                .execute(&mut *w.tx)
+                .await?
+                .rows_affected();
+                if n > 0 {
+                    claimed.push(*seq);
+                }
+            }
+            if !claimed.is_empty() {
+                sqlx::query(
+                    "UPDATE jobs SET state = 'running', updated_ms = $2 WHERE id = $1 AND state = 'queued'",
+                )
+                .bind(id)
+                .bind(now)
+                .execute(&mut *w.tx)
+                .await?;
+            }
+            Ok(claimed)
+        })
+        .await
+    }
+
+    /// Takes (or keeps) the right to run jobs for `holder` until `now_ms + ttl_ms`: granted
+    /// when nobody holds it, the holder is `holder`, or the last holder's time ran out.
+    /// Several metadata servers on one database run jobs one at a time.
+    pub async fn take_job_lease(&self, holder: &str, now_ms: i64, ttl_ms: i64) -> Result<bool> {
+        self.write(async |w| {
+            let row = sqlx::query("SELECT holder, until_ms FROM job_lease WHERE id = 1")
+                .fetch_optional(&mut *w.tx)
+                .await?;
+            let mine = match row {
+                None => {
+                    sqlx::query("INSERT INTO job_lease (id, holder, until_ms) VALUES (1, $1, $2)")
+                        .bind(holder)
+                        .bind(now_ms + ttl_ms)
+                        .execute(&mut *w.tx)
+                        .await?;
+                    true
+                }
+                Some(r) => {
+                    let h: String = r.try_get(0)?;
+                    let until: i64 = r.try_get(1)?;
+                    if h == holder || until < now_ms {
+                        sqlx::query("UPDATE job_lease SET holder = $1, until_ms = $2 WHERE id = 1")
+                            .bind(holder)
+                            .bind(now_ms + ttl_ms)
+                            .execute(&mut *w.tx)
+                            .await?;
+                        true
+                    } else {
+                        false
+                    }
+                }
+            };
+            Ok(mine)
         })
         .await
     }

@@ -1001,6 +1001,10 @@ pub struct MetaServeArgs {
     /// further one (at most an hour).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub job_retry_delay: std::time::Duration,
+    /// Transfer jobs: webhooks may reach loopback, private and link-local addresses (refused
+    /// by default: a user could otherwise make the server call into its own networks).
+    #[arg(long)]
+    pub job_webhooks_to_private: bool,
     /// Transfer jobs: a fair-share weight, user:NAME=W or group:NAME=W (default 1; repeat).
     /// Groups share first, then the users within a group.
     #[arg(long = "share", value_name = "WHO=WEIGHT")]

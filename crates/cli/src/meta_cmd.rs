@@ -80,6 +80,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
             link_streams: a.job_link_streams,
             retry_delay: a.job_retry_delay,
             weights,
+            webhooks_to_private: a.job_webhooks_to_private,
         },
     };
     let m = Arc::new(Meta::new(

@@ -155,7 +155,14 @@ fn webhook_receiver(fail_first: usize) -> (String, std::sync::mpsc::Receiver<(us
 /// the kill are not copied again, and the webhook is told (retried after a refusal).
 #[test]
 fn a_job_survives_restarts_of_the_metadata_server_and_nodes() {
-    let mut g = Grid::start_with(&["--job-batch-files", "3", "--job-retry-delay", "1s"]);
+    let mut g = Grid::start_with(&[
+        "--job-batch-files",
+        "3",
+        "--job-retry-delay",
+        "1s",
+        // The test's webhook receiver is on loopback.
+        "--job-webhooks-to-private",
+    ]);
     let src = upload_data(&g, "alice", 30, 512 * 1024);
     let (hook, hooked) = webhook_receiver(1);
     // 4 Mbit/s a session, two sessions: ~3 s of copying at least.
@@ -483,6 +490,61 @@ fn cancel_retry_and_bad_jobs() {
         &g.run("alice", &["submit", "-f", "/nonexistent/list"]),
         3,
         "list",
+    );
+    // A webhook into the server's own networks, and priorities above 3, are refused.
+    assert_exit(
+        &g.run(
+            "alice",
+            &[
+                "submit",
+                "--webhook",
+                "http://169.254.169.254/x",
+                "/alice/data/f001.bin",
+                "/alice/q",
+            ],
+        ),
+        2,
+        "private",
+    );
+    assert_exit(
+        &g.run(
+            "alice",
+            &[
+                "submit",
+                "--priority",
+                "5",
+                "/alice/data/f001.bin",
+                "/alice/q",
+            ],
+        ),
+        5,
+        "administrators",
+    );
+    // Two files to one destination: the second is refused, the first copied.
+    let id = submit(
+        &g,
+        "alice",
+        &[
+            "/alice/data/f001.bin",
+            "/alice/dup.bin",
+            "/alice/data/f002.bin",
+            "/alice/dup.bin",
+        ],
+    );
+    assert_eq!(wait_code(&g, "alice", &id), 2);
+    let j = g.json("alice", &["job", "show", &id, "--json"]);
+    let files = j["job"]["files_list"].as_array().unwrap();
+    assert_eq!(
+        (files[0]["state"].as_str(), files[1]["state"].as_str()),
+        (Some("done"), Some("failed")),
+        "{j}"
+    );
+    assert!(
+        files[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("same destination"),
+        "{j}"
     );
 
     // A corrupt job record (options that do not parse), written while the server is down.

@@ -85,9 +85,9 @@ impl FairShare {
 
     /// The candidate whose batch goes next (`None` when there is none): the highest priority,
     /// then the group, then the user with the least virtual time, then the oldest job. Does
-    /// not charge it: call [`Self::charge`] when the batch is launched.
-    pub fn pick<'a>(&mut self, candidates: &'a [Candidate]) -> Option<&'a Candidate> {
-        self.activate(candidates);
+    /// not charge it: call [`Self::charge`] when the batch is launched. Call
+    /// [`Self::activate`] first, once per scheduling pass, with every job that has work.
+    pub fn pick<'a>(&self, candidates: &'a [Candidate]) -> Option<&'a Candidate> {
         let top = candidates.iter().map(|c| c.priority).max()?;
         let vt = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
         candidates
@@ -112,8 +112,10 @@ impl FairShare {
         *self.users.entry(c.user.clone()).or_default() += files as f64 / u;
     }
 
-    /// Newly active groups and users start at the least virtual time of those already active.
-    fn activate(&mut self, candidates: &[Candidate]) {
+    /// Records which groups and users have work now (every job with runnable files, also
+    /// those that cannot start a batch this pass): the newly active ones start at the least
+    /// virtual time of those already active.
+    pub fn activate(&mut self, candidates: &[Candidate]) {
         let groups: HashSet<String> = candidates.iter().map(|c| c.group.clone()).collect();
         let users: HashSet<String> = candidates.iter().map(|c| c.user.clone()).collect();
         catch_up(&mut self.groups, &self.active_groups, &groups);
@@ -176,6 +178,7 @@ mod tests {
             if b_left > 0 {
                 c.push(cand(2, "bob", "cms", 3));
             }
+            fs.activate(&c);
             let Some(p) = fs.pick(&c).cloned() else {
                 break;
             };
@@ -220,6 +223,7 @@ mod tests {
         let mut fs = FairShare::new(w);
         let c = vec![cand(1, "ann", "g", 3), cand(2, "bob", "g", 3)];
         let mut got = HashMap::<String, u32>::new();
+        fs.activate(&c);
         for _ in 0..400 {
             let p = fs.pick(&c).unwrap().clone();
             fs.charge(&p, 1);
@@ -234,6 +238,7 @@ mod tests {
             cand(3, "bob", "cms", 3),
         ];
         let mut got = HashMap::<String, u32>::new();
+        fs.activate(&c);
         for _ in 0..400 {
             let p = fs.pick(&c).unwrap().clone();
             fs.charge(&p, 1);
@@ -246,14 +251,17 @@ mod tests {
     fn higher_priority_goes_first_and_idle_time_is_not_saved() {
         let mut fs = FairShare::default();
         let c = vec![cand(1, "ann", "g1", 3), cand(2, "bob", "g2", 5)];
+        fs.activate(&c);
         assert_eq!(fs.pick(&c).unwrap().job, 2);
         // Ann alone for 1,000 batches; Bob comes back and gets no more than his share.
         let a = vec![cand(1, "ann", "g1", 3)];
+        fs.activate(&a);
         for _ in 0..1000 {
             let p = fs.pick(&a).unwrap().clone();
             fs.charge(&p, 1);
         }
         let both = vec![cand(1, "ann", "g1", 3), cand(3, "bob", "g2", 3)];
+        fs.activate(&both);
         let mut bob = 0;
         for _ in 0..100 {
             let p = fs.pick(&both).unwrap().clone();

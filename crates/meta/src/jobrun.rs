@@ -52,7 +52,9 @@ type Link = (String, String);
 #[derive(Debug, Default)]
 struct LinkMeter {
     bytes: AtomicU64,
+    /// Bytes sent again, and the bytes of the sessions that reported them (at their end).
     resent: AtomicU64,
+    ended: AtomicU64,
     streams: AtomicU32,
     sessions: AtomicU32,
 }
@@ -113,7 +115,9 @@ impl Links {
         for (link, (t, m)) in self.links.iter_mut() {
             let bytes = m.bytes.swap(0, Ordering::Relaxed);
             let resent = m.resent.swap(0, Ordering::Relaxed);
-            t.record(now, bytes, resent, m.streams.load(Ordering::Relaxed).max(1));
+            let ended = m.ended.swap(0, Ordering::Relaxed);
+            let streams = m.streams.load(Ordering::Relaxed).max(1);
+            t.record(now, bytes, resent, ended, streams);
             let running = on_link.get(link).copied().unwrap_or(0);
             let before = t.sessions();
             if let Some(r) = t.tick(now, running >= before) {
@@ -141,19 +145,64 @@ impl Links {
     }
 }
 
-/// Runs jobs until `stop`.
+/// How long the right to run jobs lasts without renewal, and how often it is renewed.
+const LEASE: Duration = Duration::from_secs(30);
+const RENEW_EVERY: Duration = Duration::from_secs(5);
+/// How often files left `running` with no batch of this server behind them are settled.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// What a running batch holds: its job, its link and its files.
+type Owned = HashMap<tokio::task::Id, (i64, Link, Vec<i64>)>;
+
+/// Runs jobs until `stop`, while this server holds the catalog's job lease (several
+/// metadata servers may share a PostgreSQL catalog: one runs the jobs).
 pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
-    if let Err(e) = recover(&meta).await {
-        tracing::warn!(error = %e, "cannot look at the jobs a previous run left running");
-    }
+    let holder = format!("{:016x}", rand::random::<u64>());
     let settings = meta.settings.jobs.clone();
     let mut share = FairShare::new(settings.weights.clone());
-    let mut tasks: tokio::task::JoinSet<(i64, Link)> = tokio::task::JoinSet::new();
+    let mut tasks: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
+    let mut owned: Owned = HashMap::new();
     let mut on_link: HashMap<Link, u32> = HashMap::new();
     let mut of_job: HashMap<i64, u32> = HashMap::new();
     let mut links = Links::new(&settings);
+    let mut leading = false;
+    let mut renewed: Option<Instant> = None;
+    let mut swept = Instant::now();
     loop {
-        if (tasks.len() as u32) < settings.sessions {
+        if renewed.is_none_or(|t| t.elapsed() >= RENEW_EVERY) {
+            let now = catalog::now_ms();
+            match meta
+                .catalog
+                .take_job_lease(&holder, now, LEASE.as_millis() as i64)
+                .await
+            {
+                Ok(true) => {
+                    renewed = Some(Instant::now());
+                    if !leading {
+                        leading = true;
+                        tracing::info!("running transfer jobs (this server holds the job lease)");
+                        if let Err(e) = settle_orphans(&meta, &HashSet::new()).await {
+                            tracing::warn!(error = %e, "cannot settle the files a previous run left running");
+                        }
+                    }
+                }
+                Ok(false) => {
+                    renewed = Some(Instant::now());
+                    if leading {
+                        tracing::warn!(
+                            "another metadata server took the job lease: stopping this one's jobs"
+                        );
+                        leading = false;
+                        meta.jobs.stop_all();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew the job lease");
+                    renewed = None;
+                }
+            }
+        }
+        if leading && (tasks.len() as u32) < settings.sessions {
             match pass(&meta, &settings, &mut share, &mut links, &on_link, &of_job).await {
                 Ok(launches) => {
                     for (job, link, batch) in launches {
@@ -161,32 +210,49 @@ pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
                         *of_job.entry(job.id).or_default() += 1;
                         let (m, s) = (meta.clone(), stop.clone());
                         let meter = links.get(&meta, &link).await.1.clone();
-                        tasks.spawn(async move {
-                            let id = job.id;
+                        let (id, seqs) = (job.id, batch.iter().map(|f| f.seq).collect());
+                        let handle = tasks.spawn(async move {
                             run_batch(m, job, batch, meter, s).await;
-                            (id, link)
                         });
+                        owned.insert(handle.id(), (id, link, seqs));
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "job scheduler pass failed"),
+            }
+        }
+        if leading && swept.elapsed() >= SWEEP_EVERY {
+            swept = Instant::now();
+            let mine: HashSet<(i64, i64)> = owned
+                .values()
+                .flat_map(|(j, _, seqs)| seqs.iter().map(move |s| (*j, *s)))
+                .collect();
+            if let Err(e) = settle_orphans(&meta, &mine).await {
+                tracing::warn!(error = %e, "cannot settle files left running");
             }
         }
         // After the launches: a link whose session just ended has its next one by now (a
         // probe that ends while the link has less work than sessions is thrown away).
         links.sample(&meta, &on_link).await;
         tokio::select! {
-            Some(r) = tasks.join_next(), if !tasks.is_empty() => {
-                if let Ok((job, link)) = r {
+            Some(r) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                let (id, failed) = match r {
+                    Ok((id, ())) => (id, None),
+                    Err(e) => (e.id(), Some(e.to_string())),
+                };
+                if let Some((job, link, seqs)) = owned.remove(&id) {
                     if let Some(n) = on_link.get_mut(&link) { *n = n.saturating_sub(1); }
                     if let Some(n) = of_job.get_mut(&job) { *n = n.saturating_sub(1); }
+                    if let Some(why) = failed {
+                        // A batch that panicked left its files running: queue them again.
+                        tracing::error!(job, error = %why, "a job batch failed");
+                        let _ = requeue(&meta, job, &seqs).await;
+                    }
                 }
             }
             _ = meta.jobs.wake.notified() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = stop.cancelled() => {
-                for t in meta.jobs.cancels.lock().expect("jobs lock").values() {
-                    t.cancel();
-                }
+                meta.jobs.stop_all();
                 while tasks.join_next().await.is_some() {}
                 return;
             }
@@ -194,16 +260,44 @@ pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
     }
 }
 
-/// Files a stopped server left running: done if their copy was committed, else queued again
-/// (the pending copy dropped).
-async fn recover(meta: &Meta) -> Result<(), catalog::CatalogError> {
-    let running = meta.catalog.running_job_files().await?;
-    if running.is_empty() {
-        return Ok(());
+/// Files of job `job` (`seqs`) still running with no batch behind them: queued again.
+async fn requeue(meta: &Meta, job: i64, seqs: &[i64]) -> Result<(), catalog::CatalogError> {
+    let mut files = Vec::new();
+    for f in meta
+        .catalog
+        .job_files(job, Some(JobState::Running), 0, 100_000)
+        .await?
+    {
+        if seqs.contains(&f.seq) {
+            files.push(f);
+        }
     }
+    let mine: HashSet<(i64, i64)> = HashSet::new();
+    settle(meta, files, &mine).await
+}
+
+/// Files left `running` that no batch of this server (`mine`) holds, by a server that
+/// stopped or a batch that failed: done if their copy was committed, else queued again (the
+/// pending copy dropped).
+async fn settle_orphans(
+    meta: &Meta,
+    mine: &HashSet<(i64, i64)>,
+) -> Result<(), catalog::CatalogError> {
+    let running = meta.catalog.running_job_files().await?;
+    settle(meta, running, mine).await
+}
+
+async fn settle(
+    meta: &Meta,
+    running: Vec<JobFile>,
+    mine: &HashSet<(i64, i64)>,
+) -> Result<(), catalog::CatalogError> {
     let mut updates = Vec::new();
     let (mut done, mut again) = (0, 0);
     for mut f in running {
+        if mine.contains(&(f.job, f.seq)) {
+            continue;
+        }
         match committed_copy(meta, f.target).await {
             Some(i) => {
                 f.state = JobState::Done.name().into();
@@ -221,9 +315,13 @@ async fn recover(meta: &Meta) -> Result<(), catalog::CatalogError> {
         }
         updates.push(f);
     }
+    if updates.is_empty() {
+        return Ok(());
+    }
     meta.catalog.update_job_files(&updates).await?;
     meta.event(format!(
-        "jobs: of the files a previous run left being copied, {done} had arrived and {again} are queued again"
+        "jobs: of {} files left being copied with no copy running, {done} had arrived and {again} are queued again",
+        done + again
     ));
     Ok(())
 }
@@ -253,7 +351,16 @@ async fn pass(
     let busy: u32 = on_link.values().sum();
     let mut free = s.sessions.saturating_sub(busy);
     let mut candidates: Vec<(Candidate, JobRecord, Link, Vec<JobFile>)> = Vec::new();
-    for j in meta.catalog.active_jobs().await? {
+    // Every job with work, for fair share (also those that cannot start a batch now).
+    let mut with_work: Vec<Candidate> = Vec::new();
+    let active = meta.catalog.active_jobs().await?;
+    // A job cancelled (here or by another server) with copies still running: stop them.
+    for (id, n) in of_job {
+        if *n > 0 && !active.iter().any(|j| j.id == *id) {
+            meta.jobs.cancel(*id);
+        }
+    }
+    for j in active {
         let opts = match JobOptions::parse(&j.options) {
             Ok(o) if JobState::parse(&j.state).is_some() => o,
             Ok(_) | Err(_) => {
@@ -297,24 +404,22 @@ async fn pass(
         let Some(first) = files.first() else { continue };
         let link = link_of(meta, &first.source, &opts).await;
         links.get(meta, &link).await;
+        let user = meta.ids.user_named(&j.user);
+        let c = Candidate {
+            job: j.id,
+            user: j.user.clone(),
+            group: user.primary_group().to_string(),
+            priority: j.priority,
+            files: files.len() as u64,
+        };
+        with_work.push(c.clone());
         // A job may use all of its link (the optimizer's number of sessions).
         if in_flight >= links.limit(&link) {
             continue;
         }
-        let user = meta.ids.user_named(&j.user);
-        candidates.push((
-            Candidate {
-                job: j.id,
-                user: j.user.clone(),
-                group: user.primary_group().to_string(),
-                priority: j.priority,
-                files: files.len() as u64,
-            },
-            j,
-            link,
-            files,
-        ));
+        candidates.push((c, j, link, files));
     }
+    share.activate(&with_work);
     let mut launches = Vec::new();
     let mut used: HashMap<Link, u32> = on_link.clone();
     while free > 0 {
@@ -338,9 +443,19 @@ async fn pass(
             job = j.id, user = %j.user, priority = j.priority, files = files.len(),
             src_site = %link.0, dst_site = %link.1, "job batch"
         );
-        // Marked running (one more try each) before anything is copied.
+        // Marked running (one more try each) before anything is copied, if still queued (a
+        // cancel may have come meanwhile).
+        let seqs: Vec<i64> = files.iter().map(|f| f.seq).collect();
+        let claimed = match meta.catalog.claim_job_files(j.id, &seqs).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(job = j.id, error = %e, "cannot start a job batch");
+                continue;
+            }
+        };
         let files: Vec<JobFile> = files
             .into_iter()
+            .filter(|f| claimed.contains(&f.seq))
             .map(|mut f| {
                 f.state = JobState::Running.name().into();
                 f.tries += 1;
@@ -348,11 +463,8 @@ async fn pass(
                 f
             })
             .collect();
-        meta.catalog.update_job_files(&files).await?;
-        if j.state == JobState::Queued.name() {
-            meta.catalog
-                .set_job_state(j.id, JobState::Running, "")
-                .await?;
+        if files.is_empty() {
+            continue;
         }
         launches.push((j, link, files));
     }
@@ -436,7 +548,11 @@ async fn finish(meta: &Meta, id: &i64, opts: &JobOptions) -> Result<(), catalog:
     ));
     if !opts.webhook.is_empty() {
         let doc = crate::webhook::document(&meta.catalog.job(j.id).await?, &error);
-        crate::webhook::post(opts.webhook.clone(), doc);
+        crate::webhook::post(
+            opts.webhook.clone(),
+            doc,
+            meta.settings.jobs.webhooks_to_private,
+        );
     }
     Ok(())
 }
@@ -614,8 +730,17 @@ async fn copy_batch(
             fail(&mut out, f.seq, &e);
             continue;
         };
-        match meta.catalog.lookup(&f.destination).await {
-            Ok(Some(i)) if i.kind == catalog::Kind::File && !i.pending => {
+        // As the user sees it (search permission on the way), so a job tells nothing of
+        // directories its user may not look into.
+        let there = match meta.resolve(user, &f.destination).await {
+            Ok(r) => r.entry().cloned(),
+            Err(e) => {
+                fail(&mut out, f.seq, &e);
+                continue;
+            }
+        };
+        match there {
+            Some(i) if i.kind == catalog::Kind::File && !i.pending => {
                 if i.size == src.size && !src.checksum.is_empty() && i.checksum == src.checksum {
                     out.insert(
                         f.seq,
@@ -638,7 +763,7 @@ async fn copy_batch(
                     continue;
                 }
             }
-            Ok(Some(i)) if i.kind == catalog::Kind::Dir => {
+            Some(i) if i.kind == catalog::Kind::Dir => {
                 fail(
                     &mut out,
                     f.seq,
@@ -763,23 +888,18 @@ async fn copy_batch(
     if let Err(e) = meta.catalog.update_job_files(&targets).await {
         tracing::warn!(job = job.id, error = %e, "cannot record the copies a batch makes");
     }
-    let mut sessions = tokio::task::JoinSet::new();
+    // One pair after the other: a batch is one session of its link at a time (what the
+    // scheduler's limits and the optimizer count).
     for ((src, dst), items) in pairs {
-        let m = meta.clone();
-        let t = token.clone();
-        let opts = opts.clone();
-        let job = job.clone();
-        let meter = meter.clone();
-        sessions.spawn(async move {
-            let r = copy_pair(&m, &job, &opts, &src, &dst, &items, &meter, &t).await;
-            (src, dst, items, r)
-        });
-    }
-    while let Some(joined) = sessions.join_next().await {
-        let Ok((src, dst, items, r)) = joined else {
-            continue;
+        let (_, failed, session_error) = if token.is_cancelled() {
+            (
+                HashSet::new(),
+                HashMap::new(),
+                Some(TransferError::interrupted()),
+            )
+        } else {
+            copy_pair(meta, job, opts, &src, &dst, &items, meter, token).await
         };
-        let (_, failed, session_error) = r;
         for it in items {
             // A committed copy was verified by its node against the source's checksums
             // (whether or not the session lived to say so).
@@ -1005,6 +1125,9 @@ async fn copy_pair_inner(
             a.source.tcp_retransmits.saturating_mul(SEGMENT),
             Ordering::Relaxed,
         );
+        meter
+            .ended
+            .fetch_add(a.source.bytes_moved.max(1), Ordering::Relaxed);
         meter.streams.store(a.source.streams, Ordering::Relaxed);
     }
     if result.is_ok() {

@@ -14,10 +14,11 @@ use api::meta as pb;
 use catalog::{JobFilter, JobRecord, JobState, Kind, NewJob};
 use wire::error::ErrorKind;
 
-/// A destination path: into `dst` when it names a directory (ends with `/` or is one).
-async fn destination_of(meta: &Meta, src: &str, dst: &str) -> Result<String> {
+/// A destination path: into `dst` when it names a directory (ends with `/` or is one, as
+/// `user` may see it).
+async fn destination_of(meta: &Meta, user: &User, src: &str, dst: &str) -> Result<String> {
     let into_dir = dst.ends_with('/')
-        || matches!(meta.catalog.lookup(&catalog::normalize(dst)?).await, Ok(Some(i)) if i.kind == Kind::Dir);
+        || matches!(meta.resolve(user, &catalog::normalize(dst)?).await, Ok(r) if r.entry().is_some_and(|i| i.kind == Kind::Dir));
     let dst = catalog::normalize(dst)?;
     if into_dir {
         let (_, name) = catalog::parent_and_name(src)?;
@@ -44,7 +45,13 @@ impl Meta {
         }
         let priority = match q.priority {
             0 => 3,
-            p @ 1..=5 => p,
+            p @ 1..=3 => p,
+            p @ 4..=5 if user.admin => p,
+            p @ 4..=5 => {
+                return Err(Error::permission_denied(format!(
+                    "priority {p}: priorities above 3 are for administrators (they go before everybody's jobs)"
+                )));
+            }
             p => {
                 return Err(Error::invalid(format!(
                     "priority {p}: use 1 (lowest) to 5 (highest)"
@@ -56,6 +63,15 @@ impl Meta {
             n if n <= MAX_TRIES => n,
             n => return Err(Error::invalid(format!("{n} tries: at most {MAX_TRIES}"))),
         };
+        if !q.webhook.is_empty()
+            && !self.settings.jobs.webhooks_to_private
+            && crate::webhook::names_private_address(&q.webhook)
+        {
+            return Err(Error::invalid(format!(
+                "webhook {:?}: a loopback, private or link-local address (the metadata server allows them with --job-webhooks-to-private)",
+                crate::runs::bounded(&q.webhook, 80)
+            )));
+        }
         if !q.webhook.is_empty() {
             let ok = (q.webhook.starts_with("http://") || q.webhook.starts_with("https://"))
                 && q.webhook.len() <= MAX_WEBHOOK
@@ -116,7 +132,7 @@ impl Meta {
                     continue;
                 }
             };
-            let dst = destination_of(self, &r.norm, &pair.destination).await?;
+            let dst = destination_of(self, user, &r.norm, &pair.destination).await?;
             if e.kind == Kind::File {
                 let err = (!perm::allows(user, &e, Access::Read)).then(|| {
                     Error::permission_denied(format!(
@@ -198,6 +214,15 @@ impl Meta {
         if files.is_empty() {
             return Err(Error::invalid("the sources hold no files"));
         }
+        // Two files of one job to one destination: the later ones are refused.
+        let mut seen = std::collections::HashSet::new();
+        for (_, d, _, e) in files.iter_mut() {
+            if e.is_none() && !d.is_empty() && !seen.insert(d.clone()) {
+                *e = Some(Error::invalid(format!(
+                    "{d}: another file of this job goes to the same destination"
+                )));
+            }
+        }
         let options = JobOptions {
             site: q.site.clone(),
             overwrite: q.overwrite,
@@ -216,29 +241,19 @@ impl Meta {
                     .iter()
                     .map(|(s, d, n, _)| (s.clone(), d.clone(), *n))
                     .collect(),
+                // Stored failed in the same transaction: never run.
+                refused: files
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(seq, (_, _, _, e))| {
+                        e.as_ref()
+                            .map(|e| (seq, e.kind.name().to_string(), e.message().to_string()))
+                    })
+                    .collect(),
             })
             .await?;
-        let refused: Vec<catalog::JobFile> = files
-            .iter()
-            .enumerate()
-            .filter_map(|(seq, (s, d, n, e))| {
-                e.as_ref().map(|e| catalog::JobFile {
-                    job: id,
-                    seq: seq as i64,
-                    source: s.clone(),
-                    destination: d.clone(),
-                    size: *n,
-                    state: "failed".into(),
-                    error_kind: e.kind.name().into(),
-                    error: e.message().to_string(),
-                    ..Default::default()
-                })
-            })
-            .collect();
-        if !refused.is_empty() {
-            self.catalog.update_job_files(&refused).await?;
-        }
-        tracing::info!(job = id, user = %user.name, files = files.len(), refused = refused.len(), "job submitted");
+        let refused = files.iter().filter(|f| f.3.is_some()).count();
+        tracing::info!(job = id, user = %user.name, files = files.len(), refused, "job submitted");
         self.jobs.wake.notify_one();
         self.job_info(self.catalog.job(id).await?).await
     }
@@ -356,10 +371,21 @@ impl Meta {
     /// Cancels a job: queued files at once, copies in progress stopped (their unfinished
     /// files are dropped, never left under their final names).
     pub async fn cancel_job(&self, user: &User, id: i64) -> Result<pb::JobInfo> {
-        self.visible_job(user, id).await?;
+        let j = self.visible_job(user, id).await?;
         self.catalog.cancel_job(id).await?;
         self.jobs.cancel(id);
         self.event(format!("job {id} cancelled by {}", user.name));
+        // A cancelled job ends here: its webhook is told now.
+        if let Ok(o) = JobOptions::parse(&j.options)
+            && !o.webhook.is_empty()
+            && let Ok(after) = self.catalog.job(id).await
+        {
+            crate::webhook::post(
+                o.webhook,
+                crate::webhook::document(&after, "cancelled"),
+                self.settings.jobs.webhooks_to_private,
+            );
+        }
         self.jobs.wake.notify_one();
         self.job_info(self.catalog.job(id).await?).await
     }

@@ -78,6 +78,8 @@ pub struct JobSettings {
     /// The first back-off after a failed attempt (doubled each time, at most an hour).
     pub retry_delay: Duration,
     pub weights: crate::fairshare::Weights,
+    /// Webhooks may reach loopback, private and link-local addresses.
+    pub webhooks_to_private: bool,
 }
 
 impl Default for JobSettings {
@@ -90,6 +92,7 @@ impl Default for JobSettings {
             link_streams: None,
             retry_delay: Duration::from_secs(30),
             weights: Default::default(),
+            webhooks_to_private: false,
         }
     }
 }
@@ -107,15 +110,20 @@ pub struct JobRuntime {
 }
 
 impl JobRuntime {
-    /// Stops the sessions of job `id`.
+    /// Stops the sessions of job `id`, and any started for it later (until it is retried).
     pub fn cancel(&self, id: i64) {
-        if let Some(t) = self.cancels.lock().expect("jobs lock").remove(&id) {
-            t.cancel();
-        }
+        self.cancels
+            .lock()
+            .expect("jobs lock")
+            .entry(id)
+            .or_default()
+            .cancel();
     }
 
-    /// Forgets what the runs of job `id` learned (a retry starts afresh).
+    /// Forgets what the runs of job `id` learned and that it was cancelled (a retry starts
+    /// afresh).
     pub fn forget(&self, id: i64) {
+        self.cancels.lock().expect("jobs lock").remove(&id);
         self.avoid
             .lock()
             .expect("jobs lock")
@@ -152,8 +160,17 @@ impl JobRuntime {
     }
 
     pub(crate) fn ended(&self, id: i64) {
-        self.cancels.lock().expect("jobs lock").remove(&id);
         self.forget(id);
+    }
+
+    /// Stops every job's sessions (the server is stopping, or lost the right to run jobs):
+    /// their files are queued again, not cancelled.
+    pub(crate) fn stop_all(&self) {
+        let mut c = self.cancels.lock().expect("jobs lock");
+        for t in c.values() {
+            t.cancel();
+        }
+        c.clear();
     }
 }
 

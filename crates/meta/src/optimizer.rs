@@ -71,9 +71,14 @@ pub struct LinkTuner {
     /// The direction the next exploration from a hold goes.
     explore_dir: i32,
     probe_started: Instant,
-    /// Bytes and retransmitted bytes counted in the current probe (after its settling time).
+    /// Bytes moved in the current probe (after its settling time); bytes sent again and the
+    /// bytes of the sessions that reported them (sessions report their TCP retransmits when
+    /// they end: the loss is their ratio, not spread over the probe's bytes).
     bytes: u64,
     resent: u64,
+    ended: u64,
+    /// The last loss measured (a probe in which no session ended keeps it).
+    loss: f64,
     /// Streams per session in the current probe (reported by the sessions).
     streams: u32,
     counting_since: Option<Instant>,
@@ -109,6 +114,8 @@ impl LinkTuner {
             probe_started: now,
             bytes: 0,
             resent: 0,
+            ended: 0,
+            loss: 0.0,
             streams: 1,
             counting_since: None,
             probes: 0,
@@ -120,9 +127,10 @@ impl LinkTuner {
         self.sessions
     }
 
-    /// The link's sessions moved `bytes` (payload acknowledged) since the last call, of which
-    /// `resent` were sent again (TCP retransmits), with `streams` data streams per session.
-    pub fn record(&mut self, now: Instant, bytes: u64, resent: u64, streams: u32) {
+    /// The link's sessions moved `bytes` (payload acknowledged) since the last call; sessions
+    /// that ended since moved `ended` bytes in all and sent `resent` of them again (TCP
+    /// retransmits); `streams` data streams per session.
+    pub fn record(&mut self, now: Instant, bytes: u64, resent: u64, ended: u64, streams: u32) {
         if now.duration_since(self.probe_started) < self.s.settle {
             return;
         }
@@ -133,6 +141,7 @@ impl LinkTuner {
         }
         self.bytes += bytes;
         self.resent += resent;
+        self.ended += ended;
         self.streams = streams.max(1);
     }
 
@@ -149,11 +158,10 @@ impl LinkTuner {
             .unwrap_or(0.0);
         let result = (busy && measured > 0.0).then(|| {
             let goodput = self.bytes as f64 * 8.0 / measured;
-            let loss = if self.bytes == 0 {
-                0.0
-            } else {
-                self.resent as f64 / self.bytes as f64
-            };
+            if self.ended > 0 {
+                self.loss = (self.resent as f64 / self.ended as f64).min(1.0);
+            }
+            let loss = self.loss;
             ProbeResult {
                 sessions: self.sessions,
                 goodput_bps: goodput,
@@ -169,6 +177,7 @@ impl LinkTuner {
         self.counting_since = None;
         self.bytes = 0;
         self.resent = 0;
+        self.ended = 0;
         result
     }
 
@@ -307,7 +316,7 @@ mod tests {
             for _ in 0..6 {
                 *now += Duration::from_millis(500);
                 let bytes = (g / 8.0 * 0.5) as u64;
-                t.record(*now, bytes, (bytes as f64 * loss) as u64, 1);
+                t.record(*now, bytes, (bytes as f64 * loss) as u64, bytes, 1);
             }
             if let Some(r) = t.tick(*now, true) {
                 out.push(r.goodput_bps);
@@ -350,7 +359,7 @@ mod tests {
         // A probe while the link had no work for every session is thrown away.
         let mut t = LinkTuner::new(TunerSettings::default(), 3, Instant::now());
         let now = Instant::now() + Duration::from_secs(5);
-        t.record(now, 1 << 20, 0, 1);
+        t.record(now, 1 << 20, 0, 1 << 20, 1);
         assert_eq!(t.tick(now + Duration::from_secs(1), false), None);
         assert_eq!((t.sessions(), t.probes), (3, 0));
     }

@@ -41,13 +41,48 @@ pub fn document(j: &JobRecord, error: &str) -> serde_json::Value {
     })
 }
 
-/// Sends `doc` to `url` in the background, retrying; the outcome is logged.
-pub fn post(url: String, doc: serde_json::Value) {
+/// Whether an address is one a webhook may not reach unless the operator allows it: the
+/// metadata server's own host, private networks, link-local (cloud metadata services).
+pub fn is_private(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(a) => {
+            a.is_loopback()
+                || a.is_private()
+                || a.is_link_local()
+                || a.is_unspecified()
+                || a.is_broadcast()
+                || a.octets()[0] == 100 && (a.octets()[1] & 0xc0) == 64
+        }
+        std::net::IpAddr::V6(a) => {
+            a.is_loopback()
+                || a.is_unspecified()
+                || (a.segments()[0] & 0xfe00) == 0xfc00
+                || (a.segments()[0] & 0xffc0) == 0xfe80
+                || a.to_ipv4_mapped().is_some_and(|v4| is_private(v4.into()))
+        }
+    }
+}
+
+/// Whether `url` names such an address literally (or `localhost`); names are checked again
+/// when resolved, at each attempt.
+pub fn names_private_address(url: &str) -> bool {
+    let Ok(uri) = url.parse::<hyper::Uri>() else {
+        return false;
+    };
+    let Some(host) = uri.host() else { return false };
+    let host = host.trim_matches(['[', ']']);
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(is_private)
+}
+
+/// Sends `doc` to `url` in the background, retrying; the outcome is logged. Unless
+/// `allow_private`, an address [`is_private`] is refused.
+pub fn post(url: String, doc: serde_json::Value, allow_private: bool) {
     tokio::spawn(async move {
         let body = doc.to_string();
         let mut wait = FIRST_WAIT;
         for attempt in 1..=ATTEMPTS {
-            match tokio::time::timeout(ATTEMPT_TIMEOUT, post_once(&url, &body)).await {
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, post_once(&url, &body, allow_private)).await
+            {
                 Ok(Ok(status)) if (200..300).contains(&status) => {
                     tracing::info!(url = %url, status, attempt, "job notification delivered");
                     return;
@@ -70,7 +105,7 @@ pub fn post(url: String, doc: serde_json::Value) {
 }
 
 /// One POST; the answer's status code.
-async fn post_once(url: &str, body: &str) -> Result<u16, String> {
+async fn post_once(url: &str, body: &str, allow_private: bool) -> Result<u16, String> {
     let uri: hyper::Uri = url.parse().map_err(|e| format!("{e}"))?;
     let https = match uri.scheme_str() {
         Some("http") => false,
@@ -79,7 +114,18 @@ async fn post_once(url: &str, body: &str) -> Result<u16, String> {
     };
     let host = uri.host().ok_or("the URL names no host")?.to_string();
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let tcp = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port))
+    let addrs: Vec<std::net::SocketAddr> =
+        tokio::net::lookup_host((host.trim_matches(['[', ']']), port))
+            .await
+            .map_err(|e| format!("resolve {host}: {e}"))?
+            .collect();
+    if !allow_private && addrs.iter().any(|a| is_private(a.ip())) {
+        return Err(format!(
+            "{host} is a loopback, private or link-local address (allowed with --job-webhooks-to-private)"
+        ));
+    }
+    let addr = *addrs.first().ok_or_else(|| format!("{host}: no address"))?;
+    let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect {host}:{port}: {e}"))?;
     let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
@@ -132,4 +178,33 @@ where
     .await;
     driver.abort();
     Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_addresses_are_named() {
+        for u in [
+            "http://127.0.0.1:9/x",
+            "http://localhost/x",
+            "https://10.1.2.3/",
+            "http://169.254.169.254/latest/meta-data",
+            "http://[::1]:80/",
+            "http://[fe80::1]/",
+            "http://192.168.0.1/",
+            "http://100.64.0.1/",
+            "http://[::ffff:10.0.0.1]/",
+        ] {
+            assert!(names_private_address(u), "{u}");
+        }
+        for u in [
+            "https://ops.example.org/hook",
+            "http://198.51.100.7/",
+            "http://[2001:db8::1]/",
+        ] {
+            assert!(!names_private_address(u), "{u}");
+        }
+    }
 }

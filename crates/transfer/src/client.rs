@@ -293,18 +293,42 @@ pub async fn list(
     })
     .await?;
     let mut out = Listing::default();
+    // What a hostile endpoint may make this side hold: MAX_LISTING entries, LISTING_BYTES of
+    // names and messages; each part within a minute.
+    const LISTING_BYTES: usize = 256 << 20;
+    const PART_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+    let mut bytes = 0usize;
     loop {
-        match s.reader.response().await? {
+        let part = tokio::time::timeout(PART_TIMEOUT, s.reader.response())
+            .await
+            .map_err(|_| TransferError::stalled("the endpoint sent no listing for 60 s"))??;
+        match part {
             Response::Listing {
                 entries,
                 unsendable,
                 last,
             } => {
+                if entries.is_empty() && unsendable.is_empty() && !last {
+                    return Err(TransferError::protocol(
+                        "the endpoint sent an empty listing part",
+                    ));
+                }
+                for e in &entries {
+                    wire::data::validate_relative_path(&e.rel).map_err(|why| {
+                        TransferError::protocol(format!("the endpoint listed a bad name: {why}"))
+                    })?;
+                    bytes += e.rel.len();
+                }
+                for (rel, e) in &unsendable {
+                    bytes += rel.len() + e.message.len();
+                }
                 out.entries.extend(entries);
                 out.unsendable.extend(unsendable);
-                if out.entries.len() + out.unsendable.len() > wire::control::MAX_LISTING {
+                if out.entries.len() + out.unsendable.len() > wire::control::MAX_LISTING
+                    || bytes > LISTING_BYTES
+                {
                     return Err(TransferError::protocol(
-                        "the endpoint listed more entries than a listing may have",
+                        "the endpoint listed more than a listing may have (1,000,000 entries, 256 MiB of names)",
                     ));
                 }
                 if last {

@@ -125,8 +125,9 @@ impl Service for TreeService {
 }
 
 /// The files of a file list, each found as a source session of its path would find it (below
-/// the root, no link followed, regular files only), announced under its listed name. A file
-/// whose size changed since it was listed is refused: the list placed it by that size.
+/// the root, links followed only where they stay below it, regular files only), announced
+/// under its listed name. A file whose size changed since it was listed is refused: the list
+/// placed it by that size.
 fn listed_files(caller: &Caller, files: Vec<ListedFile>) -> Result<SourceList, ErrorInfo> {
     let mut list = SourceList::default();
     for f in files {
@@ -224,7 +225,7 @@ mod tests {
         let list = rw.source_list(&caller(&base), req(vec![])).unwrap();
         assert_eq!(list.entries.len(), 1);
         // File lists (a copy into the grid names each file by its path and its new id):
-        // found below the root as a path request finds them, never through a link.
+        // found below the root as a path request finds them, through no link leaving it.
         std::os::unix::fs::symlink("/etc/hostname", dir.path().join("l")).unwrap();
         std::fs::create_dir(dir.path().join("d")).unwrap();
         let listed = |locator: &str, name: &str, size| wire::control::ListedFile {

@@ -43,3 +43,11 @@ CREATE TABLE link_tuning (
     updated_ms BIGINT NOT NULL,
     PRIMARY KEY (src_site, dst_site)
 );
+
+-- Which metadata server runs the jobs (several may share a PostgreSQL catalog): the holder
+-- renews its lease; another takes over once it ran out.
+CREATE TABLE job_lease (
+    id BIGINT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    until_ms BIGINT NOT NULL
+);
