@@ -58,6 +58,16 @@ pub fn pki(dir: &Path, haul: &Path, lab: &netlab::Lab) -> Result<Pki> {
 
 impl<'a> Grid<'a> {
     pub fn start(dir: &Path, haul: &Path, lab: &'a netlab::Lab) -> Result<Grid<'a>> {
+        Self::start_with(dir, haul, lab, &[])
+    }
+
+    /// [`Self::start`], with `meta_args` added to the metadata server's command line.
+    pub fn start_with(
+        dir: &Path,
+        haul: &Path,
+        lab: &'a netlab::Lab,
+        meta_args: &[&str],
+    ) -> Result<Grid<'a>> {
         fs::create_dir_all(dir)?;
         let pki = pki(dir, haul, lab)?;
         let a0 = lab.host("a", 0);
@@ -68,7 +78,7 @@ impl<'a> Grid<'a> {
             &format!("{}:{META_PORT}", a0.addr()),
             &dir.join("meta-data"),
         );
-        cmd.args(["--http", "off"]).current_dir(dir);
+        cmd.args(["--http", "off"]).args(meta_args).current_dir(dir);
         let (meta, addr) = Proc::start(cmd, &dir.join("meta.log"), Duration::from_secs(60))
             .map_err(|e| anyhow!(e))?;
         let mut g = Grid {

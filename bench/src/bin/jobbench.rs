@@ -47,6 +47,11 @@ struct Args {
     /// Shorter phases and data (a check that everything works, not a measurement).
     #[arg(long)]
     quick: bool,
+    /// Instead: the job beside a competing iperf3 flow (one cubic stream, 15 s) on a link of
+    /// `--low`, once per fairness cap `--job-link-streams K` listed here ("none": no cap),
+    /// e.g. 1,4,none.
+    #[arg(long, value_name = "K,...")]
+    compete: Option<String>,
 }
 
 /// One sample of the link a -> b.
@@ -63,6 +68,9 @@ fn main() -> Result<()> {
         bail!("netlab cannot run here: {why}");
     }
     let haul = std::fs::canonicalize(&args.haul).context("--haul")?;
+    if let Some(caps) = &args.compete {
+        return compete(&args, &haul, caps);
+    }
     let phase = if args.quick { 6 } else { args.phase };
     std::fs::create_dir_all(&args.work)?;
     // Enough data that the job outlasts the three phases by a third.
@@ -301,4 +309,187 @@ fn markdown(doc: &Value) -> String {
         doc["host_drops"],
     );
     s
+}
+
+/// The job beside a competing iperf3 flow on a link of `--low` bits/s, once per fairness cap.
+fn compete(args: &Args, haul: &std::path::Path, caps: &str) -> Result<()> {
+    let window = if args.quick { 8 } else { 15 };
+    let rate = args.low;
+    // The job runs 5 s alone, then `window` s beside iperf3, and must outlast it.
+    let need = rate as f64 / 8.0 * (window as f64 + 10.0) * 1.3;
+    let file = 32 * MIB;
+    let count = ((need / file as f64).ceil() as usize).max(4);
+    let _ = std::fs::remove_dir_all(args.work.join("compete"));
+    let _ = std::fs::remove_file(args.work.join(".compete.complete"));
+    let ds = data::tree(&args.work, "jobs", "compete", &vec![file; count], 2727)?;
+    let mut rows = Vec::new();
+    for cap in caps.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        let lab = netlab::Lab::builder()
+            .site("a", 1)
+            .site("b", 1)
+            .rate_bps(rate)
+            .rtt(Duration::from_millis(args.rtt_ms))
+            .mtu(9000)
+            .profile(netlab::Profile::Tuned)
+            .build()
+            .context("building the lab")?;
+        let dir = args.work.join(format!("compete-{cap}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let meta_args: Vec<&str> = if cap == "none" {
+            vec![]
+        } else {
+            vec!["--job-link-streams", cap]
+        };
+        let g = Grid::start_with(&dir, haul, &lab, &meta_args)?;
+        let mk = g.run(&["mkdir", "-p", "/ds"], Duration::from_secs(30), "mkdir")?;
+        if !mk.ok() {
+            bail!("mkdir /ds: {}", mk.why());
+        }
+        let up = g.run(
+            &[
+                "cp",
+                "-r",
+                "--site",
+                "A",
+                "--progress",
+                "never",
+                &ds.root.to_string_lossy(),
+                &format!("{}/ds/", g.meta_url),
+            ],
+            Duration::from_secs(1800),
+            "upload",
+        )?;
+        if !up.ok() {
+            bail!("upload: {}", up.why());
+        }
+        let b0 = lab.host("b", 0);
+        let mut server = b0
+            .command("iperf3")
+            .args(["-s", "-1", "-B", &b0.addr().to_string(), "-p", "5299"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("iperf3 -s")?;
+        let job = g.json(
+            &[
+                "submit",
+                "--json",
+                "-r",
+                "--site",
+                "B",
+                "/ds/compete",
+                "/copy",
+            ],
+            Duration::from_secs(60),
+        )?;
+        let id = job["job"]["id"].as_i64().context("job id")?.to_string();
+        std::thread::sleep(Duration::from_secs(5));
+        let ab = |s: &netlab::Stats| {
+            s.directions
+                .iter()
+                .find(|d| d.from == "a")
+                .map(|d| d.bytes)
+                .unwrap_or(0)
+        };
+        let before = lab.stats();
+        let client = lab
+            .host("a", 0)
+            .command("iperf3")
+            .args([
+                "-c",
+                &b0.addr().to_string(),
+                "-p",
+                "5299",
+                "-t",
+                &window.to_string(),
+                "-C",
+                "cubic",
+                "-J",
+            ])
+            .output()
+            .context("iperf3 -c")?;
+        let after = lab.stats();
+        let _ = server.kill();
+        let _ = server.wait();
+        let _ = g.run(&["job", "cancel", &id], Duration::from_secs(30), "cancel");
+        // The streams the job's sessions had (from the transfer history).
+        let streams: Vec<u64> = g
+            .json(
+                &["transfers", "--kind", "job", "--json", "--limit", "200"],
+                Duration::from_secs(30),
+            )
+            .ok()
+            .and_then(|h| {
+                h["transfers"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|t| t["streams"].as_u64()).collect())
+            })
+            .unwrap_or_default();
+        let v: Value = serde_json::from_slice(&client.stdout).unwrap_or(Value::Null);
+        let iperf_bps = v["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0);
+        let secs = (after.elapsed_s - before.elapsed_s).max(1e-9);
+        let link_bps = (ab(&after) - ab(&before)) as f64 * 8.0 / secs;
+        let job_bps = (link_bps - iperf_bps).max(0.0);
+        eprintln!(
+            "jobbench: cap {cap}: link {:.0} Mbit/s, iperf3 {:.0}, job {:.0}",
+            link_bps / 1e6,
+            iperf_bps / 1e6,
+            job_bps / 1e6
+        );
+        rows.push(json!({
+            "cap": cap,
+            "link_bps": link_bps,
+            "iperf3_bps": iperf_bps,
+            "job_bps": job_bps,
+            "job_share": job_bps / link_bps.max(1.0),
+            "session_streams_max": streams.iter().max(),
+        }));
+    }
+    let doc = json!({
+        "started": now_rfc3339(),
+        "quick": args.quick,
+        "rtt_ms": args.rtt_ms,
+        "rate_bps": rate,
+        "window_s": window,
+        "rows": rows,
+    });
+    let mut md = format!(
+        "# A transfer job beside a competing flow, {}\n\nGenerated by `bench/jobs --compete ...{}`: netlab, two sites, {} Mbit/s, {} ms RTT, MTU 9000. A job of 32 MiB files a -> b runs 5 s alone, then one iperf3 stream (cubic) a -> b joins for {} s; the job's rate is what the link delivered a -> b in that window minus what iperf3 received. The fairness cap is `haul meta serve --job-link-streams K` (the job's streams on the link; `none`: the planner's choice). Numbers as measured.\n\n| cap K | link (Mbit/s) | iperf3 (Mbit/s) | job (Mbit/s) | job's share | a fair share of K+1 flows would give the job | most streams of a job session |\n|---|---|---|---|---|---|---|\n",
+        doc["started"].as_str().unwrap_or(""),
+        if args.quick { " --quick" } else { "" },
+        rate / 1_000_000,
+        args.rtt_ms,
+        window
+    );
+    for r in doc["rows"].as_array().into_iter().flatten() {
+        let fair = r["cap"]
+            .as_str()
+            .and_then(|c| c.parse::<f64>().ok())
+            .map(|k| format!("{:.0}%", 100.0 * k / (k + 1.0)))
+            .unwrap_or_else(|| "-".into());
+        md += &format!(
+            "| {} | {} | {} | {} | {:.0}% | {fair} | {} |\n",
+            r["cap"].as_str().unwrap_or(""),
+            mbit(&r["link_bps"]),
+            mbit(&r["iperf3_bps"]),
+            mbit(&r["job_bps"]),
+            r["job_share"].as_f64().unwrap_or(0.0) * 100.0,
+            r["session_streams_max"]
+        );
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let stem = format!(
+        "{}-jobs-compete{}",
+        &now_rfc3339()[..10],
+        if args.quick { "-quick" } else { "" }
+    );
+    std::fs::write(
+        args.out.join(format!("{stem}.json")),
+        serde_json::to_string_pretty(&doc)?,
+    )?;
+    std::fs::write(args.out.join(format!("{stem}.md")), &md)?;
+    print!("{md}");
+    Ok(())
 }

@@ -591,3 +591,32 @@ fn corrupt_job(db: &Path, id: &str) {
         assert_eq!(n, 1);
     });
 }
+
+/// The fairness cap (`--job-link-streams K`): a link's job sessions together never have more
+/// than K data streams, and run cubic (a flow's share is a flow's share only between TCP-fair
+/// flows). Checked on the history's records of the job's sessions; their shares beside a
+/// competing flow are measured by `bench/jobs --compete`.
+#[test]
+fn a_capped_link_gets_at_most_k_streams_of_cubic() {
+    let g = Grid::start_with(&["--job-link-streams", "2", "--job-batch-files", "4"]);
+    upload_data(&g, "alice", 12, 256 * 1024);
+    let id = submit(
+        &g,
+        "alice",
+        &["-r", "--site", "B", "/alice/data", "/alice/capped"],
+    );
+    assert_eq!(wait_code(&g, "alice", &id), 0, "{}", job(&g, "alice", &id));
+    let h = g.json("alice", &["transfers", "--kind", "job", "--json"]);
+    let records = h["transfers"].as_array().unwrap();
+    assert!(!records.is_empty(), "{h}");
+    for t in records {
+        let streams = t["streams"].as_u64().unwrap();
+        assert!((1..=2).contains(&streams), "{t}");
+        assert!(t["summary"].as_str().unwrap().contains("cubic"), "{t}");
+    }
+    // The optimizer never gave the link more sessions than the cap has streams.
+    let links = g.json("alice", &["jobs", "--json"])["links"].clone();
+    for l in links.as_array().unwrap() {
+        assert!(l["sessions"].as_u64().unwrap() <= 2, "{l}");
+    }
+}

@@ -71,14 +71,17 @@ const SEGMENT: u64 = 1448;
 
 impl Links {
     fn new(s: &JobSettings) -> Self {
-        let max = s.max_link_sessions.max(s.link_sessions).max(1);
+        // With a fairness cap of K streams, at most K sessions (each with K / sessions
+        // streams, so that together they never have more than K).
+        let cap = s.link_streams.unwrap_or(u32::MAX).max(1);
+        let max = s.max_link_sessions.max(s.link_sessions).clamp(1, cap);
         Self {
             tuner: TunerSettings {
                 min_sessions: 1,
                 max_sessions: max,
                 ..Default::default()
             },
-            start: s.link_sessions.max(1),
+            start: s.link_sessions.clamp(1, max),
             links: HashMap::new(),
         }
     }
@@ -956,9 +959,15 @@ async fn copy_pair(
 ) {
     let started_ms = catalog::now_ms();
     let r = copy_pair_inner(meta, opts, src, dst, items, meter, token).await;
-    let (done, failed, err, moved, streams) = match r {
+    let (done, failed, err, moved, figures) = match r {
         Ok(x) => x,
-        Err(e) => (HashSet::new(), HashMap::new(), Some(e), 0, 0),
+        Err(e) => (
+            HashSet::new(),
+            HashMap::new(),
+            Some(e),
+            0,
+            (0, String::new()),
+        ),
     };
     record(
         meta,
@@ -971,18 +980,20 @@ async fn copy_pair(
         err.as_ref(),
         started_ms,
         moved,
-        streams,
+        figures,
     )
     .await;
     (done, failed, err)
 }
 
+/// Files done, files failed, the session's error, bytes moved, and its streams and summary
+/// (plan, congestion control) for the history.
 type PairResult = (
     HashSet<i64>,
     HashMap<i64, TransferError>,
     Option<TransferError>,
     u64,
-    u32,
+    (u32, String),
 );
 
 async fn copy_pair_inner(
@@ -1032,6 +1043,9 @@ async fn copy_pair_inner(
         // The fairness cap: the link's sessions share its streams.
         let sessions = meter.sessions.load(Ordering::Relaxed).max(1);
         session.streams = Some((n / sessions).max(1));
+        // A flow's share is a flow's share only between TCP-fair flows: BBR takes more than
+        // its count against cubic (tuning.md), so a capped job runs cubic.
+        session.congestion = Some("cubic".into());
     }
     let mut files = Vec::with_capacity(items.len());
     for i in items {
@@ -1120,6 +1134,15 @@ async fn copy_pair_inner(
     let _ = feed.await;
     let moved = transfer::progress::Counters::get(&counters.bytes_done);
     let streams = result.as_ref().map(|a| a.source.streams).unwrap_or(0);
+    let summary = result
+        .as_ref()
+        .map(|a| {
+            format!(
+                "plan: {}; congestion control: {}",
+                a.plan, a.source.congestion
+            )
+        })
+        .unwrap_or_default();
     if let Ok(a) = &result {
         meter.resent.fetch_add(
             a.source.tcp_retransmits.saturating_mul(SEGMENT),
@@ -1136,7 +1159,7 @@ async fn copy_pair_inner(
             moved as f64 / started.elapsed().as_secs_f64().max(0.001),
         );
     }
-    Ok((done, failed, result.err(), moved, streams))
+    Ok((done, failed, result.err(), moved, (streams, summary)))
 }
 
 /// Puts a job's session into the transfer history (kind "job").
@@ -1152,7 +1175,7 @@ async fn record(
     err: Option<&TransferError>,
     started_ms: i64,
     moved: u64,
-    streams: u32,
+    (streams, summary): (u32, String),
 ) {
     let site = |n: &str| meta.node(n).map(|e| e.node.site).unwrap_or_default();
     let files: Vec<catalog::TransferFile> = items
@@ -1209,6 +1232,7 @@ async fn record(
         error: first
             .map(|f| format!("{}: {}", f.path, f.error))
             .unwrap_or_default(),
+        summary,
         ..Default::default()
     };
     meta.record_transfer(rec, &files).await;
