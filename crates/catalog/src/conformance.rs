@@ -1400,6 +1400,18 @@ async fn jobs(c: &Catalog) {
         vec![a, b]
     );
     assert!(c.set_job_state(b, JobState::Done, "").await.unwrap());
+    // Ended jobs owe their webhook a notification until it is marked sent.
+    assert_eq!(
+        c.unnotified_jobs(10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|j| j.id)
+            .collect::<Vec<_>>(),
+        vec![b]
+    );
+    c.set_job_notified(b).await.unwrap();
+    assert!(c.unnotified_jobs(10).await.unwrap().is_empty());
     assert!(!c.set_job_state(b + 1000, JobState::Done, "").await.unwrap());
     assert_eq!(c.active_jobs().await.unwrap().len(), 1);
     assert!(matches!(

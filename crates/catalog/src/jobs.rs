@@ -596,8 +596,8 @@ impl Catalog {
             .rows_affected();
             if n > 0 {
                 sqlx::query(
-                    "UPDATE jobs SET state = 'queued', error = '', updated_ms = $2, ended_ms = 0 \
-                     WHERE id = $1",
+                    "UPDATE jobs SET state = 'queued', error = '', updated_ms = $2, ended_ms = 0, \
+                     notified = 0 WHERE id = $1",
                 )
                 .bind(id)
                 .bind(now)
@@ -676,6 +676,34 @@ impl Catalog {
             .bind(now)
             .execute(&mut *w.tx)
             .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Ended jobs whose end was not told to their webhook yet (at most `limit`, oldest first).
+    pub async fn unnotified_jobs(&self, limit: u32) -> Result<Vec<JobRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLS} FROM jobs WHERE notified = 0 AND state IN ('done', 'failed', 'cancelled') \
+             ORDER BY id LIMIT $1"
+        ))
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut jobs = rows.iter().map(job_of).collect::<Result<Vec<_>>>()?;
+        for j in &mut jobs {
+            self.count_job_files(j).await?;
+        }
+        Ok(jobs)
+    }
+
+    /// Job `id`'s end was told (or cannot be: no webhook, or the attempts ran out).
+    pub async fn set_job_notified(&self, id: i64) -> Result<()> {
+        self.write(async |w| {
+            sqlx::query("UPDATE jobs SET notified = 1 WHERE id = $1")
+                .bind(id)
+                .execute(&mut *w.tx)
+                .await?;
             Ok(())
         })
         .await

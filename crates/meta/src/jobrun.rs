@@ -187,6 +187,7 @@ pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
                         if let Err(e) = settle_orphans(&meta, &HashSet::new()).await {
                             tracing::warn!(error = %e, "cannot settle the files a previous run left running");
                         }
+                        notify_owed(&meta).await;
                     }
                 }
                 Ok(false) => {
@@ -232,6 +233,7 @@ pub async fn run(meta: Arc<Meta>, stop: CancellationToken) {
             if let Err(e) = settle_orphans(&meta, &mine).await {
                 tracing::warn!(error = %e, "cannot settle files left running");
             }
+            notify_owed(&meta).await;
         }
         // After the launches: a link whose session just ended has its next one by now (a
         // probe that ends while the link has less work than sessions is thrown away).
@@ -549,15 +551,50 @@ async fn finish(meta: &Meta, id: &i64, opts: &JobOptions) -> Result<(), catalog:
         j.files,
         j.bytes_done
     ));
-    if !opts.webhook.is_empty() {
-        let doc = crate::webhook::document(&meta.catalog.job(j.id).await?, &error);
-        crate::webhook::post(
-            opts.webhook.clone(),
-            doc,
-            meta.settings.jobs.webhooks_to_private,
-        );
-    }
+    let _ = opts;
+    notify(meta, &meta.catalog.job(j.id).await?).await;
     Ok(())
+}
+
+/// Tells the webhook of ended job `j` that it ended (unless a call is under way), and marks
+/// it told once delivered or given up; a job without a webhook is marked at once. What a
+/// stopped server had not told is told by the next (`unnotified_jobs`, at each sweep).
+pub(crate) async fn notify(meta: &Meta, j: &JobRecord) {
+    let webhook = JobOptions::parse(&j.options)
+        .map(|o| o.webhook)
+        .unwrap_or_default();
+    if webhook.is_empty() {
+        let _ = meta.catalog.set_job_notified(j.id).await;
+        return;
+    }
+    let notifying = meta.jobs.notifying.clone();
+    if !notifying.lock().expect("jobs lock").insert(j.id) {
+        return;
+    }
+    let (catalog, id) = (meta.catalog.clone(), j.id);
+    crate::webhook::post(
+        webhook,
+        crate::webhook::document(j, &j.error),
+        meta.settings.jobs.webhooks_to_private,
+        async move {
+            if let Err(e) = catalog.set_job_notified(id).await {
+                tracing::warn!(job = id, error = %e, "cannot record the job's notification");
+            }
+            notifying.lock().expect("jobs lock").remove(&id);
+        },
+    );
+}
+
+/// Ended jobs whose end was not told yet (a server stopped before): told now.
+async fn notify_owed(meta: &Meta) {
+    match meta.catalog.unnotified_jobs(100).await {
+        Ok(jobs) => {
+            for j in &jobs {
+                notify(meta, j).await;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot look for job notifications owed"),
+    }
 }
 
 /// The link a batch starting with `source` uses: the site of its best replica, and the job's

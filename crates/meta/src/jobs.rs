@@ -371,20 +371,13 @@ impl Meta {
     /// Cancels a job: queued files at once, copies in progress stopped (their unfinished
     /// files are dropped, never left under their final names).
     pub async fn cancel_job(&self, user: &User, id: i64) -> Result<pb::JobInfo> {
-        let j = self.visible_job(user, id).await?;
+        self.visible_job(user, id).await?;
         self.catalog.cancel_job(id).await?;
         self.jobs.cancel(id);
         self.event(format!("job {id} cancelled by {}", user.name));
         // A cancelled job ends here: its webhook is told now.
-        if let Ok(o) = JobOptions::parse(&j.options)
-            && !o.webhook.is_empty()
-            && let Ok(after) = self.catalog.job(id).await
-        {
-            crate::webhook::post(
-                o.webhook,
-                crate::webhook::document(&after, "cancelled"),
-                self.settings.jobs.webhooks_to_private,
-            );
+        if let Ok(after) = self.catalog.job(id).await {
+            crate::jobrun::notify(self, &after).await;
         }
         self.jobs.wake.notify_one();
         self.job_info(self.catalog.job(id).await?).await

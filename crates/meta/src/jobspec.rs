@@ -107,6 +107,8 @@ pub struct JobRuntime {
     pub(crate) cancels: Mutex<HashMap<i64, CancellationToken>>,
     /// Nodes each file's next attempt avoids, by (job, seq).
     avoid: Mutex<HashMap<(i64, i64), HashSet<String>>>,
+    /// Jobs whose webhook is being called now.
+    pub(crate) notifying: std::sync::Arc<Mutex<HashSet<i64>>>,
 }
 
 impl JobRuntime {

@@ -75,33 +75,43 @@ pub fn names_private_address(url: &str) -> bool {
 }
 
 /// Sends `doc` to `url` in the background, retrying; the outcome is logged. Unless
-/// `allow_private`, an address [`is_private`] is refused.
-pub fn post(url: String, doc: serde_json::Value, allow_private: bool) {
+/// `allow_private`, an address [`is_private`] is refused. `done` runs at the end, delivered
+/// or given up.
+pub fn post(
+    url: String,
+    doc: serde_json::Value,
+    allow_private: bool,
+    done: impl std::future::Future<Output = ()> + Send + 'static,
+) {
     tokio::spawn(async move {
-        let body = doc.to_string();
-        let mut wait = FIRST_WAIT;
-        for attempt in 1..=ATTEMPTS {
-            match tokio::time::timeout(ATTEMPT_TIMEOUT, post_once(&url, &body, allow_private)).await
-            {
-                Ok(Ok(status)) if (200..300).contains(&status) => {
-                    tracing::info!(url = %url, status, attempt, "job notification delivered");
-                    return;
-                }
-                Ok(Ok(status)) => {
-                    tracing::warn!(url = %url, status, attempt, "job notification refused")
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(url = %url, error = %e, attempt, "job notification failed")
-                }
-                Err(_) => tracing::warn!(url = %url, attempt, "job notification timed out"),
-            }
-            if attempt < ATTEMPTS {
-                tokio::time::sleep(wait).await;
-                wait *= 2;
-            }
-        }
-        tracing::error!(url = %url, "job notification given up after {ATTEMPTS} attempts");
+        deliver(&url, &doc, allow_private).await;
+        done.await;
     });
+}
+
+async fn deliver(url: &str, doc: &serde_json::Value, allow_private: bool) {
+    let body = doc.to_string();
+    let mut wait = FIRST_WAIT;
+    for attempt in 1..=ATTEMPTS {
+        match tokio::time::timeout(ATTEMPT_TIMEOUT, post_once(url, &body, allow_private)).await {
+            Ok(Ok(status)) if (200..300).contains(&status) => {
+                tracing::info!(url = %url, status, attempt, "job notification delivered");
+                return;
+            }
+            Ok(Ok(status)) => {
+                tracing::warn!(url = %url, status, attempt, "job notification refused")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(url = %url, error = %e, attempt, "job notification failed")
+            }
+            Err(_) => tracing::warn!(url = %url, attempt, "job notification timed out"),
+        }
+        if attempt < ATTEMPTS {
+            tokio::time::sleep(wait).await;
+            wait *= 2;
+        }
+    }
+    tracing::error!(url = %url, "job notification given up after {ATTEMPTS} attempts");
 }
 
 /// One POST; the answer's status code.

@@ -9,7 +9,8 @@ CREATE TABLE jobs (
     created_ms INTEGER NOT NULL,
     updated_ms INTEGER NOT NULL,
     ended_ms INTEGER NOT NULL DEFAULT 0,
-    error TEXT NOT NULL DEFAULT ''
+    error TEXT NOT NULL DEFAULT '',
+    notified INTEGER NOT NULL DEFAULT 0   -- its end was told to its webhook (or it has none)
 );
 CREATE INDEX jobs_by_state ON jobs (state, id);
 CREATE INDEX jobs_by_user ON jobs (user_name, id);
