@@ -449,6 +449,7 @@ async fn control(
                     recursive,
                     files: Vec::new(),
                     grant: None,
+                    limit: Some(control::MAX_LISTING),
                 };
                 match source_list(&ep, &caller, request).await {
                     Ok(list) => send_listing(ctl.writer, list).await?,
@@ -512,6 +513,7 @@ async fn control(
                     recursive,
                     files,
                     grant,
+                    limit: None,
                 };
                 let list = match source_list(&ep, &caller, request).await {
                     Ok(l) => l,

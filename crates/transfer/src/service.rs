@@ -51,6 +51,9 @@ pub struct SourceSelection {
     /// Files named explicitly instead of `path` (storage nodes).
     pub files: Vec<ListedFile>,
     pub grant: Option<SignedGrant>,
+    /// Entries to list at most (a `List` request); more is refused before they are all held.
+    /// `None`: no bound (a source session).
+    pub limit: Option<usize>,
 }
 
 /// What a source session sends, and what it cannot (reported to the client as failed files).

@@ -113,13 +113,23 @@ impl Service for TreeService {
         }
         let rel = store::remote_rel_path(&request.path)?;
         let mut list = SourceList::default();
+        let limit = request.limit.unwrap_or(usize::MAX);
+        let mut over = false;
         store::enumerate(&caller.root, &rel, request.recursive, &mut |f| {
             match f {
                 store::Found::Entry(e) => list.entries.push(e),
                 store::Found::Unsendable { rel, error } => list.unsendable.push((rel, error)),
             }
-            true
+            // A listing stops at its bound instead of holding the whole tree first.
+            over = list.entries.len() + list.unsendable.len() > limit;
+            !over
         })?;
+        if over {
+            return Err(ErrorInfo::new(
+                ErrorKind::Invalid,
+                format!("more than {limit} entries: copy the tree in parts"),
+            ));
+        }
         Ok(list)
     }
 }
@@ -221,6 +231,7 @@ mod tests {
             recursive: false,
             files,
             grant: None,
+            limit: None,
         };
         let list = rw.source_list(&caller(&base), req(vec![])).unwrap();
         assert_eq!(list.entries.len(), 1);
@@ -261,6 +272,27 @@ mod tests {
         assert_eq!(refused[1], ("44", ErrorKind::Invalid));
         assert_eq!(refused[2].0, "45");
         assert_eq!(refused[3].0, "46");
+        // A listing stops at its bound (the `List` request's), before holding the whole tree.
+        for i in 0..5 {
+            std::fs::write(dir.path().join("d").join(format!("f{i}")), b"x").unwrap();
+        }
+        let listing = |limit| SourceSelection {
+            path: "d".into(),
+            recursive: true,
+            files: vec![],
+            grant: None,
+            limit: Some(limit),
+        };
+        let e = rw.source_list(&caller(&base), listing(3)).err().unwrap();
+        assert_eq!(e.kind, ErrorKind::Invalid);
+        assert!(e.message.contains("more than 3 entries"), "{e:?}");
+        assert_eq!(
+            rw.source_list(&caller(&base), listing(6))
+                .unwrap()
+                .entries
+                .len(),
+            6
+        );
         // A path leaving the root refuses the whole list.
         assert!(
             rw.source_list(&caller(&base), req(vec![listed("../a", "47", 3)]))
