@@ -90,39 +90,11 @@ fn main() -> Result<()> {
         args.high,
         args.rtt_ms
     );
-    let lab = netlab::Lab::builder()
-        .site("a", 1)
-        .site("b", 1)
-        .rate_bps(args.high)
-        .rtt(Duration::from_millis(args.rtt_ms))
-        .mtu(9000)
-        .profile(netlab::Profile::Tuned)
-        .build()
-        .context("building the lab")?;
+    let lab = two_sites(args.high, args.rtt_ms)?;
     let dir = args.work.join("grid");
     let _ = std::fs::remove_dir_all(&dir);
     let g = Grid::start(&dir, &haul, &lab)?;
-    let mk = g.run(&["mkdir", "-p", "/ds"], Duration::from_secs(30), "mkdir")?;
-    if !mk.ok() {
-        bail!("mkdir /ds: {}", mk.why());
-    }
-    let up = g.run(
-        &[
-            "cp",
-            "-r",
-            "--site",
-            "A",
-            "--progress",
-            "never",
-            &ds.root.to_string_lossy(),
-            &format!("{}/ds/", g.meta_url),
-        ],
-        Duration::from_secs(1800),
-        "upload",
-    )?;
-    if !up.ok() {
-        bail!("upload: {}", up.why());
-    }
+    upload(&g, &ds)?;
     let job = g.json(
         &["submit", "--json", "-r", "--site", "B", "/ds/wan", "/copy"],
         Duration::from_secs(60),
@@ -130,13 +102,6 @@ fn main() -> Result<()> {
     let id = job["job"]["id"].as_i64().context("job id")?.to_string();
     let started = Instant::now();
     let base = lab.elapsed().as_secs_f64();
-    let ab = |s: &netlab::Stats| {
-        s.directions
-            .iter()
-            .find(|d| d.from == "a")
-            .map(|d| d.bytes)
-            .unwrap_or(0)
-    };
     let mut samples: Vec<Sample> = Vec::new();
     let mut changes: Vec<(f64, u64)> = vec![(0.0, args.high)];
     let plan = [
@@ -161,7 +126,7 @@ fn main() -> Result<()> {
         let s = lab.stats();
         samples.push(Sample {
             t: s.elapsed_s - base,
-            bytes: ab(&s),
+            bytes: delivered_a_to_b(&s),
             rate_bps: rate,
         });
         if last_poll.elapsed() >= Duration::from_secs(2) {
@@ -261,6 +226,54 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// Two sites of one host each, joined by a link of `rate_bps` and `rtt_ms`, MTU 9000.
+fn two_sites(rate_bps: u64, rtt_ms: u64) -> Result<netlab::Lab> {
+    netlab::Lab::builder()
+        .site("a", 1)
+        .site("b", 1)
+        .rate_bps(rate_bps)
+        .rtt(Duration::from_millis(rtt_ms))
+        .mtu(9000)
+        .profile(netlab::Profile::Tuned)
+        .build()
+        .context("building the lab")
+}
+
+/// Puts the data set into the grid at site A, under `/ds`.
+fn upload(g: &Grid, ds: &data::Dataset) -> Result<()> {
+    let mk = g.run(&["mkdir", "-p", "/ds"], Duration::from_secs(30), "mkdir")?;
+    if !mk.ok() {
+        bail!("mkdir /ds: {}", mk.why());
+    }
+    let up = g.run(
+        &[
+            "cp",
+            "-r",
+            "--site",
+            "A",
+            "--progress",
+            "never",
+            &ds.root.to_string_lossy(),
+            &format!("{}/ds/", g.meta_url),
+        ],
+        Duration::from_secs(1800),
+        "upload",
+    )?;
+    if !up.ok() {
+        bail!("upload: {}", up.why());
+    }
+    Ok(())
+}
+
+/// Bytes the link delivered from site a to site b so far.
+fn delivered_a_to_b(s: &netlab::Stats) -> u64 {
+    s.directions
+        .iter()
+        .find(|d| d.from == "a")
+        .map(|d| d.bytes)
+        .unwrap_or(0)
+}
+
 fn now_rfc3339() -> String {
     let out = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
@@ -324,15 +337,7 @@ fn compete(args: &Args, haul: &std::path::Path, caps: &str) -> Result<()> {
     let ds = data::tree(&args.work, "jobs", "compete", &vec![file; count], 2727)?;
     let mut rows = Vec::new();
     for cap in caps.split(',').map(str::trim).filter(|c| !c.is_empty()) {
-        let lab = netlab::Lab::builder()
-            .site("a", 1)
-            .site("b", 1)
-            .rate_bps(rate)
-            .rtt(Duration::from_millis(args.rtt_ms))
-            .mtu(9000)
-            .profile(netlab::Profile::Tuned)
-            .build()
-            .context("building the lab")?;
+        let lab = two_sites(rate, args.rtt_ms)?;
         let dir = args.work.join(format!("compete-{cap}"));
         let _ = std::fs::remove_dir_all(&dir);
         let meta_args: Vec<&str> = if cap == "none" {
@@ -341,27 +346,7 @@ fn compete(args: &Args, haul: &std::path::Path, caps: &str) -> Result<()> {
             vec!["--job-link-streams", cap]
         };
         let g = Grid::start_with(&dir, haul, &lab, &meta_args)?;
-        let mk = g.run(&["mkdir", "-p", "/ds"], Duration::from_secs(30), "mkdir")?;
-        if !mk.ok() {
-            bail!("mkdir /ds: {}", mk.why());
-        }
-        let up = g.run(
-            &[
-                "cp",
-                "-r",
-                "--site",
-                "A",
-                "--progress",
-                "never",
-                &ds.root.to_string_lossy(),
-                &format!("{}/ds/", g.meta_url),
-            ],
-            Duration::from_secs(1800),
-            "upload",
-        )?;
-        if !up.ok() {
-            bail!("upload: {}", up.why());
-        }
+        upload(&g, &ds)?;
         let b0 = lab.host("b", 0);
         let mut server = b0
             .command("iperf3")
@@ -384,13 +369,6 @@ fn compete(args: &Args, haul: &std::path::Path, caps: &str) -> Result<()> {
         )?;
         let id = job["job"]["id"].as_i64().context("job id")?.to_string();
         std::thread::sleep(Duration::from_secs(5));
-        let ab = |s: &netlab::Stats| {
-            s.directions
-                .iter()
-                .find(|d| d.from == "a")
-                .map(|d| d.bytes)
-                .unwrap_or(0)
-        };
         let before = lab.stats();
         let client = lab
             .host("a", 0)
@@ -430,7 +408,7 @@ fn compete(args: &Args, haul: &std::path::Path, caps: &str) -> Result<()> {
             .as_f64()
             .unwrap_or(0.0);
         let secs = (after.elapsed_s - before.elapsed_s).max(1e-9);
-        let link_bps = (ab(&after) - ab(&before)) as f64 * 8.0 / secs;
+        let link_bps = (delivered_a_to_b(&after) - delivered_a_to_b(&before)) as f64 * 8.0 / secs;
         let job_bps = (link_bps - iperf_bps).max(0.0);
         eprintln!(
             "jobbench: cap {cap}: link {:.0} Mbit/s, iperf3 {:.0}, job {:.0}",

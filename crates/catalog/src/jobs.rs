@@ -342,11 +342,7 @@ impl Catalog {
             .bind(f.limit.max(1) as i64)
             .fetch_all(&self.pool)
             .await?;
-        let mut jobs = rows.iter().map(job_of).collect::<Result<Vec<_>>>()?;
-        for j in &mut jobs {
-            self.count_job_files(j).await?;
-        }
-        Ok(jobs)
+        self.counted(&rows).await
     }
 
     /// Every queued or running job, oldest first, with its files counted (the scheduler's
@@ -357,6 +353,11 @@ impl Catalog {
         ))
         .fetch_all(&self.pool)
         .await?;
+        self.counted(&rows).await
+    }
+
+    /// The jobs of `rows`, each with its files counted.
+    async fn counted(&self, rows: &[AnyRow]) -> Result<Vec<JobRecord>> {
         let mut jobs = rows.iter().map(job_of).collect::<Result<Vec<_>>>()?;
         for j in &mut jobs {
             self.count_job_files(j).await?;
@@ -690,11 +691,7 @@ impl Catalog {
         .bind(limit as i64)
         .fetch_all(&self.pool)
         .await?;
-        let mut jobs = rows.iter().map(job_of).collect::<Result<Vec<_>>>()?;
-        for j in &mut jobs {
-            self.count_job_files(j).await?;
-        }
-        Ok(jobs)
+        self.counted(&rows).await
     }
 
     /// Job `id`'s end was told (or cannot be: no webhook, or the attempts ran out).

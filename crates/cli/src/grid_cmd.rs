@@ -390,10 +390,37 @@ pub async fn where_(a: PathsArgs) -> Result<u8, TransferError> {
 
 /// The metadata server a command without paths names (`haul://META`, or `HAUL_META`).
 pub(crate) fn meta_of(a: &GridArgs) -> Result<Peer, TransferError> {
-    let s = a.meta.clone().ok_or_else(|| {
+    meta_named(a.meta.as_deref())
+}
+
+/// The metadata server `meta` names (a command's `META` argument or `HAUL_META`).
+pub(crate) fn meta_named(meta: Option<&str>) -> Result<Peer, TransferError> {
+    let s = meta.ok_or_else(|| {
         TransferError::usage("name the metadata server: haul://META (or set HAUL_META)")
     })?;
-    Ok(target(&s)?.0)
+    Ok(target(s)?.0)
+}
+
+/// A time given as an RFC 3339 time, or as a duration (`30m`, `7d`) back from now
+/// (`ahead` false) or ahead of it (`ahead` true), in ms since the epoch; `flag` and `example`
+/// name it in the error.
+pub(crate) fn time_arg(
+    s: &str,
+    ahead: bool,
+    flag: &str,
+    example: &str,
+) -> Result<i64, TransferError> {
+    if let Ok(t) = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
+        return Ok((t.unix_timestamp_nanos() / 1_000_000) as i64);
+    }
+    let d = wire::units::parse_duration(s).map_err(|_| {
+        TransferError::usage(format!(
+            "{flag} {s}: give a duration {} now ({example}) or an RFC 3339 time (2026-12-01T06:00:00Z)",
+            if ahead { "from" } else { "back from" }
+        ))
+    })?;
+    let ms = d.as_millis() as i64;
+    Ok(if ahead { now_ms() + ms } else { now_ms() - ms })
 }
 
 /// A node's state in one word: up or DOWN, and draining (replicas left) or drained.

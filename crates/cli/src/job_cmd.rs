@@ -14,15 +14,7 @@ const MAX_PAIRS: usize = 200_000;
 
 /// `--deadline`: a duration from now (`12h`) or an RFC 3339 time.
 fn deadline_ms(s: &str) -> Result<i64, TransferError> {
-    if let Ok(t) = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
-        return Ok((t.unix_timestamp_nanos() / 1_000_000) as i64);
-    }
-    let d = wire::units::parse_duration(s).map_err(|_| {
-        TransferError::usage(format!(
-            "--deadline {s}: give a duration from now (12h, 3d) or an RFC 3339 time (2026-12-01T06:00:00Z)"
-        ))
-    })?;
-    Ok(now_ms() + d.as_millis() as i64)
+    crate::grid_cmd::time_arg(s, true, "--deadline", "12h, 3d")
 }
 
 /// The pairs of a list file: "SOURCE DESTINATION" per line, blank lines and # comments
@@ -242,10 +234,7 @@ fn progress(j: &pb::JobInfo) -> String {
 }
 
 fn meta_of(meta: &Option<String>) -> Result<transfer::client::Peer, TransferError> {
-    let s = meta.clone().ok_or_else(|| {
-        TransferError::usage("name the metadata server: haul://META (or set HAUL_META)")
-    })?;
-    Ok(target(&s)?.0)
+    crate::grid_cmd::meta_named(meta.as_deref())
 }
 
 pub async fn jobs(a: JobsArgs) -> Result<u8, TransferError> {

@@ -8,19 +8,11 @@ use grid::types as pb;
 use serde_json::{Value, json};
 use transfer::TransferError;
 
-use crate::grid_cmd::{now_ms, rfc3339_ms};
+use crate::grid_cmd::rfc3339_ms;
 
 /// `--since`: a duration back from now (`1h`, `7d`) or an RFC 3339 time.
 fn since_ms(s: &str) -> Result<i64, TransferError> {
-    if let Ok(t) = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
-        return Ok((t.unix_timestamp_nanos() / 1_000_000) as i64);
-    }
-    let d = wire::units::parse_duration(s).map_err(|_| {
-        TransferError::usage(format!(
-            "--since {s}: give a duration back from now (30m, 1h, 7d) or an RFC 3339 time (2026-11-27T10:00:00Z)"
-        ))
-    })?;
-    Ok(now_ms() - d.as_millis() as i64)
+    crate::grid_cmd::time_arg(s, false, "--since", "30m, 1h, 7d")
 }
 
 fn seconds(t: &pb::Transfer) -> f64 {
@@ -92,10 +84,7 @@ fn or_dash(s: &str) -> &str {
 }
 
 pub async fn transfers(a: TransfersArgs) -> Result<u8, TransferError> {
-    let meta = a.meta.clone().ok_or_else(|| {
-        TransferError::usage("name the metadata server: haul://META (or set HAUL_META)")
-    })?;
-    let m = connect(&crate::grid_cmd::target(&meta)?.0, &a.creds).await?;
+    let m = connect(&crate::grid_cmd::meta_named(a.meta.as_deref())?, &a.creds).await?;
     if let Some(id) = a.id {
         return show(&m, id, &a).await;
     }
@@ -352,6 +341,7 @@ async fn show(m: &grid::MetaClient, id: i64, a: &TransfersArgs) -> Result<u8, Tr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::grid_cmd::now_ms;
 
     #[test]
     fn times_and_since() {

@@ -1084,26 +1084,19 @@ async fn copy_pair_inner(
         // its count against cubic (tuning.md), so a capped job runs cubic.
         session.congestion = Some("cubic".into());
     }
-    let mut files = Vec::with_capacity(items.len());
-    for i in items {
-        let expect = wire::checksum::parse_digests(&i.source.checksum).unwrap_or_default();
-        for d in &expect {
-            if !session.checksums.contains(&d.algorithm) {
-                session.checksums.push(d.algorithm);
-            }
-        }
-        files.push(ListedFile {
-            locator: i.source.id.to_string(),
-            name: i.target.to_string(),
-            size: i.source.size,
-            mode: 0o600,
-            mtime: wire::data::Timestamp {
-                secs: i.source.mtime_ns.div_euclid(1_000_000_000),
-                nanos: i.source.mtime_ns.rem_euclid(1_000_000_000) as u32,
-            },
-            expect,
-        });
-    }
+    let files: Vec<ListedFile> = items
+        .iter()
+        .map(|i| {
+            let s = &i.source;
+            crate::replication::listed_copy(
+                &mut session,
+                (s.id, i.target),
+                s.size,
+                s.mtime_ns,
+                &s.checksum,
+            )
+        })
+        .collect();
     copy.session = session.clone();
     let counters = Arc::new(transfer::progress::Counters::default());
     let started = std::time::Instant::now();

@@ -737,6 +737,33 @@ fn with_grid_path(ev: Event, paths: &HashMap<String, &str>) -> Event {
     }
 }
 
+/// A file for a node-to-node session: read as replica `locator` of its source node, written
+/// as `name` at the destination. A copy records every checksum its file has (an upload with
+/// `--checksum adler32,md5` has three): the session computes them all, and the destination
+/// checks each against the file's.
+pub(crate) fn listed_copy(
+    session: &mut wire::control::SessionOptions,
+    (locator, name): (i64, i64),
+    size: u64,
+    mtime_ns: i64,
+    checksum: &str,
+) -> ListedFile {
+    let expect = wire::checksum::parse_digests(checksum).unwrap_or_default();
+    for d in &expect {
+        if !session.checksums.contains(&d.algorithm) {
+            session.checksums.push(d.algorithm);
+        }
+    }
+    ListedFile {
+        locator: locator.to_string(),
+        name: name.to_string(),
+        size,
+        mode: 0o600,
+        mtime: wire::data::Timestamp::from_unix_ns(mtime_ns),
+        expect,
+    }
+}
+
 /// What a session shares with its run.
 struct SessionContext {
     progress: Arc<Progress>,
@@ -827,15 +854,6 @@ async fn run_session(
         if private {
             opts.session.protect = wire::control::Protect::Private;
         }
-        // A copy records every checksum its file has (an upload with `--checksum adler32,md5`
-        // has three): the destination computes them all, and checks each against the file's.
-        for t in &tasks {
-            for d in wire::checksum::parse_digests(&t.inode.checksum).unwrap_or_default() {
-                if !opts.session.checksums.contains(&d.algorithm) {
-                    opts.session.checksums.push(d.algorithm);
-                }
-            }
-        }
         tracing::info!(
             src = %src.node.name, dst = %dst.node.name, files = ids.len(),
             protect = ?opts.session.protect, "replication session"
@@ -843,16 +861,9 @@ async fn run_session(
         let files: Vec<ListedFile> = tasks
             .iter()
             .filter(|t| !already.contains(&t.inode.id))
-            .map(|t| ListedFile {
-                locator: t.inode.id.to_string(),
-                name: t.inode.id.to_string(),
-                size: t.inode.size,
-                mode: 0o600,
-                mtime: wire::data::Timestamp {
-                    secs: t.inode.mtime_ns.div_euclid(1_000_000_000),
-                    nanos: t.inode.mtime_ns.rem_euclid(1_000_000_000) as u32,
-                },
-                expect: wire::checksum::parse_digests(&t.inode.checksum).unwrap_or_default(),
+            .map(|t| {
+                let i = &t.inode;
+                listed_copy(&mut opts.session, (i.id, i.id), i.size, i.mtime_ns, &i.checksum)
             })
             .collect();
         let mut recorder = meta.settings.transfer_log.clone().map(|log| {

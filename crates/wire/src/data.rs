@@ -54,6 +54,21 @@ pub struct Timestamp {
     pub nanos: u32,
 }
 
+impl Timestamp {
+    /// The time `ns` nanoseconds after the epoch (before it when negative).
+    pub fn from_unix_ns(ns: i64) -> Self {
+        Self {
+            secs: ns.div_euclid(1_000_000_000),
+            nanos: ns.rem_euclid(1_000_000_000) as u32,
+        }
+    }
+
+    /// Nanoseconds since the epoch.
+    pub fn unix_ns(self) -> i64 {
+        self.secs * 1_000_000_000 + self.nanos as i64
+    }
+}
+
 /// Announces a file (or directory) before any of its blocks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileBegin {
@@ -284,6 +299,16 @@ mod tests {
     use crate::codec::FrameBuffer;
     use crate::error::ErrorKind;
     use proptest::prelude::*;
+
+    #[test]
+    fn timestamps_from_and_to_nanoseconds() {
+        assert_eq!(
+            Timestamp::from_unix_ns(1_500_000_000_123).unix_ns(),
+            1_500_000_000_123
+        );
+        assert_eq!(Timestamp::from_unix_ns(-1).secs, -1);
+        assert_eq!(Timestamp::from_unix_ns(-1).nanos, 999_999_999);
+    }
 
     fn sample_frames() -> Vec<DataFrame> {
         vec![

@@ -98,17 +98,6 @@ impl Cap {
     }
 }
 
-fn ts(ns: i64) -> Timestamp {
-    Timestamp {
-        secs: ns.div_euclid(1_000_000_000),
-        nanos: ns.rem_euclid(1_000_000_000) as u32,
-    }
-}
-
-fn ns_of(t: Timestamp) -> i64 {
-    t.secs * 1_000_000_000 + t.nanos as i64
-}
-
 /// Copies between local paths and a grid, or within one grid. `src` and `dst` are the
 /// command's locations; remote ones name `meta`. While it runs, it is listed among the copies
 /// in progress (`crate::live`); when it ends (done, partly done or failed) it goes into the
@@ -353,7 +342,7 @@ impl ReadFile {
             name,
             size: self.source.size,
             mode: self.source.mode,
-            mtime: ts(self.source.mtime_ns),
+            mtime: Timestamp::from_unix_ns(self.source.mtime_ns),
             expect: self.expect.clone(),
         }
     }
@@ -501,7 +490,7 @@ fn write_empty(path: &Path, s: &pb::ReadSource) -> Result<(), TransferError> {
     let f = std::fs::File::create(path).map_err(|e| {
         TransferError::not_writable(format!("cannot create {}: {e}", path.display()))
     })?;
-    let t = ts(s.mtime_ns);
+    let t = Timestamp::from_unix_ns(s.mtime_ns);
     let when = std::time::UNIX_EPOCH + Duration::new(t.secs.max(0) as u64, t.nanos);
     let _ = f.set_times(std::fs::FileTimes::new().set_modified(when));
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(s.mode & 0o7777));
@@ -524,8 +513,6 @@ mod tests {
         assert_eq!(normalize("//a/./b/"), "/a/b");
         assert_eq!(parent_of("/a/b"), "/a");
         assert_eq!(parent_of("/a"), "/");
-        assert_eq!(ns_of(ts(1_500_000_000_123)), 1_500_000_000_123);
-        assert_eq!(ts(-1).secs, -1);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! through the client.
 
 use super::rounds::{Planned, Rounds, Runner, SessionResult, Tally, run_rounds};
-use super::{Cap, GridOptions, grid_destination, map_grid, ns_of, place, renamed};
+use super::{Cap, GridOptions, grid_destination, map_grid, place, renamed};
 use crate::client::MetaClient;
 use api::meta as pb;
 use std::collections::HashMap;
@@ -201,7 +201,7 @@ impl Rounds for Upload<'_> {
                     path: p.clone(),
                     size: e.size,
                     mode: e.mode & 0o7777,
-                    mtime_ns: ns_of(e.mtime),
+                    mtime_ns: e.mtime.unix_ns(),
                     // Sent privately: its copies will travel privately too.
                     private: self.opts.copy.session.protect == Protect::Private,
                 }
