@@ -1233,9 +1233,16 @@ async fn jobs(c: &Catalog) {
             options: "{\"site\":\"s1\"}".into(),
             files: files.clone(),
             refused: vec![],
+            credential: "{\"chain\":\"x\"}".into(),
+            ..Default::default()
         })
         .await
         .unwrap();
+    // The delegation is kept apart from the record, and forgotten on demand.
+    assert_eq!(c.job_credential(a).await.unwrap(), "{\"chain\":\"x\"}");
+    c.set_job_credential(a, "").await.unwrap();
+    assert_eq!(c.job_credential(a).await.unwrap(), "");
+    assert_eq!(c.job_credential(a + 1000).await.unwrap(), "");
     let b = c
         .create_job(&NewJob {
             user: "bob".into(),
@@ -1243,6 +1250,8 @@ async fn jobs(c: &Catalog) {
             options: "{}".into(),
             files: files[..3].to_vec(),
             refused: vec![(1, "not_found".into(), "/src/f1: gone".into())],
+            listed: vec![(2, 1_700_000_000_000_000_007, 0o100640)],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1254,6 +1263,12 @@ async fn jobs(c: &Catalog) {
         (1, "not_found")
     );
     // Claiming: only queued files, once; the job becomes running.
+    let listed = c.job_files(b, Some(JobState::Queued), 0, 10).await.unwrap();
+    assert_eq!(
+        (listed[1].seq, listed[1].src_mtime_ns, listed[1].src_mode),
+        (2, 1_700_000_000_000_000_007, 0o100640)
+    );
+    assert_eq!((listed[0].src_mtime_ns, listed[0].src_mode), (0, 0));
     assert_eq!(c.claim_job_files(b, &[0, 1, 2]).await.unwrap(), vec![0, 2]);
     assert_eq!(
         c.claim_job_files(b, &[0, 2]).await.unwrap(),

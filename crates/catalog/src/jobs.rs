@@ -107,6 +107,9 @@ pub struct JobFile {
     pub error_kind: String,
     pub error: String,
     pub updated_ms: i64,
+    /// An endpoint source's mtime (ns) and mode as listed at submission (0: not listed).
+    pub src_mtime_ns: i64,
+    pub src_mode: u32,
 }
 
 /// A new job.
@@ -120,6 +123,10 @@ pub struct NewJob {
     /// Files refused at submission, stored failed in the same transaction: (index in
     /// `files`, error kind, error).
     pub refused: Vec<(usize, String, String)>,
+    /// Endpoint sources as listed: (index in `files`, mtime in ns, mode).
+    pub listed: Vec<(usize, i64, u32)>,
+    /// The delegation the job acts with at endpoints (secret; empty when it needs none).
+    pub credential: String,
 }
 
 /// Which jobs to list. Newest first.
@@ -140,7 +147,7 @@ fn int(v: u64) -> i64 {
 const JOB_COLS: &str =
     "id, user_name, priority, state, options, created_ms, updated_ms, ended_ms, error";
 const FILE_COLS: &str = "job, seq, source, destination, size, state, tries, next_ms, target, \
-     node, checksum, error_kind, error, updated_ms";
+     node, checksum, error_kind, error, updated_ms, src_mtime_ns, src_mode";
 
 fn job_of(r: &AnyRow) -> Result<JobRecord> {
     let n = |c: &str| -> Result<i64> { Ok(r.try_get::<i64, _>(c)?) };
@@ -175,6 +182,8 @@ fn file_of(r: &AnyRow) -> Result<JobFile> {
         error_kind: r.try_get("error_kind")?,
         error: r.try_get("error")?,
         updated_ms: n("updated_ms")?,
+        src_mtime_ns: n("src_mtime_ns")?,
+        src_mode: n("src_mode")?.clamp(0, u32::MAX as i64) as u32,
     })
 }
 
@@ -184,13 +193,14 @@ impl Catalog {
         let now = crate::now_ms();
         self.write(async |w| {
             let row = sqlx::query(
-                "INSERT INTO jobs (user_name, priority, state, options, created_ms, updated_ms) \
-                 VALUES ($1, $2, 'queued', $3, $4, $4) RETURNING id",
+                "INSERT INTO jobs (user_name, priority, state, options, created_ms, updated_ms, credential) \
+                 VALUES ($1, $2, 'queued', $3, $4, $4, $5) RETURNING id",
             )
             .bind(&job.user)
             .bind(job.priority as i64)
             .bind(&job.options)
             .bind(now)
+            .bind(&job.credential)
             .fetch_one(&mut *w.tx)
             .await?;
             let id: i64 = row.try_get(0)?;
@@ -222,6 +232,17 @@ impl Catalog {
                         .bind(int(*size));
                 }
                 query.execute(&mut *w.tx).await?;
+            }
+            for (seq, mtime_ns, mode) in &job.listed {
+                sqlx::query(
+                    "UPDATE job_files SET src_mtime_ns = $3, src_mode = $4 WHERE job = $1 AND seq = $2",
+                )
+                .bind(id)
+                .bind(*seq as i64)
+                .bind(*mtime_ns)
+                .bind(*mode as i64)
+                .execute(&mut *w.tx)
+                .await?;
             }
             for (seq, kind, error) in &job.refused {
                 sqlx::query(
@@ -692,6 +713,31 @@ impl Catalog {
         .fetch_all(&self.pool)
         .await?;
         self.counted(&rows).await
+    }
+
+    /// The delegation job `id` acts with (empty: none, or the job ended).
+    pub async fn job_credential(&self, id: i64) -> Result<String> {
+        let row = sqlx::query("SELECT credential FROM jobs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => r.try_get(0)?,
+            None => String::new(),
+        })
+    }
+
+    /// Replaces job `id`'s delegation (`""` forgets it: a job that ended keeps none).
+    pub async fn set_job_credential(&self, id: i64, credential: &str) -> Result<()> {
+        self.write(async |w| {
+            sqlx::query("UPDATE jobs SET credential = $2 WHERE id = $1")
+                .bind(id)
+                .bind(credential)
+                .execute(&mut *w.tx)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Job `id`'s end was told (or cannot be: no webhook, or the attempts ran out).

@@ -35,6 +35,7 @@ pub(crate) const SQLITE: Files = embed!("sqlite":
     "0007_transfer_history.sql",
     "0008_transfer_trace.sql",
     "0009_jobs.sql",
+    "0010_job_credentials.sql",
 );
 
 pub(crate) const POSTGRES: Files = embed!("postgres":
@@ -47,6 +48,7 @@ pub(crate) const POSTGRES: Files = embed!("postgres":
     "0007_transfer_history.sql",
     "0008_transfer_trace.sql",
     "0009_jobs.sql",
+    "0010_job_credentials.sql",
 );
 
 /// The migrator for one database's files.

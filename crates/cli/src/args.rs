@@ -746,6 +746,27 @@ pub struct CaInitArgs {
 pub enum CertCommand {
     /// Issue a host or user certificate signed by the CA.
     Issue(CertIssueArgs),
+    /// Delegate your identity, for a while and on named endpoint paths only, to a credential
+    /// another program may hold (`haul submit` makes one for the metadata server itself).
+    Delegate(CertDelegateArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Example:\n  haul cert delegate --grant 'write haul://dtn.example.org/data/out' --hours 6 --out job\nWrites job.pem (the delegation, then your certificate) and job.key. An endpoint (haul serve)\nadmits its holder as you, for the grants only: reading below each read path, reading and\nwriting below each write path, at the endpoint the URL names. Nothing else (no grid access)."
+)]
+pub struct CertDelegateArgs {
+    #[command(flatten)]
+    pub creds: CredArgs,
+    /// What the holder may do: "read haul://host[:port]/path" or "write haul://..." (repeat).
+    #[arg(long = "grant", value_name = "SPEC", required = true)]
+    pub grants: Vec<String>,
+    /// Lifetime in hours (at most 720).
+    #[arg(long, default_value_t = 12)]
+    pub hours: u64,
+    /// Output prefix: writes PREFIX.pem (chain) and PREFIX.key.
+    #[arg(long, value_name = "PREFIX")]
+    pub out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -994,6 +1015,10 @@ pub struct MetaServeArgs {
     /// plans its own]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub job_link_streams: Option<u32>,
+    /// Transfer jobs: sessions at once with one standalone endpoint (all jobs and links
+    /// together; a DTN's operators expect few).
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub job_endpoint_sessions: u32,
     /// Transfer jobs: files per session (the unit fair share hands out).
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub job_batch_files: u32,
@@ -1182,7 +1207,8 @@ Follow it with: haul jobs, haul job show ID, haul job wait ID (exits with the jo
 /// `haul submit`.
 #[derive(Args, Debug)]
 pub struct SubmitArgs {
-    /// SOURCE DESTINATION pairs (grid paths).
+    /// SOURCE DESTINATION pairs: grid paths (haul://META/path), and on one side of a pair
+    /// a standalone endpoint's path (haul://dtn.example.org/path) if you like.
     #[arg(value_name = "SRC DST")]
     pub pairs: Vec<String>,
     /// Read SOURCE DESTINATION pairs from this file, one per line (- for stdin).
@@ -1212,6 +1238,10 @@ pub struct SubmitArgs {
     /// POST a JSON document to this http:// or https:// URL when the job ends.
     #[arg(long, value_name = "URL")]
     pub webhook: Option<String>,
+    /// Pairs with standalone endpoints: the server acts there as you with a delegation of
+    /// exactly their paths, living this many hours (or until --deadline if sooner; max 720).
+    #[arg(long, value_name = "HOURS", default_value_t = 168)]
+    pub delegate_hours: u64,
     /// Wait for the job to end and exit with its code.
     #[arg(long)]
     pub wait: bool,

@@ -62,6 +62,7 @@ fn options(a: &CpArgs, tls: Option<ClientTls>) -> Result<CopyOptions, TransferEr
         link_bps: a.link_rate,
         checkpoint_interval: a.checkpoint_interval,
         control_pool: None,
+        peer_tls: Vec::new(),
         zero_copy: !a.no_zero_copy,
         trace: None,
         // The destination's evidence for the bottleneck report (--explain, --json).

@@ -185,6 +185,7 @@ async fn start_node(
         tls: EndpointTls {
             server: tls::server_config(&c)?,
             client: tls::client_config(&c)?,
+            delegation_hosts: Vec::new(),
         },
         limits: transfer::limits::Limits::default(),
         link_bps: 10_000_000_000,
@@ -341,6 +342,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         link_bps: 10_000_000_000,
         checkpoint_interval: Duration::from_secs(5),
         control_pool: None,
+        peer_tls: Vec::new(),
         zero_copy: true,
         trace: None,
         receiver_evidence: false,

@@ -45,38 +45,115 @@ fn parse_list(text: &str, name: &str) -> Result<Vec<(String, String)>, TransferE
     Ok(out)
 }
 
-/// The metadata server every pair names, and the pairs' grid paths. A standalone endpoint
-/// cannot be part of a job yet.
-fn on_one_meta(
-    pairs: &[(String, String)],
-) -> Result<(transfer::client::Peer, Vec<pb::JobPair>), TransferError> {
-    let mut peer = None;
-    let mut out = Vec::with_capacity(pairs.len());
-    for (s, d) in pairs {
-        let (ms, sp) = target(s)?;
-        let (md, dp) = target(d)?;
-        if ms != md || peer.as_ref().is_some_and(|p| *p != ms) {
+/// Each pair's two ends: (server, path), the path keeping a trailing `/`.
+type Ends = (
+    (transfer::client::Peer, String),
+    (transfer::client::Peer, String),
+);
+
+fn ends_of(pairs: &[(String, String)]) -> Result<Vec<Ends>, TransferError> {
+    let keep_slash = |orig: &str, p: String| {
+        if orig.ends_with('/') && !p.ends_with('/') {
+            format!("{p}/")
+        } else {
+            p
+        }
+    };
+    pairs
+        .iter()
+        .map(|(s, d)| {
+            let (ms, sp) = target(s)?;
+            let (md, dp) = target(d)?;
+            Ok(((ms, keep_slash(s, sp)), (md, keep_slash(d, dp))))
+        })
+        .collect()
+}
+
+/// The metadata server of a submission: the one server on one side of every pair (the other
+/// side, if it is another server, is a standalone endpoint). With two candidates (every pair
+/// between the same two servers) the one that answers as a metadata server.
+async fn submission_meta(
+    ends: &[Ends],
+    creds: &crate::args::CredArgs,
+) -> Result<grid::MetaClient, TransferError> {
+    let Some(first) = ends.first() else {
+        return Err(TransferError::usage(
+            "nothing to submit: give SRC DST pairs or -f LIST",
+        ));
+    };
+    let mut candidates = vec![first.0.0.clone()];
+    if first.1.0 != first.0.0 {
+        candidates.push(first.1.0.clone());
+    }
+    candidates.retain(|c| ends.iter().all(|((a, _), (b, _))| a == c || b == c));
+    if candidates.is_empty() {
+        return Err(TransferError::usage(
+            "every pair of a job has the same metadata server on one side (haul://META/path)",
+        ));
+    }
+    let mut last = None;
+    for c in &candidates {
+        match connect(c, creds).await {
+            Ok(m) => return Ok(m),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("a candidate was tried"))
+}
+
+/// The pairs as the server takes them: grid paths on `meta`, `haul://host:port/path` at
+/// endpoints; and the grants the job's delegation needs at those endpoints.
+fn job_pairs(
+    ends: Vec<Ends>,
+    meta: &transfer::client::Peer,
+) -> Result<(Vec<pb::JobPair>, Vec<transfer::delegation::Grant>), TransferError> {
+    use transfer::delegation::{Access, Grant};
+    let mut grants: Vec<Grant> = Vec::new();
+    let mut add = |g: Grant| {
+        if !grants.contains(&g) {
+            grants.push(g);
+        }
+    };
+    let mut out = Vec::with_capacity(ends.len());
+    for ((sp, s), (dp, d)) in ends {
+        let url = |p: &transfer::client::Peer, path: &str| {
+            format!(
+                "haul://{}/{}",
+                transfer::conn::format_addr(&p.host, p.port),
+                path.trim_start_matches('/')
+            )
+        };
+        let source = if sp == *meta {
+            s
+        } else {
+            let u = url(&sp, &s);
+            add(Grant::to_url(Access::Read, &u).map_err(TransferError::usage)?);
+            u
+        };
+        let destination = if dp == *meta {
+            d
+        } else {
+            let u = url(&dp, &d);
+            add(Grant::to_url(Access::Write, &u).map_err(TransferError::usage)?);
+            u
+        };
+        if sp != *meta && dp != *meta {
             return Err(TransferError::usage(format!(
-                "{s} -> {d}: every source and destination of a job must be on the same metadata \
-                 server (copies to or from a standalone endpoint: haul cp)"
+                "{source} -> {destination}: one side of each pair must be the job's metadata server"
             )));
         }
-        peer = Some(ms);
         out.push(pb::JobPair {
-            source: sp,
-            destination: if d.ends_with('/') && !dp.ends_with('/') {
-                format!("{dp}/")
-            } else {
-                dp
-            },
+            source,
+            destination,
         });
     }
-    Ok((
-        peer.ok_or_else(|| {
-            TransferError::usage("nothing to submit: give SRC DST pairs or -f LIST")
-        })?,
-        out,
-    ))
+    if grants.len() > transfer::delegation::MAX_GRANTS {
+        return Err(TransferError::usage(format!(
+            "the pairs name more than {} endpoint paths: submit a directory with -r",
+            transfer::delegation::MAX_GRANTS
+        )));
+    }
+    Ok((out, grants))
 }
 
 pub async fn submit(a: SubmitArgs) -> Result<u8, TransferError> {
@@ -107,12 +184,28 @@ pub async fn submit(a: SubmitArgs) -> Result<u8, TransferError> {
         };
         pairs.extend(parse_list(&text, &name)?);
     }
-    let (peer, pairs) = on_one_meta(&pairs)?;
+    let ends = ends_of(&pairs)?;
     let deadline = a.deadline.as_deref().map(deadline_ms).transpose()?;
     if deadline.is_some_and(|d| d <= now_ms()) {
         return Err(TransferError::usage("--deadline: that time has passed"));
     }
-    let m = connect(&peer, &a.creds).await?;
+    let m = submission_meta(&ends, &a.creds).await?;
+    let (pairs, grants) = job_pairs(ends, &m.addr)?;
+    // Pairs with endpoints: the server acts there as you, with a delegation of exactly those
+    // paths that lives until the deadline (at most --delegate-hours).
+    let (delegation_chain, delegation_key) = if grants.is_empty() {
+        (String::new(), String::new())
+    } else {
+        let mut life = Duration::from_secs(a.delegate_hours.clamp(1, 720) * 3600);
+        if let Some(d) = deadline {
+            life = life.min(Duration::from_millis(
+                (d - now_ms()).max(60_000) as u64 + 600_000,
+            ));
+        }
+        let scope = transfer::delegation::Scope { grants };
+        let d = crate::pki::delegate(&a.creds, &scope, life)?;
+        (d.chain_pem, d.key_pem)
+    };
     let job = m
         .submit_job(pb::SubmitJobRequest {
             pairs,
@@ -124,6 +217,8 @@ pub async fn submit(a: SubmitArgs) -> Result<u8, TransferError> {
             deadline_ms: deadline.unwrap_or(0),
             rate_bps: a.rate.unwrap_or(0),
             webhook: a.webhook.clone().unwrap_or_default(),
+            delegation_chain,
+            delegation_key,
         })
         .await?;
     if !a.json || !a.wait {

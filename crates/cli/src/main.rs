@@ -207,6 +207,7 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Run(a) => run_cmd::run(a).await,
         args::Command::Ca(args::CaCommand::Init(a)) => pki::ca_init(a).map(|()| 0),
         args::Command::Cert(args::CertCommand::Issue(a)) => pki::cert_issue(a).map(|()| 0),
+        args::Command::Cert(args::CertCommand::Delegate(a)) => pki::cert_delegate(a).map(|()| 0),
         // Dispatched in `main` before the runtime starts.
         args::Command::Netlab { .. } | args::Command::Completions(_) | args::Command::Man(_) => {
             Ok(1)

@@ -77,6 +77,7 @@ pub async fn run(a: MetaServeArgs) -> Result<(), TransferError> {
             link_sessions: a.job_link_sessions,
             max_link_sessions: a.job_max_link_sessions,
             batch_files: a.job_batch_files,
+            endpoint_sessions: a.job_endpoint_sessions,
             link_streams: a.job_link_streams,
             retry_delay: a.job_retry_delay,
             weights,

@@ -52,6 +52,7 @@ pub async fn run(a: NodeServeArgs) -> Result<(), TransferError> {
         tls: EndpointTls {
             server: tls::server_config(&c)?,
             client: tls::client_config(&c)?,
+            delegation_hosts: Vec::new(),
         },
         limits: transfer::limits::Limits {
             perf_max: std::time::Duration::from_secs(a.perf_max_seconds),

@@ -39,8 +39,11 @@ pub async fn run(a: ServeArgs) -> Result<(), TransferError> {
             }
             (
                 Some(EndpointTls {
-                    server: tls::server_config(&c)?,
+                    // Users may delegate to services (a metadata server running their
+                    // jobs) the right to act for them here, on the paths they name.
+                    server: tls::server_config_accepting_delegations(&c)?,
                     client: tls::client_config(&c)?,
+                    delegation_hosts: tls::host_names(&c.chain[0]),
                 }),
                 mapfile,
             )

@@ -451,11 +451,29 @@ fn cancel_retry_and_bad_jobs() {
     assert_exit(
         &g.run(
             "alice",
-            &["submit", "/alice/data/f001.bin", "haul://127.0.0.1:9/x"],
+            &[
+                "submit",
+                "/alice/data/f001.bin",
+                "haul://127.0.0.1:9/x",
+                "haul://127.0.0.1:8/a",
+                "haul://127.0.0.1:7/b",
+            ],
         ),
         2,
         "same metadata server",
     );
+    // An endpoint that is not there is the file's error, not the submission's (exit 4).
+    let nowhere = submit(
+        &g,
+        "alice",
+        &[
+            "--tries",
+            "1",
+            "/alice/data/f001.bin",
+            "haul://127.0.0.1:9/x",
+        ],
+    );
+    assert_eq!(wait_code(&g, "alice", &nowhere), 4, "{}", g.logs());
     let out = g.run("alice", &["submit", "--priority", "9", "/a", "/b"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("1..=5"), "{}", stderr(&out));
@@ -619,4 +637,266 @@ fn a_capped_link_gets_at_most_k_streams_of_cubic() {
     for l in links.as_array().unwrap() {
         assert!(l["sessions"].as_u64().unwrap() <= 2, "{l}");
     }
+}
+
+/// A standalone endpoint for `runner` (mapped to the local account [`TASK_ACCOUNT`]) on
+/// `listen`, serving `root` with the grid's CA.
+fn runner_endpoint(g: &Grid, root: &Path, listen: &str) -> Endpoint {
+    let mapfile = g.path().join("endpoint-mapfile");
+    std::fs::write(
+        &mapfile,
+        format!(
+            "\"{}\" {TASK_ACCOUNT}\n",
+            harness::pki::user_subject("runner")
+        ),
+    )
+    .unwrap();
+    let (cert, key, ca) = (g.pki("meta.pem"), g.pki("meta.key"), g.pki("ca/ca.pem"));
+    serve_on(
+        listen,
+        root,
+        &[
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+            "--ca",
+            ca.to_str().unwrap(),
+            "--mapfile",
+            mapfile.to_str().unwrap(),
+        ],
+        &[],
+    )
+}
+
+/// (inode, mtime) of each file below `dir`, by path relative to it.
+fn files_at(dir: &Path) -> HashMap<String, (u64, i64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut out = HashMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                todo.push(e.path());
+            } else if m.is_file() {
+                let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
+                out.insert(rel, (m.ino(), m.mtime()));
+            }
+        }
+    }
+    out
+}
+
+fn ms_of(v: &Value) -> i64 {
+    let t = time::OffsetDateTime::parse(
+        v.as_str().expect("a time"),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+#[test]
+fn jobs_copy_between_the_grid_and_a_standalone_endpoint_on_the_users_delegation() {
+    if !testkit::is_root() {
+        testkit::skip!("needs root (the endpoint writes as the mapped account)");
+    }
+    let Some(uid) = ensure_task_account() else {
+        testkit::skip!("the local account {TASK_ACCOUNT} does not exist and cannot be created");
+    };
+    let g = Grid::start_with(&[
+        "--job-batch-files",
+        "3",
+        "--job-retry-delay",
+        "1s",
+        // One session at a time with the endpoint, whatever the link's optimizer allows.
+        "--job-endpoint-sessions",
+        "1",
+        "--job-link-sessions",
+        "4",
+    ]);
+    let src = upload_data(&g, "runner", 24, 512 * 1024);
+    let root = g.path().join("endpoint-root");
+    std::fs::create_dir_all(root.join("out")).unwrap();
+    std::os::unix::fs::chown(&root, Some(uid), None).unwrap();
+    std::os::unix::fs::chown(root.join("out"), Some(uid), None).unwrap();
+    let mut ep = runner_endpoint(&g, &root, "127.0.0.1:0");
+    let addr = ep.addr.clone();
+
+    // 1. Grid -> endpoint, the endpoint SIGKILLed mid-job and restarted.
+    let id = submit(
+        &g,
+        "runner",
+        &["-r", "/runner/data", &ep.tls_url("out/"), "--rate", "8M"],
+    );
+    let copied = root.join("out/data");
+    let before = {
+        let mut seen = HashMap::new();
+        let ok = wait_for(Duration::from_secs(120), || {
+            let j = job(&g, "runner", &id);
+            seen = files_at(&copied);
+            count(&j, "files_done") >= 6 && seen.len() >= 6
+        });
+        assert!(ok, "6 files done: {}\n{}", job(&g, "runner", &id), g.logs());
+        // Only what the job counts done (a file may be arriving as we look).
+        let done: Vec<String> = g
+            .json("runner", &["job", "show", &id, "--state", "done", "--json"])["job"]["files_list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["destination"].as_str().unwrap().to_string())
+            .collect();
+        seen.retain(|rel, _| {
+            done.iter()
+                .any(|d| d.ends_with(&format!("/out/data/{rel}")))
+        });
+        seen
+    };
+    assert!(before.len() >= 6, "{before:?}");
+    ep.kill();
+    std::thread::sleep(Duration::from_secs(2));
+    ep = runner_endpoint(&g, &root, &addr);
+    assert_eq!(wait_code(&g, "runner", &id), 0, "{}", g.logs());
+    assert_same_tree(&src, &copied);
+    use std::os::unix::fs::MetadataExt as _;
+    assert_eq!(
+        std::fs::metadata(copied.join("sub/f000.bin"))
+            .unwrap()
+            .uid(),
+        uid,
+        "written as the user's account"
+    );
+    // Nothing committed before the kill was written again.
+    let after = files_at(&copied);
+    for (rel, was) in &before {
+        assert_eq!(after.get(rel), Some(was), "{rel} was written again");
+    }
+    // At most one session with the endpoint at a time, by the history of the job's sessions.
+    let h = g.json("runner", &["transfers", "--json", "--kind", "job"]);
+    let mut spans: Vec<(i64, i64)> = h["transfers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            t["source"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("job {id}:"))
+        })
+        .map(|t| (ms_of(&t["started"]), ms_of(&t["ended"])))
+        .collect();
+    spans.sort();
+    assert!(spans.len() >= 3, "{h}");
+    for w in spans.windows(2) {
+        assert!(
+            w[1].0 >= w[0].1,
+            "two sessions with the endpoint at once: {spans:?}"
+        );
+    }
+
+    // 2. Endpoint -> grid: the tree comes back byte-identical.
+    let back = submit(
+        &g,
+        "runner",
+        &["-r", &ep.tls_url("out/data"), &g.url("/runner/back")],
+    );
+    assert_eq!(wait_code(&g, "runner", &back), 0, "{}", g.logs());
+    assert_download_same(&g, "runner", &g.url("/runner/back"), &src, &[]);
+    let j = job(&g, "runner", &back);
+    assert_eq!(count(&j, "files_done"), 24, "{j}");
+
+    // 3. An endpoint that is not there: accepted, each pair failed with why (exit 4).
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let gone = submit(
+        &g,
+        "runner",
+        &[
+            "-r",
+            &format!("haul://localhost:{dead}/x"),
+            &g.url("/runner/never"),
+        ],
+    );
+    assert_eq!(wait_code(&g, "runner", &gone), 4);
+    let f = &g.json("runner", &["job", "show", &gone, "--json"])["job"]["files_list"][0];
+    assert!(
+        f["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&dead.to_string()),
+        "{f}"
+    );
+
+    // 4. What a delegation allows at the endpoint: its paths, and nothing at the grid.
+    let d = g.path().join("deleg");
+    g.ok(
+        "runner",
+        &[
+            "cert",
+            "delegate",
+            "--grant",
+            &format!("write {}", ep.tls_url("out/only")),
+            "--hours",
+            "1",
+            "--out",
+            d.to_str().unwrap(),
+        ],
+    );
+    let one = g.path().join("one.bin");
+    write_file(&one, 3, 10_000);
+    let as_delegate = |args: &[&str]| {
+        let mut c = haul_clean();
+        c.args(["cp", "--progress", "never"])
+            .args(["--cert", d.with_extension("pem").to_str().unwrap()])
+            .args(["--key", d.with_extension("key").to_str().unwrap()])
+            .args(["--ca", g.pki("ca/ca.pem").to_str().unwrap()])
+            .args(args);
+        run_bounded(c, Duration::from_secs(60))
+    };
+    assert_ok(&as_delegate(&[
+        one.to_str().unwrap(),
+        &ep.tls_url("out/only/x.bin"),
+    ]));
+    assert_eq!(
+        std::fs::read(root.join("out/only/x.bin")).unwrap(),
+        std::fs::read(&one).unwrap()
+    );
+    let out = as_delegate(&[one.to_str().unwrap(), &ep.tls_url("out/other.bin")]);
+    assert_exit(&out, 5, "outside the delegation");
+    assert!(!root.join("out/other.bin").exists());
+    let out = as_delegate(&[
+        &ep.tls_url("out/data/f001.bin"),
+        g.path().join("f").to_str().unwrap(),
+    ]);
+    assert_exit(&out, 5, "outside the delegation");
+    // The grid does not take a delegation for its user.
+    let out = as_delegate(&[one.to_str().unwrap(), &g.url("/runner/d.bin")]);
+    assert!(!out.status.success(), "{}", stderr(&out));
+    // A user the endpoint does not map: the job is accepted, and its file fails with why
+    // (exit 5); nothing is written there.
+    g.ok("alice", &["mkdir", "-p", "/alice"]);
+    assert_ok(&g.cp("alice", &[one.to_str().unwrap(), &g.url("/alice/x.bin")]));
+    let a = submit(
+        &g,
+        "alice",
+        &[
+            &g.url("/alice/x.bin"),
+            &ep.tls_url("out/x.bin"),
+            "--tries",
+            "2",
+        ],
+    );
+    assert_eq!(wait_code(&g, "alice", &a), 5, "{}", g.logs());
+    let f = &g.json("alice", &["job", "show", &a, "--json"])["job"]["files_list"][0];
+    assert!(
+        f["error"]["message"].as_str().unwrap().contains("mapfile"),
+        "{f}"
+    );
+    assert!(!root.join("out/x.bin").exists());
 }

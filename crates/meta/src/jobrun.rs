@@ -24,7 +24,7 @@
 use crate::auth::User;
 use crate::error::Error;
 use crate::fairshare::{Candidate, FairShare};
-use crate::jobspec::{JobOptions, JobSettings, back_off, retryable};
+use crate::jobspec::{EndpointPath, JobOptions, JobSettings, back_off, retryable};
 use crate::optimizer::{LinkTuner, TunerSettings};
 use crate::state::{Meta, NodeEntry};
 use api::meta as pb;
@@ -394,6 +394,10 @@ async fn pass(
             .catalog
             .runnable_job_files(j.id, now, s.batch_files.max(1))
             .await?;
+        // One route a batch (node to node, or with one endpoint): its sessions are alike.
+        if let Some(route) = files.first().map(route_of) {
+            files.retain(|f| route_of(f) == route);
+        }
         // At most BATCH_BYTES a batch (one file at least): big files make several sessions,
         // which the link's optimizer can then count.
         let mut bytes = 0u64;
@@ -407,7 +411,7 @@ async fn pass(
             .unwrap_or(files.len());
         files.truncate(keep);
         let Some(first) = files.first() else { continue };
-        let link = link_of(meta, &first.source, &opts).await;
+        let link = link_of(meta, first, &opts).await;
         links.get(meta, &link).await;
         let user = meta.ids.user_named(&j.user);
         let c = Candidate {
@@ -431,6 +435,9 @@ async fn pass(
         let open: Vec<Candidate> = candidates
             .iter()
             .filter(|(_, _, l, _)| used.get(l).copied().unwrap_or(0) < links.limit(l))
+            .filter(|(_, _, l, _)| {
+                endpoint_of(l).is_none_or(|e| endpoint_busy(&used, e) < s.endpoint_sessions)
+            })
             .map(|(c, ..)| c.clone())
             .collect();
         let Some(pick) = share.pick(&open).cloned() else {
@@ -541,6 +548,8 @@ async fn finish(meta: &Meta, id: &i64, opts: &JobOptions) -> Result<(), catalog:
         (JobState::Done, String::new())
     };
     meta.catalog.set_job_state(j.id, state, &error).await?;
+    // The delegation lives as long as the job.
+    meta.catalog.set_job_credential(j.id, "").await?;
     meta.jobs.ended(j.id);
     meta.event(format!(
         "job {} of {}: {} ({} of {} files, {} bytes)",
@@ -597,15 +606,116 @@ async fn notify_owed(meta: &Meta) {
     }
 }
 
-/// The link a batch starting with `source` uses: the site of its best replica, and the job's
-/// destination site ("*" when the job names none).
-async fn link_of(meta: &Meta, source: &str, opts: &JobOptions) -> Link {
+/// How a job's file is copied: node to node, or between the grid and a standalone endpoint
+/// (host, port).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Route {
+    Grid,
+    FromEndpoint(String, u16),
+    ToEndpoint(String, u16),
+}
+
+fn route_of(f: &JobFile) -> Route {
+    if let Some(Ok(e)) = EndpointPath::parse(&f.source) {
+        return Route::FromEndpoint(e.host, e.port);
+    }
+    if let Some(Ok(e)) = EndpointPath::parse(&f.destination) {
+        return Route::ToEndpoint(e.host, e.port);
+    }
+    Route::Grid
+}
+
+/// How links name an endpoint.
+fn endpoint_name(host: &str, port: u16) -> String {
+    format!("haul://{}", transfer::conn::format_addr(host, port))
+}
+
+/// The endpoint a link has at one end, if it has one.
+fn endpoint_of(link: &Link) -> Option<&str> {
+    [&link.0, &link.1]
+        .into_iter()
+        .find(|x| x.starts_with("haul://"))
+        .map(String::as_str)
+}
+
+/// Sessions running with endpoint `e`, over every link.
+fn endpoint_busy(used: &HashMap<Link, u32>, e: &str) -> u32 {
+    used.iter()
+        .filter(|(l, _)| endpoint_of(l) == Some(e))
+        .map(|(_, n)| *n)
+        .sum()
+}
+
+/// The client TLS a job acts with at endpoints: the user's delegation it was submitted with
+/// (`credential`, as the catalog keeps it), and the delegation's scope.
+pub(crate) fn job_tls(
+    meta: &Meta,
+    credential: &str,
+) -> Result<transfer::conn::ClientTls, TransferError> {
+    job_delegation(meta, credential).map(|(t, _)| t)
+}
+
+fn job_delegation(
+    meta: &Meta,
+    credential: &str,
+) -> Result<(transfer::conn::ClientTls, transfer::delegation::Scope), TransferError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        chain: String,
+        key: String,
+    }
+    let gone = || {
+        TransferError::new(
+            ErrorKind::PermissionDenied,
+            "the job holds no delegation for the endpoint (it ends with the job: submit these files again)",
+        )
+    };
+    if credential.is_empty() {
+        return Err(gone());
+    }
+    let stored: Stored = serde_json::from_str(credential).map_err(|_| gone())?;
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(stored.chain.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|_| gone())?;
+    let [first, user, ..] = chain.as_slice() else {
+        return Err(gone());
+    };
+    let scope =
+        transfer::delegation::verify(first, user, std::time::SystemTime::now()).map_err(|e| {
+            TransferError::new(
+                ErrorKind::Authentication,
+                format!("the job's delegation: {e} (submit the files again)"),
+            )
+        })?;
+    Ok((meta.delegated_tls(&stored.chain, &stored.key)?, scope))
+}
+
+/// The link a batch starting with `first` uses: the site of its source's best replica (or its
+/// endpoint), and the job's destination site ("*" when the job names none; or its endpoint).
+async fn link_of(meta: &Meta, first: &JobFile, opts: &JobOptions) -> Link {
     let dst = if opts.site.is_empty() {
         "*".to_string()
     } else {
         opts.site.clone()
     };
-    let src = async {
+    let source = first.source.as_str();
+    match route_of(first) {
+        Route::FromEndpoint(h, p) => return (endpoint_name(&h, p), dst),
+        Route::ToEndpoint(h, p) => {
+            let src = source_site(meta, source).await;
+            return (src, endpoint_name(&h, p));
+        }
+        Route::Grid => {}
+    }
+    (source_site(meta, source).await, dst)
+}
+
+/// The site of the best replica of grid file `source` ("?" when none is up).
+async fn source_site(meta: &Meta, source: &str) -> String {
+    async {
         let i = meta.catalog.lookup(source).await.ok()??;
         let reps = meta.catalog.replicas(i.id).await.ok()?;
         reps.iter()
@@ -615,8 +725,7 @@ async fn link_of(meta: &Meta, source: &str, opts: &JobOptions) -> Link {
             .map(|n| n.node.site.clone())
     }
     .await
-    .unwrap_or_else(|| "?".into());
-    (src, dst)
+    .unwrap_or_else(|| "?".into())
 }
 
 /// What became of one file of a batch.
@@ -705,9 +814,22 @@ async fn run_batch(
 struct Item {
     seq: i64,
     source: pb::ReadSource,
+    /// The copy's inode id at a destination node; `-(seq + 1)` for a copy at an endpoint.
     target: i64,
+    /// Its name in the session (what the destination reports it by).
+    name: String,
 }
 
+/// The endpoint a batch's sessions have at one end: how to reach it as the job's user (the
+/// delegation), and for a destination endpoint the directory (a grant of the delegation)
+/// the session writes below.
+struct EndpointSide {
+    peer: Peer,
+    tls: transfer::conn::ClientTls,
+    sink_root: String,
+}
+
+/// Copies one batch by its route.
 async fn copy_batch(
     meta: &Arc<Meta>,
     job: &JobRecord,
@@ -717,15 +839,58 @@ async fn copy_batch(
     meter: &Arc<LinkMeter>,
     token: &CancellationToken,
 ) -> HashMap<i64, Outcome> {
-    let mut out: HashMap<i64, Outcome> = HashMap::new();
-    let fail = |out: &mut HashMap<i64, Outcome>, seq: i64, e: &Error| {
-        out.insert(seq, Outcome::Failed(e.kind, e.message.clone()));
+    let route = files.first().map(route_of).unwrap_or(Route::Grid);
+    if route == Route::Grid {
+        return copy_into_grid(meta, job, opts, user, files, None, meter, token).await;
+    }
+    let delegation = match meta.catalog.job_credential(job.id).await {
+        Ok(c) => job_delegation(meta, &c),
+        Err(e) => Err(TransferError::connect(e.to_string())),
     };
-    let avoid: HashSet<String> = files
-        .iter()
-        .flat_map(|f| meta.jobs.avoided(f.job, f.seq))
-        .collect();
-    // 1. The sources, as the user may read them.
+    let (tls, scope) = match delegation {
+        Ok(d) => d,
+        Err(e) => {
+            return files
+                .iter()
+                .map(|f| (f.seq, Outcome::Failed(e.kind(), e.message().to_string())))
+                .collect();
+        }
+    };
+    match route {
+        Route::FromEndpoint(host, port) => {
+            let side = EndpointSide {
+                peer: Peer::new(host, port),
+                tls,
+                sink_root: String::new(),
+            };
+            copy_into_grid(meta, job, opts, user, files, Some(&side), meter, token).await
+        }
+        Route::ToEndpoint(host, port) => {
+            let peer = Peer::new(host, port);
+            copy_to_endpoint(
+                meta,
+                job,
+                opts,
+                user,
+                files,
+                (peer, tls, scope),
+                meter,
+                token,
+            )
+            .await
+        }
+        Route::Grid => unreachable!("handled above"),
+    }
+}
+
+/// Opens the grid sources of `files` as `user` may read them; those refused are failed in
+/// `out`.
+async fn read_sources(
+    meta: &Arc<Meta>,
+    user: &User,
+    files: &[JobFile],
+    out: &mut HashMap<i64, Outcome>,
+) -> HashMap<String, pb::ReadSource> {
     let read = meta
         .open_read(
             user,
@@ -742,22 +907,20 @@ async fn copy_batch(
         Ok(r) => r,
         Err(e) => {
             for f in files {
-                fail(&mut out, f.seq, &e);
+                out.insert(f.seq, Outcome::Failed(e.kind, e.message.clone()));
             }
-            return out;
+            return HashMap::new();
         }
     };
-    let mut sources: HashMap<&str, &pb::ReadSource> = HashMap::new();
-    for s in &read.files {
-        sources.insert(s.path.as_str(), s);
-    }
     let refused: HashMap<&str, &pb::FileError> =
         read.errors.iter().map(|e| (e.path.as_str(), e)).collect();
-    // 2. What is already there, and the directories the copies go in.
-    let mut to_create: Vec<(&JobFile, &pb::ReadSource)> = Vec::new();
-    let mut parents: HashMap<String, Option<Error>> = HashMap::new();
+    let sources: HashMap<String, pb::ReadSource> = read
+        .files
+        .iter()
+        .map(|s| (s.path.clone(), s.clone()))
+        .collect();
     for f in files {
-        let Some(src) = sources.get(f.source.as_str()).copied() else {
+        if !sources.contains_key(&f.source) {
             let e = refused
                 .get(f.source.as_str())
                 .map(|e| {
@@ -767,7 +930,264 @@ async fn copy_batch(
                     )
                 })
                 .unwrap_or_else(|| Error::not_found(format!("{}: no such file", f.source)));
-            fail(&mut out, f.seq, &e);
+            out.insert(f.seq, Outcome::Failed(e.kind, e.message));
+        }
+    }
+    sources
+}
+
+/// Copies a batch from the grid to a standalone endpoint, as the job's user: the sources
+/// opened with the user's permissions, each node holding a replica pushing its files to the
+/// endpoint, which admits the server on the user's delegation (and only below its grants).
+/// Copies are made with resume: a file an earlier attempt completed (same size and mtime) is
+/// not sent again.
+#[allow(clippy::too_many_arguments)]
+async fn copy_to_endpoint(
+    meta: &Arc<Meta>,
+    job: &JobRecord,
+    opts: &JobOptions,
+    user: &User,
+    files: &[JobFile],
+    (peer, tls, scope): (Peer, transfer::conn::ClientTls, transfer::delegation::Scope),
+    meter: &Arc<LinkMeter>,
+    token: &CancellationToken,
+) -> HashMap<i64, Outcome> {
+    use transfer::delegation::Access;
+    let mut out: HashMap<i64, Outcome> = HashMap::new();
+    let sources = read_sources(meta, user, files, &mut out).await;
+    let avoid: HashSet<String> = files
+        .iter()
+        .flat_map(|f| meta.jobs.avoided(f.job, f.seq))
+        .collect();
+    let ep = endpoint_name(&peer.host, peer.port);
+    // (node, the grant written below) -> files
+    let mut groups: HashMap<(String, String), Vec<Item>> = HashMap::new();
+    for f in files {
+        let Some(src) = sources.get(&f.source) else {
+            continue;
+        };
+        let Some(Ok(dest)) = EndpointPath::parse(&f.destination) else {
+            out.insert(
+                f.seq,
+                Outcome::Failed(
+                    ErrorKind::Invalid,
+                    format!("{}: not an endpoint path", f.destination),
+                ),
+            );
+            continue;
+        };
+        // The narrowest write grant holding the destination: the session writes below it.
+        let root = scope
+            .grants
+            .iter()
+            .filter(|g| g.access == Access::Write && g.host.eq_ignore_ascii_case(&dest.host))
+            .filter(|g| {
+                scope.permits(std::slice::from_ref(&g.host), Access::Write, &dest.path)
+                    && (g.path == "/"
+                        || dest.path == g.path
+                        || dest.path.starts_with(&format!("{}/", g.path)))
+            })
+            .map(|g| g.path.clone())
+            .max_by_key(|p| p.len());
+        let Some(root) = root else {
+            out.insert(
+                f.seq,
+                Outcome::Failed(
+                    ErrorKind::PermissionDenied,
+                    format!("{}: outside the job's delegation", f.destination),
+                ),
+            );
+            continue;
+        };
+        let from = src
+            .replicas
+            .iter()
+            .find(|r| !avoid.contains(&r.node))
+            .or_else(|| src.replicas.first());
+        let Some(from) = from else {
+            // An empty file has no replica.
+            let why = if src.size == 0 {
+                "an empty file: create it at the endpoint with haul cp"
+            } else {
+                "no healthy replica"
+            };
+            out.insert(
+                f.seq,
+                Outcome::Failed(ErrorKind::Unavailable, format!("{}: {why}", f.source)),
+            );
+            continue;
+        };
+        let below = dest.path[root.len()..].trim_start_matches('/');
+        let name = if below.is_empty() {
+            "_".to_string()
+        } else {
+            format!("_/{below}")
+        };
+        groups
+            .entry((from.node.clone(), root))
+            .or_default()
+            .push(Item {
+                seq: f.seq,
+                source: src.clone(),
+                target: -(f.seq + 1),
+                name,
+            });
+    }
+    for ((node, root), items) in groups {
+        let side = EndpointSide {
+            peer: peer.clone(),
+            tls: tls.clone(),
+            sink_root: root,
+        };
+        let (done, failed, session_error) = if token.is_cancelled() {
+            (
+                HashSet::new(),
+                HashMap::new(),
+                Some(TransferError::interrupted()),
+            )
+        } else {
+            copy_pair(
+                meta,
+                job,
+                opts,
+                &node,
+                &ep,
+                &items,
+                Some(&side),
+                meter,
+                token,
+            )
+            .await
+        };
+        for it in items {
+            if done.contains(&it.target) {
+                out.insert(
+                    it.seq,
+                    Outcome::Done(0, it.source.checksum.clone(), ep.clone()),
+                );
+                continue;
+            }
+            if token.is_cancelled() {
+                out.insert(it.seq, Outcome::Stopped);
+                continue;
+            }
+            let e = failed
+                .get(&it.target)
+                .or(session_error.as_ref())
+                .cloned()
+                .unwrap_or_else(|| TransferError::connect("the copy did not finish"));
+            if session_error.is_some() {
+                meta.jobs.avoid_nodes(job.id, it.seq, &[&node]);
+            }
+            out.insert(
+                it.seq,
+                Outcome::Failed(
+                    e.kind(),
+                    format!(
+                        "{} -> {ep}/{} ({node}): {}",
+                        it.source.path,
+                        it.name,
+                        e.message()
+                    ),
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// What an endpoint's listing says of the sources of `files` (listed at submission, or now
+/// for those that were not: a pair the endpoint refused then and `retry` queued again).
+async fn endpoint_sources(
+    side: &EndpointSide,
+    files: &[JobFile],
+    out: &mut HashMap<i64, Outcome>,
+) -> HashMap<String, pb::ReadSource> {
+    let mut sources = HashMap::new();
+    for f in files {
+        let Some(Ok(at)) = EndpointPath::parse(&f.source) else {
+            out.insert(
+                f.seq,
+                Outcome::Failed(
+                    ErrorKind::Invalid,
+                    format!("{}: not an endpoint path", f.source),
+                ),
+            );
+            continue;
+        };
+        let (mut size, mut mode, mut mtime_ns) = (f.size, f.src_mode, f.src_mtime_ns);
+        if mode == 0 {
+            match transfer::client::list(&side.peer, &at.path, false, Some(&side.tls)).await {
+                Ok(l) => match l.entries.into_iter().find(|e| !e.is_dir) {
+                    Some(e) => (size, mode, mtime_ns) = (e.size, e.mode, e.mtime.unix_ns()),
+                    None => {
+                        out.insert(
+                            f.seq,
+                            Outcome::Failed(
+                                ErrorKind::NotFound,
+                                format!("{}: not a file", f.source),
+                            ),
+                        );
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    out.insert(
+                        f.seq,
+                        Outcome::Failed(e.kind(), format!("{}: {}", f.source, e.message())),
+                    );
+                    continue;
+                }
+            }
+        }
+        sources.insert(
+            f.source.clone(),
+            pb::ReadSource {
+                path: f.source.clone(),
+                size,
+                mode,
+                mtime_ns,
+                ..Default::default()
+            },
+        );
+    }
+    sources
+}
+
+/// Copies a batch into the grid: from other grid files (node to node) or, with `origin`, from
+/// a standalone endpoint (which pushes the files to the destination nodes).
+#[allow(clippy::too_many_arguments)]
+async fn copy_into_grid(
+    meta: &Arc<Meta>,
+    job: &JobRecord,
+    opts: &JobOptions,
+    user: &User,
+    files: &[JobFile],
+    origin: Option<&EndpointSide>,
+    meter: &Arc<LinkMeter>,
+    token: &CancellationToken,
+) -> HashMap<i64, Outcome> {
+    let mut out: HashMap<i64, Outcome> = HashMap::new();
+    let fail = |out: &mut HashMap<i64, Outcome>, seq: i64, e: &Error| {
+        out.insert(seq, Outcome::Failed(e.kind, e.message.clone()));
+    };
+    let avoid: HashSet<String> = files
+        .iter()
+        .flat_map(|f| meta.jobs.avoided(f.job, f.seq))
+        .collect();
+    // 1. The sources, as the user may read them (or as the endpoint listed them).
+    let owned_sources = match origin {
+        Some(side) => endpoint_sources(side, files, &mut out).await,
+        None => read_sources(meta, user, files, &mut out).await,
+    };
+    let sources: HashMap<&str, &pb::ReadSource> =
+        owned_sources.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    // 2. What is already there, and the directories the copies go in.
+    let mut to_create: Vec<(&JobFile, &pb::ReadSource)> = Vec::new();
+    let mut parents: HashMap<String, Option<Error>> = HashMap::new();
+    for f in files {
+        let Some(src) = sources.get(f.source.as_str()).copied() else {
+            // Failed in step 1.
             continue;
         };
         // As the user sees it (search permission on the way), so a job tells nothing of
@@ -895,11 +1315,15 @@ async fn copy_batch(
             let Some((f, src)) = by_dst.get(path.as_str()) else {
                 continue;
             };
-            let from = src
-                .replicas
-                .iter()
-                .find(|r| !avoid.contains(&r.node))
-                .or_else(|| src.replicas.first());
+            let from = match origin {
+                Some(side) => Some(endpoint_name(&side.peer.host, side.peer.port)),
+                None => src
+                    .replicas
+                    .iter()
+                    .find(|r| !avoid.contains(&r.node))
+                    .or_else(|| src.replicas.first())
+                    .map(|r| r.node.clone()),
+            };
             let Some(from) = from else {
                 let _ = meta.catalog.abort_pending(*id).await;
                 out.insert(
@@ -915,12 +1339,13 @@ async fn copy_batch(
             t.target = *id;
             targets.push(t);
             pairs
-                .entry((from.node.clone(), pl.node.clone()))
+                .entry((from, pl.node.clone()))
                 .or_default()
                 .push(Item {
                     seq: f.seq,
                     source: (*src).clone(),
                     target: *id,
+                    name: id.to_string(),
                 });
         }
     }
@@ -938,7 +1363,7 @@ async fn copy_batch(
                 Some(TransferError::interrupted()),
             )
         } else {
-            copy_pair(meta, job, opts, &src, &dst, &items, meter, token).await
+            copy_pair(meta, job, opts, &src, &dst, &items, origin, meter, token).await
         };
         for it in items {
             // A committed copy was verified by its node against the source's checksums
@@ -958,7 +1383,12 @@ async fn copy_batch(
                 .cloned()
                 .unwrap_or_else(|| TransferError::connect("the copy did not finish"));
             if session_error.is_some() {
-                meta.jobs.avoid_nodes(job.id, it.seq, &[&src, &dst]);
+                // (An endpoint source is the only one there is: only its node is avoided.)
+                if origin.is_some() {
+                    meta.jobs.avoid_nodes(job.id, it.seq, &[&dst]);
+                } else {
+                    meta.jobs.avoid_nodes(job.id, it.seq, &[&src, &dst]);
+                }
             }
             out.insert(
                 it.seq,
@@ -987,6 +1417,7 @@ async fn copy_pair(
     src: &str,
     dst: &str,
     items: &[Item],
+    endpoint: Option<&EndpointSide>,
     meter: &Arc<LinkMeter>,
     token: &CancellationToken,
 ) -> (
@@ -995,7 +1426,7 @@ async fn copy_pair(
     Option<TransferError>,
 ) {
     let started_ms = catalog::now_ms();
-    let r = copy_pair_inner(meta, opts, src, dst, items, meter, token).await;
+    let r = copy_pair_inner(meta, opts, src, dst, items, endpoint, meter, token).await;
     let (done, failed, err, moved, figures) = match r {
         Ok(x) => x,
         Err(e) => (
@@ -1033,12 +1464,14 @@ type PairResult = (
     (u32, String),
 );
 
+#[allow(clippy::too_many_arguments)]
 async fn copy_pair_inner(
     meta: &Arc<Meta>,
     opts: &JobOptions,
     src: &str,
     dst: &str,
     items: &[Item],
+    endpoint: Option<&EndpointSide>,
     meter: &Arc<LinkMeter>,
     token: &CancellationToken,
 ) -> Result<PairResult, TransferError> {
@@ -1046,7 +1479,6 @@ async fn copy_pair_inner(
         meta.node(n)
             .ok_or_else(|| TransferError::connect(format!("node {n} is not registered")))
     };
-    let (from, to) = (node(src)?, node(dst)?);
     let own = |n: &NodeEntry, op, ids: Vec<i64>| {
         meta.own_grant(n, op, ids)
             .map(|c| wire::grant::SignedGrant {
@@ -1055,16 +1487,31 @@ async fn copy_pair_inner(
             })
             .map_err(|e| TransferError::connect(e.message))
     };
-    let read = own(
-        &from,
-        Operation::Read,
-        items.iter().map(|i| i.source.id).collect(),
-    )?;
-    let write = own(
-        &to,
-        Operation::Write,
-        items.iter().map(|i| i.target).collect(),
-    )?;
+    // Each end: an endpoint (reached on the user's delegation) or a node (with the server's
+    // own capability for exactly these files).
+    let at_endpoint = |n: &str| n.starts_with("haul://");
+    let (from_peer, read) = match endpoint {
+        Some(e) if at_endpoint(src) => (e.peer.clone(), None),
+        _ => {
+            let from = node(src)?;
+            let ids = items.iter().map(|i| i.source.id).collect();
+            (
+                Peer::parse(&from.node.address)?,
+                Some(own(&from, Operation::Read, ids)?),
+            )
+        }
+    };
+    let (to_peer, write) = match endpoint {
+        Some(e) if at_endpoint(dst) => (e.peer.clone(), None),
+        _ => {
+            let to = node(dst)?;
+            let ids = items.iter().map(|i| i.target).collect();
+            (
+                Peer::parse(&to.node.address)?,
+                Some(own(&to, Operation::Write, ids)?),
+            )
+        }
+    };
     let mut copy = meta
         .copy_options()
         .ok_or_else(|| TransferError::usage("the metadata server has no client certificate"))?;
@@ -1088,15 +1535,54 @@ async fn copy_pair_inner(
         .iter()
         .map(|i| {
             let s = &i.source;
-            crate::replication::listed_copy(
+            if at_endpoint(src) {
+                // Read where the endpoint listed it, relative to the user's root there.
+                let locator = EndpointPath::parse(&s.path)
+                    .and_then(|r| r.ok())
+                    .map(|p| p.path.trim_start_matches('/').to_string())
+                    .unwrap_or_default();
+                return ListedFile {
+                    locator,
+                    name: i.name.clone(),
+                    size: s.size,
+                    mode: s.mode,
+                    mtime: wire::data::Timestamp::from_unix_ns(s.mtime_ns),
+                    expect: Vec::new(),
+                };
+            }
+            let mut f = crate::replication::listed_copy(
                 &mut session,
                 (s.id, i.target),
                 s.size,
                 s.mtime_ns,
                 &s.checksum,
-            )
+            );
+            f.name = i.name.clone();
+            if at_endpoint(dst) {
+                f.mode = s.mode & 0o7777;
+            }
+            f
         })
         .collect();
+    let names: HashMap<&str, i64> = items.iter().map(|i| (i.name.as_str(), i.target)).collect();
+    let sink = match endpoint {
+        Some(e) if at_endpoint(dst) => {
+            // What an earlier attempt completed (size and mtime) is not sent again.
+            session.resume = true;
+            SinkRequest {
+                dest: e.sink_root.clone(),
+                into_dir: Some(false),
+                ..Default::default()
+            }
+        }
+        _ => SinkRequest {
+            grant: write,
+            ..Default::default()
+        },
+    };
+    if let Some(e) = endpoint {
+        copy.peer_tls = vec![(e.peer.clone(), e.tls.clone())];
+    }
     copy.session = session.clone();
     let counters = Arc::new(transfer::progress::Counters::default());
     let started = std::time::Instant::now();
@@ -1123,17 +1609,14 @@ async fn copy_pair_inner(
         })
     };
     let result = transfer::client::third_party(
-        &Peer::parse(&from.node.address)?,
+        &from_peer,
         SourceRequest {
             files,
-            grant: Some(read),
+            grant: read,
             ..Default::default()
         },
-        &Peer::parse(&to.node.address)?,
-        SinkRequest {
-            grant: Some(write),
-            ..Default::default()
-        },
+        &to_peer,
+        sink,
         &copy,
         session,
         transfer::client::AttemptContext {
@@ -1148,13 +1631,13 @@ async fn copy_pair_inner(
     while let Ok(ev) = erx.try_recv() {
         match ev {
             Event::FileDone { path, .. } => {
-                if let Ok(id) = path.parse::<i64>() {
-                    done.insert(id);
+                if let Some(id) = names.get(path.as_str()) {
+                    done.insert(*id);
                 }
             }
             Event::FileFailed { path, error } => {
-                if let Ok(id) = path.parse::<i64>() {
-                    failed.insert(id, TransferError::from(error));
+                if let Some(id) = names.get(path.as_str()) {
+                    failed.insert(*id, TransferError::from(error));
                 }
             }
             _ => {}
@@ -1183,7 +1666,7 @@ async fn copy_pair_inner(
             .fetch_add(a.source.bytes_moved.max(1), Ordering::Relaxed);
         meter.streams.store(a.source.streams, Ordering::Relaxed);
     }
-    if result.is_ok() {
+    if result.is_ok() && !at_endpoint(src) {
         meta.note_rate(
             src,
             moved as f64 / started.elapsed().as_secs_f64().max(0.001),

@@ -6,7 +6,8 @@
 use crate::auth::User;
 use crate::error::{Error, Result};
 use crate::jobspec::{
-    DEFAULT_TRIES, JobOptions, MAX_ACTIVE_JOBS, MAX_JOB_FILES, MAX_TRIES, MAX_WEBHOOK, exit_code,
+    DEFAULT_TRIES, EndpointPath, JobOptions, MAX_ACTIVE_JOBS, MAX_JOB_FILES, MAX_TRIES,
+    MAX_WEBHOOK, exit_code,
 };
 use crate::perm::{self, Access};
 use crate::state::Meta;
@@ -26,6 +27,65 @@ async fn destination_of(meta: &Meta, user: &User, src: &str, dst: &str) -> Resul
     } else {
         Ok(dst)
     }
+}
+
+/// The delegation of a submission that names endpoints, checked: issued by the certificate
+/// the user called with, valid now, covering `needs` ((access, endpoint path)). Returns what
+/// the catalog keeps (JSON of the PEM chain and key).
+fn checked_delegation(
+    user: &User,
+    q: &pb::SubmitJobRequest,
+    needs: &[(transfer::delegation::Access, EndpointPath)],
+) -> Result<String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    if needs.is_empty() {
+        return Ok(String::new());
+    }
+    if q.delegation_chain.is_empty() || q.delegation_key.is_empty() {
+        return Err(Error::invalid(
+            "a pair names a standalone endpoint: the job needs your delegation for it (haul submit makes one)",
+        ));
+    }
+    if q.delegation_chain.len() + q.delegation_key.len() > 256 << 10 {
+        return Err(Error::invalid("the delegation is over 256 KiB"));
+    }
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(q.delegation_chain.as_bytes())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| Error::invalid(format!("the delegation is not PEM: {e}")))?;
+    let [first, issuer, ..] = chain.as_slice() else {
+        return Err(Error::invalid(
+            "the delegation's chain needs the delegation and your certificate",
+        ));
+    };
+    let scope = transfer::delegation::verify(first, issuer, std::time::SystemTime::now())
+        .map_err(|e| Error::permission_denied(format!("delegation refused: {e}")))?;
+    let issuer_fp = transfer::certid::Fingerprint::of(issuer.as_ref());
+    if user.cert != Some(issuer_fp) {
+        return Err(Error::permission_denied(
+            "delegation refused: it was not issued by the certificate this submission came with",
+        ));
+    }
+    for (access, e) in needs {
+        if !scope.permits(std::slice::from_ref(&e.host), *access, &e.path) {
+            return Err(Error::permission_denied(format!(
+                "delegation refused: it does not let the job {} {}",
+                if *access == transfer::delegation::Access::Read {
+                    "read"
+                } else {
+                    "write"
+                },
+                e.url(&e.path)
+            )));
+        }
+    }
+    Ok(serde_json::json!({"chain": q.delegation_chain, "key": q.delegation_key}).to_string())
+}
+
+/// `dir/name` at an endpoint.
+fn endpoint_join(dir: &str, name: &str) -> String {
+    catalog::join(if dir.is_empty() { "/" } else { dir }, name)
 }
 
 impl Meta {
@@ -110,9 +170,46 @@ impl Meta {
                 ),
             ));
         }
+        // What the pairs need of the submitter's delegation.
+        let mut needs = Vec::new();
+        for pair in &q.pairs {
+            let (src, dst) = (
+                EndpointPath::parse(&pair.source).transpose()?,
+                EndpointPath::parse(&pair.destination).transpose()?,
+            );
+            match (src, dst) {
+                (Some(_), Some(_)) => {
+                    return Err(Error::invalid(format!(
+                        "{} -> {}: a job copies between the grid and an endpoint; between two endpoints use haul cp",
+                        pair.source, pair.destination
+                    )));
+                }
+                (Some(s), None) => needs.push((transfer::delegation::Access::Read, s)),
+                (None, Some(d)) => needs.push((transfer::delegation::Access::Write, d)),
+                (None, None) => {}
+            }
+        }
+        let credential = checked_delegation(user, q, &needs)?;
         // (source, destination, size, error)
         let mut files: Vec<(String, String, u64, Option<Error>)> = Vec::new();
+        // Endpoint sources as listed: (index in files, mtime ns, mode).
+        let mut listed: Vec<(usize, i64, u32)> = Vec::new();
         for pair in &q.pairs {
+            if let Some(Ok(from)) = EndpointPath::parse(&pair.source) {
+                self.expand_endpoint_source(
+                    user,
+                    q,
+                    &credential,
+                    &from,
+                    &pair.destination,
+                    &mut files,
+                    &mut listed,
+                )
+                .await?;
+                continue;
+            }
+            // A grid source to an endpoint: destinations are the endpoint's.
+            let to_endpoint = EndpointPath::parse(&pair.destination).and_then(|r| r.ok());
             let src = match catalog::normalize(&pair.source) {
                 Ok(s) => s,
                 Err(e) => {
@@ -132,7 +229,14 @@ impl Meta {
                     continue;
                 }
             };
-            let dst = destination_of(self, user, &r.norm, &pair.destination).await?;
+            let dst = match &to_endpoint {
+                Some(to) if to.path.ends_with('/') || pair.destination.ends_with('/') => {
+                    let (_, name) = catalog::parent_and_name(&r.norm)?;
+                    to.url(&endpoint_join(&to.path, &name))
+                }
+                Some(to) => to.url(&to.path),
+                None => destination_of(self, user, &r.norm, &pair.destination).await?,
+            };
             if e.kind == Kind::File {
                 let err = (!perm::allows(user, &e, Access::Read)).then(|| {
                     Error::permission_denied(format!(
@@ -242,6 +346,8 @@ impl Meta {
                     .map(|(s, d, n, _)| (s.clone(), d.clone(), *n))
                     .collect(),
                 // Stored failed in the same transaction: never run.
+                listed,
+                credential,
                 refused: files
                     .iter()
                     .enumerate()
@@ -256,6 +362,98 @@ impl Meta {
         tracing::info!(job = id, user = %user.name, files = files.len(), refused, "job submitted");
         self.jobs.wake.notify_one();
         self.job_info(self.catalog.job(id).await?).await
+    }
+
+    /// Lists an endpoint source with the submitter's delegation and adds its files, bound for
+    /// the grid path `dst` (cp semantics, as for grid sources). An endpoint that cannot be
+    /// reached or refuses is the pair's error, stored with it (the job is accepted).
+    #[allow(clippy::too_many_arguments)]
+    async fn expand_endpoint_source(
+        &self,
+        user: &User,
+        q: &pb::SubmitJobRequest,
+        credential: &str,
+        from: &EndpointPath,
+        dst: &str,
+        files: &mut Vec<(String, String, u64, Option<Error>)>,
+        listed: &mut Vec<(usize, i64, u32)>,
+    ) -> Result<()> {
+        let dst_grid = catalog::normalize(dst)?;
+        let base = destination_of(self, user, &from.path, dst).await?;
+        let refuse = |files: &mut Vec<_>, e: Error| {
+            files.push((from.url(&from.path), base.clone(), 0, Some(e)));
+        };
+        if from.path == "/" {
+            refuse(
+                files,
+                Error::invalid("copying an endpoint's whole root: name a directory below it"),
+            );
+            return Ok(());
+        }
+        let listing = async {
+            let tls = crate::jobrun::job_tls(self, credential)?;
+            transfer::client::list(
+                &transfer::client::Peer::new(from.host.clone(), from.port),
+                &from.path,
+                q.recursive,
+                Some(&tls),
+            )
+            .await
+        }
+        .await;
+        let listing = match listing {
+            Ok(l) => l,
+            Err(e) => {
+                refuse(
+                    files,
+                    Error::new(
+                        e.kind(),
+                        format!("{}: {}", from.url(&from.path), e.message()),
+                    ),
+                );
+                return Ok(());
+            }
+        };
+        let parent = from.path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+        for e in listing.entries {
+            if files.len() > MAX_JOB_FILES {
+                break;
+            }
+            let at = from.url(&endpoint_join(parent, &e.rel));
+            if e.is_dir {
+                if !q.recursive {
+                    refuse(
+                        files,
+                        Error::new(
+                            ErrorKind::IsADirectory,
+                            format!("{at}: is a directory (submit with -r)"),
+                        ),
+                    );
+                }
+                continue;
+            }
+            // The top entry goes to `base`, the rest below it.
+            let below = e.rel.split_once('/').map(|(_, r)| r).unwrap_or("");
+            let to = if below.is_empty() {
+                base.clone()
+            } else {
+                catalog::join(&base, below)
+            };
+            if to == dst_grid && dst_grid == "/" {
+                continue;
+            }
+            listed.push((files.len(), e.mtime.unix_ns(), e.mode));
+            files.push((at, to, e.size, None));
+        }
+        for (rel, e) in listing.unsendable {
+            files.push((
+                from.url(&endpoint_join(parent, &rel)),
+                String::new(),
+                0,
+                Some(Error::new(e.kind, e.message)),
+            ));
+        }
+        Ok(())
     }
 
     /// The API form of a job record, with the exit code its end gives.

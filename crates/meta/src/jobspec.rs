@@ -73,6 +73,8 @@ pub struct JobSettings {
     pub max_link_sessions: u32,
     /// Files per batch (one session per node pair).
     pub batch_files: u32,
+    /// Sessions at once with one standalone endpoint.
+    pub endpoint_sessions: u32,
     /// Data streams per link (shared by its sessions); `None`: each session plans its own.
     pub link_streams: Option<u32>,
     /// The first back-off after a failed attempt (doubled each time, at most an hour).
@@ -89,6 +91,7 @@ impl Default for JobSettings {
             link_sessions: 2,
             max_link_sessions: 16,
             batch_files: 100,
+            endpoint_sessions: 4,
             link_streams: None,
             retry_delay: Duration::from_secs(30),
             weights: Default::default(),
@@ -195,6 +198,46 @@ pub fn retryable(kind: ErrorKind) -> bool {
             | ErrorKind::Busy
             | ErrorKind::Io
     )
+}
+
+/// A standalone endpoint named by a job pair: `haul://host:port`, and the path there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointPath {
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+impl EndpointPath {
+    /// `haul://host:port/path` (a grid path is not one: `None`).
+    pub fn parse(s: &str) -> Option<Result<Self, crate::error::Error>> {
+        if !s.starts_with("haul://") {
+            return None;
+        }
+        Some(match transfer::client::Location::parse(s) {
+            Ok(transfer::client::Location::Remote { host, port, path }) => {
+                match transfer::delegation::normalize(&path) {
+                    Some(path) => Ok(Self { host, port, path }),
+                    None => Err(crate::error::Error::invalid(format!(
+                        "{s}: a path may not climb (..)"
+                    ))),
+                }
+            }
+            Ok(_) => Err(crate::error::Error::invalid(format!(
+                "{s}: not an endpoint path"
+            ))),
+            Err(e) => Err(crate::error::Error::invalid(e.message().to_string())),
+        })
+    }
+
+    /// `host:port`, how jobs name the endpoint (in links and session limits).
+    pub fn peer(&self) -> String {
+        transfer::conn::format_addr(&self.host, self.port)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("haul://{}{}", self.peer(), path)
+    }
 }
 
 #[cfg(test)]

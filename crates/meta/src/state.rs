@@ -160,6 +160,8 @@ pub struct Meta {
     pub events: Mutex<std::collections::VecDeque<Event>>,
     /// Client credentials for driving node-to-node copies (the server's host certificate).
     client_tls: RwLock<Option<std::sync::Arc<rustls::ClientConfig>>>,
+    /// The CAs the server trusts: what endpoints acting on a user's delegation must chain to.
+    roots: RwLock<Option<std::sync::Arc<rustls::RootCertStore>>>,
     /// The fingerprint of that certificate: capabilities for the server's own copies are
     /// bound to it, and it may never register as a node.
     own_cert: RwLock<Option<Fingerprint>>,
@@ -221,6 +223,7 @@ fn copy_options(
         link_bps: 10_000_000_000,
         checkpoint_interval: Duration::from_secs(5),
         control_pool,
+        peer_tls: Vec::new(),
         zero_copy: true,
         trace: None,
         receiver_evidence: false,
@@ -246,6 +249,7 @@ impl Meta {
             live_clients: Default::default(),
             jobs: Default::default(),
             client_tls: RwLock::new(None),
+            roots: RwLock::new(None),
             own_cert: RwLock::new(None),
             control_pool: Default::default(),
             rates: Mutex::new(HashMap::new()),
@@ -267,8 +271,32 @@ impl Meta {
             .map(|c| Fingerprint::of(c.as_ref()))
             .ok_or_else(|| transfer::TransferError::unauthenticated("no certificate"))?;
         *self.client_tls.write().expect("tls lock") = Some(tls);
+        *self.roots.write().expect("tls lock") = Some(creds.roots.clone());
         *self.own_cert.write().expect("cert lock") = Some(fp);
         Ok(())
+    }
+
+    /// Client TLS acting with a user's delegation (PEM chain and key), trusting the server's
+    /// CAs.
+    pub fn delegated_tls(
+        &self,
+        chain_pem: &str,
+        key_pem: &str,
+    ) -> Result<transfer::conn::ClientTls, transfer::TransferError> {
+        let roots = self
+            .roots
+            .read()
+            .expect("tls lock")
+            .clone()
+            .ok_or_else(|| {
+                transfer::TransferError::unauthenticated(
+                    "the metadata server has no CA certificates",
+                )
+            })?;
+        let creds = transfer::tls::Credentials::from_pem(chain_pem, key_pem, roots)?;
+        Ok(transfer::conn::ClientTls {
+            config: transfer::tls::client_config(&creds)?,
+        })
     }
 
     /// The fingerprint of the server's own certificate, once set.

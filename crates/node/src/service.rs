@@ -256,6 +256,7 @@ mod tests {
             tls: Some(EndpointTls {
                 server: tls::server_config(&node_creds).unwrap(),
                 client: tls::client_config(&node_creds).unwrap(),
+                delegation_hosts: Vec::new(),
             }),
             service: Arc::new(NodeService::new(link.clone(), root.path().to_path_buf())),
             limits: Default::default(),
@@ -295,6 +296,7 @@ mod tests {
             link_bps: 1_000_000_000,
             checkpoint_interval: Duration::from_secs(5),
             control_pool: None,
+            peer_tls: Vec::new(),
             zero_copy: false,
             trace: None,
             receiver_evidence: false,

@@ -123,6 +123,9 @@ pub struct CopyOptions {
     /// Third-party sessions take their control connections from here and put them back when
     /// they end cleanly (the metadata server's; `None` connects anew each time).
     pub control_pool: Option<Arc<crate::control_pool::ControlPool>>,
+    /// Third-party sessions connect to these peers with their own TLS (a user's delegation
+    /// the metadata server acts with at an endpoint), never through the pool.
+    pub peer_tls: Vec<(Peer, ClientTls)>,
     /// Local files are sent on clear streams with `sendfile` from the page cache (`false`:
     /// written from a buffer, as on TLS streams; `--no-zero-copy`).
     pub zero_copy: bool,
@@ -1349,8 +1352,17 @@ pub async fn third_party(
         cancel,
     } = ctx;
     let limits = sys::host_limits();
+    let own_tls = |p: &Peer| {
+        opts.peer_tls
+            .iter()
+            .find(|(q, _)| q == p)
+            .map(|(_, t)| t.clone())
+    };
     let connect = |p: &Peer| {
-        let (pool, tls, limits) = (opts.control_pool.clone(), opts.tls.clone(), limits.clone());
+        let (pool, tls, limits) = match own_tls(p) {
+            Some(t) => (None, Some(t), limits.clone()),
+            None => (opts.control_pool.clone(), opts.tls.clone(), limits.clone()),
+        };
         let (host, port) = (p.host.clone(), p.port);
         async move {
             match pool {
@@ -1452,14 +1464,10 @@ pub async fn third_party(
         &counters.bytes_done,
         source.bytes_moved + source.bytes_skipped,
     );
-    match &opts.control_pool {
-        Some(pool) => {
-            pool.put(sa);
-            pool.put(sb);
-        }
-        None => {
-            sa.writer.shutdown().await;
-            sb.writer.shutdown().await;
+    for (mut s, p) in [(sa, a), (sb, b)] {
+        match &opts.control_pool {
+            Some(pool) if own_tls(p).is_none() => pool.put(s),
+            _ => s.writer.shutdown().await,
         }
     }
     let plan = source.plan.clone();

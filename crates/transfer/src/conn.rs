@@ -383,6 +383,8 @@ pub enum Accepted {
     Control {
         io: Io,
         subject: Option<String>,
+        /// The scope of the user's delegation the peer presented (`crate::delegation`).
+        delegation: Option<crate::delegation::Scope>,
         first: Option<u8>,
     },
     /// A data connection asking to join a session; `nonce` is what its proof must cover.
@@ -472,6 +474,7 @@ async fn classify(
         return Ok(Accepted::Control {
             io,
             subject: None,
+            delegation: None,
             first: None,
         });
     }
@@ -491,6 +494,8 @@ async fn classify(
         }
     };
     let subject = tls::peer_subject(stream.get_ref().1);
+    let delegation = tls::peer_delegation(stream.get_ref().1)
+        .map_err(|e| TransferError::unauthenticated(format!("{peer}: {e}")))?;
     let nonce = tls::exporter_nonce(stream.get_ref().1)?;
     let mut io = Io::Tls(Box::new(tokio_rustls::TlsStream::Server(stream)));
     let mut first = [0u8; 1];
@@ -517,6 +522,7 @@ async fn classify(
     Ok(Accepted::Control {
         io,
         subject,
+        delegation,
         first: Some(first[0]),
     })
 }

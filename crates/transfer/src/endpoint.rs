@@ -45,6 +45,9 @@ use wire::plan::{Choices, PathFacts, plan};
 pub struct EndpointTls {
     pub server: Arc<rustls::ServerConfig>,
     pub client: Arc<rustls::ClientConfig>,
+    /// The names this endpoint answers to in users' delegations (its host certificate's; empty
+    /// when `server` accepts no delegation).
+    pub delegation_hosts: Vec<String>,
 }
 
 /// Configuration of an endpoint.
@@ -188,7 +191,12 @@ async fn handle(
         Ok(Accepted::Data { io, bind, nonce }) => {
             bind_data(&ep, io, bind, nonce, &peer, deadline).await
         }
-        Ok(Accepted::Control { io, subject, first }) => {
+        Ok(Accepted::Control {
+            io,
+            subject,
+            delegation,
+            first,
+        }) => {
             let _ = sys::set_keepalive(io.tcp());
             // Capabilities serve only the certificate they were issued to.
             let presenter = match &io {
@@ -201,7 +209,12 @@ async fn handle(
                 (Ok(l), Ok(p)) => Some((l, p)),
                 _ => None,
             };
-            if let Err(e) = control(ep, conn, subject, presenter, addrs, stop).await {
+            let who = Who {
+                subject,
+                presenter,
+                delegation,
+            };
+            if let Err(e) = control(ep, conn, who, addrs, stop).await {
                 tracing::debug!(%peer, error = %e, "control connection ended");
             }
         }
@@ -363,14 +376,76 @@ fn register(
     Ok(rx)
 }
 
+/// Who opened a control connection, from the certificates TLS verified.
+struct Who {
+    subject: Option<String>,
+    presenter: Option<crate::certid::Fingerprint>,
+    /// The scope of the user's delegation, when the client presented one.
+    delegation: Option<crate::delegation::Scope>,
+}
+
+/// Refuses, before anything is resolved, what a delegated session may not do: anything but
+/// stat, list, read and write, and any path outside the delegation's scope at this endpoint.
+fn delegated(
+    ep: &Endpoint,
+    scope: &crate::delegation::Scope,
+    req: &Request,
+) -> Result<(), ErrorInfo> {
+    use crate::delegation::Access;
+    let hosts = ep
+        .cfg
+        .tls
+        .as_ref()
+        .map(|t| t.delegation_hosts.as_slice())
+        .unwrap_or_default();
+    let check = |access: Access, path: &str| {
+        if scope.permits(hosts, access, path) {
+            Ok(())
+        } else {
+            Err(ErrorInfo::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "{path}: outside the delegation's scope ({} {path} is not delegated at this endpoint)",
+                    if access == Access::Read {
+                        "read"
+                    } else {
+                        "write"
+                    }
+                ),
+            ))
+        }
+    };
+    match req {
+        Request::Hello { .. } | Request::Cancel | Request::PerfSent { .. } => Ok(()),
+        Request::Stat { path } | Request::List { path, .. } => check(Access::Read, path),
+        Request::OpenSink { dest, .. } => check(Access::Write, dest),
+        Request::OpenSource { path, files, .. } => {
+            if files.is_empty() || !path.is_empty() {
+                check(Access::Read, path)?;
+            }
+            files
+                .iter()
+                .try_for_each(|f| check(Access::Read, &f.locator))
+        }
+        _ => Err(ErrorInfo::new(
+            ErrorKind::PermissionDenied,
+            "a delegated credential may only stat, list, read and write",
+        )),
+    }
+}
+
 async fn control(
     ep: Arc<Endpoint>,
     conn: conn::ControlConn,
-    subject: Option<String>,
-    presenter: Option<crate::certid::Fingerprint>,
+    who: Who,
     addrs: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
     stop: CancellationToken,
 ) -> Result<(), TransferError> {
+    let Who {
+        subject,
+        presenter,
+        delegation,
+    } = who;
     let (mut reader, mut writer) = conn.split();
     let peer = reader.peer.clone();
     if ep.acceptor.is_some() && subject.is_none() {
@@ -422,6 +497,13 @@ async fn control(
             _ = stop.cancelled() => return Ok(()),
         };
         let Some(req) = req else { return Ok(()) };
+        if let Some(scope) = &delegation
+            && let Err(e) = delegated(&ep, scope, &req)
+        {
+            tracing::info!(peer = %ctl.reader.peer, %identity, error = %e.message, "delegated request refused");
+            ctl.writer.send_response(&Response::Error(e)).await?;
+            continue;
+        }
         match req {
             Request::Hello { version, .. } => {
                 let reply = Response::Welcome {

@@ -14,6 +14,7 @@ pub mod claims;
 pub mod client;
 pub mod conn;
 pub mod control_pool;
+pub mod delegation;
 pub mod doctor;
 pub mod endpoint;
 pub mod error;

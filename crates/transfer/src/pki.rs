@@ -70,7 +70,7 @@ fn cert_err(e: rcgen::Error) -> TransferError {
 }
 
 /// Writes `contents` to a new file with mode `mode`, refusing to overwrite.
-fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), TransferError> {
+pub fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), TransferError> {
     let mut f = fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -37,6 +37,24 @@ pub struct Credentials {
 }
 
 impl Credentials {
+    /// Credentials from PEM text (a delegation a service holds for a user), trusting `roots`.
+    pub fn from_pem(
+        chain_pem: &str,
+        key_pem: &str,
+        roots: Arc<RootCertStore>,
+    ) -> Result<Self, TransferError> {
+        let chain: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .map_err(|e| TransferError::unauthenticated(format!("not a PEM chain: {e}")))?;
+        if chain.is_empty() {
+            return Err(TransferError::unauthenticated("no certificate"));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| TransferError::unauthenticated(format!("not a PEM private key: {e}")))?;
+        Ok(Self { chain, key, roots })
+    }
+
     pub fn load(paths: &CredentialPaths) -> Result<Self, TransferError> {
         let hint = "pass --cert/--key/--ca (or HAUL_CERT/HAUL_KEY/HAUL_CA), or create them with `haul ca init` and `haul cert issue`";
         let read_certs = |p: &Path| -> Result<Vec<CertificateDer<'static>>, TransferError> {
@@ -245,14 +263,101 @@ impl rustls::server::danger::ClientCertVerifier for NotingVerifier {
     }
 }
 
+/// Accepts a user's delegation ([`crate::delegation`]): the chain `[delegation, user, ...]`
+/// passes when the user's chain passes the CA's verifier and the delegation is the user's and
+/// valid now. Any other chain goes to the CA's verifier as it is. The handshake's signature is
+/// checked against the delegation's key (the end entity's) as for any client.
+#[derive(Debug)]
+struct DelegationVerifier(Arc<dyn rustls::server::danger::ClientCertVerifier>);
+
+impl rustls::server::danger::ClientCertVerifier for DelegationVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.0.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.0.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        if !crate::delegation::is_delegation(end_entity) {
+            return self.0.verify_client_cert(end_entity, intermediates, now);
+        }
+        let Some((user, rest)) = intermediates.split_first() else {
+            return Err(rustls::Error::General(
+                "a delegation without its user's certificate".into(),
+            ));
+        };
+        self.0.verify_client_cert(user, rest, now)?;
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(now.as_secs());
+        crate::delegation::verify(end_entity, user, at).map_err(|e| {
+            REFUSED_SUBJECT.with(|s| *s.borrow_mut() = subject_of(user));
+            rustls::Error::General(e)
+        })?;
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
 /// Server side: TLS 1.3 only, client certificate required and verified against the CA.
 pub fn server_config(creds: &Credentials) -> Result<Arc<ServerConfig>, TransferError> {
+    build_server_config(creds, false)
+}
+
+/// [`server_config`] that also accepts users' delegations (a standalone endpoint's: the
+/// sessions they open are confined to the delegation's scope, see `endpoint`).
+pub fn server_config_accepting_delegations(
+    creds: &Credentials,
+) -> Result<Arc<ServerConfig>, TransferError> {
+    build_server_config(creds, true)
+}
+
+fn build_server_config(
+    creds: &Credentials,
+    delegations: bool,
+) -> Result<Arc<ServerConfig>, TransferError> {
     let verifier = WebPkiClientVerifier::builder_with_provider(creds.roots.clone(), provider())
         .build()
         .map_err(|e| {
             TransferError::unauthenticated(format!("cannot build certificate verifier: {e}"))
         })?;
-    let verifier = Arc::new(NotingVerifier(verifier));
+    let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> =
+        Arc::new(NotingVerifier(verifier));
+    let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> = if delegations {
+        Arc::new(DelegationVerifier(verifier))
+    } else {
+        verifier
+    };
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TransferError::unauthenticated(e.to_string()))?
@@ -290,9 +395,66 @@ pub fn subject_of(cert: &CertificateDer<'_>) -> Option<String> {
         .map(|i| i.subject)
 }
 
-/// The subject of the peer's end-entity certificate.
+/// The subject of the peer's end-entity certificate; for a delegation (which only a
+/// [`server_config_accepting_delegations`] lets through) the subject of the user who issued it.
 pub fn peer_subject(conn: &rustls::CommonState) -> Option<String> {
-    conn.peer_certificates()?.first().and_then(subject_of)
+    let certs = conn.peer_certificates()?;
+    let first = certs.first()?;
+    if crate::delegation::is_delegation(first) {
+        return certs.get(1).and_then(subject_of);
+    }
+    subject_of(first)
+}
+
+/// The scope of the delegation the peer presented, if it presented one (the handshake
+/// verified it; `Err` if it no longer verifies, e.g. expired since).
+pub fn peer_delegation(
+    conn: &rustls::CommonState,
+) -> Result<Option<crate::delegation::Scope>, String> {
+    let Some(certs) = conn.peer_certificates() else {
+        return Ok(None);
+    };
+    match certs {
+        [first, user, ..] if crate::delegation::is_delegation(first) => {
+            crate::delegation::verify(first, user, std::time::SystemTime::now()).map(Some)
+        }
+        [first, ..] if crate::delegation::is_delegation(first) => {
+            Err("a delegation without its user's certificate".into())
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The host names a host certificate is for (its DNS and IP subject alternative names, and
+/// its host common name): the names delegations for this endpoint may give.
+pub fn host_names(cert: &CertificateDer<'_>) -> Vec<String> {
+    let mut names = Vec::new();
+    if let Ok((_, c)) = x509_parser::parse_x509_certificate(cert.as_ref())
+        && let Ok(Some(san)) = c.subject_alternative_name()
+    {
+        for n in &san.value.general_names {
+            match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => {
+                    names.push(d.to_ascii_lowercase())
+                }
+                x509_parser::extensions::GeneralName::IPAddress(b) => {
+                    if let Ok(a) = <[u8; 4]>::try_from(*b) {
+                        names.push(std::net::Ipv4Addr::from(a).to_string());
+                    } else if let Ok(a) = <[u8; 16]>::try_from(*b) {
+                        names.push(std::net::Ipv6Addr::from(a).to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Ok(id) = crate::certid::CertIdentity::from_der(cert.as_ref())
+        && let Some(h) = id.host
+        && !names.contains(&h)
+    {
+        names.push(h.to_ascii_lowercase());
+    }
+    names
 }
 
 /// A 32-byte value both ends of a TLS connection derive, binding a data stream to this very

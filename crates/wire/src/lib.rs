@@ -11,6 +11,7 @@ pub mod checksum;
 pub mod codec;
 pub mod control;
 pub mod data;
+pub mod delegation;
 pub mod error;
 pub mod grant;
 pub mod losscause;

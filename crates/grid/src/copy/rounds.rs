@@ -583,6 +583,7 @@ mod tests {
                 link_bps: 1_000_000_000,
                 checkpoint_interval: Duration::from_secs(5),
                 control_pool: None,
+                peer_tls: Vec::new(),
                 zero_copy: false,
                 trace: None,
                 receiver_evidence: false,
