@@ -57,6 +57,10 @@ struct LinkMeter {
     ended: AtomicU64,
     streams: AtomicU32,
     sessions: AtomicU32,
+    /// Round trips the sessions that ended saw (µs, TCP_INFO): their lowest, and the highest
+    /// smoothed one since the optimizer last looked (0: none).
+    min_rtt_us: AtomicU32,
+    srtt_us: AtomicU32,
 }
 
 /// The optimizer of every link jobs use, and what it remembers.
@@ -121,6 +125,10 @@ impl Links {
             let ended = m.ended.swap(0, Ordering::Relaxed);
             let streams = m.streams.load(Ordering::Relaxed).max(1);
             t.record(now, bytes, resent, ended, streams);
+            let srtt = m.srtt_us.swap(0, Ordering::Relaxed);
+            if srtt > 0 {
+                t.record_rtt(m.min_rtt_us.load(Ordering::Relaxed), srtt);
+            }
             let running = on_link.get(link).copied().unwrap_or(0);
             let before = t.sessions();
             if let Some(r) = t.tick(now, running >= before) {
@@ -1665,6 +1673,16 @@ async fn copy_pair_inner(
             .ended
             .fetch_add(a.source.bytes_moved.max(1), Ordering::Relaxed);
         meter.streams.store(a.source.streams, Ordering::Relaxed);
+        if let Some(e) = &a.source.send {
+            if e.min_rtt_us > 0 {
+                let _ = meter
+                    .min_rtt_us
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                        (m == 0 || e.min_rtt_us < m).then_some(e.min_rtt_us)
+                    });
+            }
+            meter.srtt_us.fetch_max(e.srtt_us, Ordering::Relaxed);
+        }
     }
     if result.is_ok() && !at_endpoint(src) {
         meta.note_rate(

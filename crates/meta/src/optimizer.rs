@@ -84,6 +84,12 @@ pub struct LinkTuner {
     counting_since: Option<Instant>,
     /// Probes completed (for reports and tests).
     pub probes: u64,
+    /// The lowest round-trip time the link's sessions saw (its base, µs; 0: none yet), and
+    /// the highest smoothed one reported during the current probe.
+    rtt_base_us: u32,
+    rtt_probe_us: u32,
+    /// Whether the last probe with a round-trip report saw a queue (`None`: never told).
+    queueing: Option<bool>,
 }
 
 /// What a probe ended with: for reports and the per-link memory.
@@ -93,10 +99,24 @@ pub struct ProbeResult {
     pub goodput_bps: f64,
     pub loss: f64,
     pub score: f64,
+    /// The sessions' round trips grew over the link's base: a queue is building (`None`:
+    /// no session reported a round trip yet).
+    pub queueing: Option<bool>,
+}
+
+impl ProbeResult {
+    /// Nothing lost and no queue: the link has room the sessions do not use (each is held
+    /// by its own window, not by the link), so more sessions add their share in full.
+    fn headroom(&self) -> bool {
+        self.loss <= FULL_LOSS / 10.0 && self.queueing == Some(false)
+    }
 }
 
 /// Loss above which a link is taken to be full: fewer sessions, at once.
 const FULL_LOSS: f64 = 0.001;
+
+/// A smoothed round trip this much above the link's base means a queue.
+const QUEUE_RTT_RATIO: f64 = 1.25;
 
 impl LinkTuner {
     /// A tuner starting at `sessions` (what this link learned before, or the default).
@@ -119,7 +139,19 @@ impl LinkTuner {
             streams: 1,
             counting_since: None,
             probes: 0,
+            rtt_base_us: 0,
+            rtt_probe_us: 0,
+            queueing: None,
         }
+    }
+
+    /// A session of the link ended having seen round trips of at least `min_rtt_us` and up
+    /// to `srtt_us` (smoothed, TCP_INFO), both in µs; zeros are ignored.
+    pub fn record_rtt(&mut self, min_rtt_us: u32, srtt_us: u32) {
+        if min_rtt_us > 0 && (self.rtt_base_us == 0 || min_rtt_us < self.rtt_base_us) {
+            self.rtt_base_us = min_rtt_us;
+        }
+        self.rtt_probe_us = self.rtt_probe_us.max(srtt_us);
     }
 
     /// Sessions the link should have now.
@@ -162,13 +194,19 @@ impl LinkTuner {
                 self.loss = (self.resent as f64 / self.ended as f64).min(1.0);
             }
             let loss = self.loss;
+            if self.rtt_probe_us > 0 && self.rtt_base_us > 0 {
+                self.queueing =
+                    Some(self.rtt_probe_us as f64 > self.rtt_base_us as f64 * QUEUE_RTT_RATIO);
+            }
             ProbeResult {
                 sessions: self.sessions,
                 goodput_bps: goodput,
                 loss,
                 score: score(goodput, self.sessions * self.streams, loss),
+                queueing: self.queueing,
             }
         });
+        self.rtt_probe_us = 0;
         if let Some(r) = result {
             self.probes += 1;
             self.decide(r);
@@ -188,8 +226,16 @@ impl LinkTuner {
                 let better = last.is_none_or(|l| r.score > l * 1.01);
                 let worse = last.is_some_and(|l| r.score < l * 0.99);
                 if better && self.can_move(dir) {
+                    // Up into room the link has: double (the sessions' slow start);
+                    // otherwise two at a time, or one once a move went too far.
+                    let step = if fine {
+                        1
+                    } else if dir > 0 && r.headroom() {
+                        step.saturating_mul(2).clamp(2, self.sessions.max(2))
+                    } else {
+                        2
+                    };
                     self.move_by(dir, step);
-                    let step = if fine { 1 } else { 2 };
                     self.mode = Mode::Climb { dir, step, fine };
                 } else if worse && step > 1 {
                     // Probably one too far: one back, and on that way while it helps.
@@ -233,6 +279,16 @@ impl LinkTuner {
                     self.mode = Mode::Climb {
                         dir,
                         step: 2,
+                        fine: false,
+                    };
+                } else if r.headroom() && self.can_move(1) {
+                    // Room on the link (capacity grew, other traffic left): as many sessions
+                    // again at once, and on up while it pays.
+                    let step = self.sessions.max(1);
+                    self.move_by(1, step);
+                    self.mode = Mode::Climb {
+                        dir: 1,
+                        step,
                         fine: false,
                     };
                 } else if held + 1 >= self.s.explore_every {
@@ -312,11 +368,14 @@ mod tests {
         let mut out = Vec::new();
         for p in 0..probes {
             let (g, loss) = link(cap(p), per_session, t.sessions());
-            // Half-second samples over the probe.
+            // Half-second samples over the probe; a session ends in each, reporting the
+            // round trip: 40 ms, and half as much again once the sessions fill the queue.
+            let full = per_session * t.sessions() as f64 >= cap(p);
             for _ in 0..6 {
                 *now += Duration::from_millis(500);
                 let bytes = (g / 8.0 * 0.5) as u64;
                 t.record(*now, bytes, (bytes as f64 * loss) as u64, bytes, 1);
+                t.record_rtt(40_000, if full { 60_000 } else { 40_400 });
             }
             if let Some(r) = t.tick(*now, true) {
                 out.push(r.goodput_bps);
@@ -331,7 +390,8 @@ mod tests {
         let mut t = LinkTuner::new(TunerSettings::default(), 1, clock);
         // 1 Gbit/s, 100 Mbit/s per session: ten sessions fill it.
         let g = run(&mut clock, &mut t, 20, |_| 1e9, 1e8);
-        assert!(g[..12].iter().any(|g| *g > 0.9e9), "{g:?}");
+        // Doubling while nothing is lost and no queue builds: 1, 2, 4 (or so), then full.
+        assert!(g[..4].iter().any(|g| *g > 0.9e9), "{g:?}");
         assert!((9..=12).contains(&t.sessions()), "{}", t.sessions());
         assert!(g[15..].iter().all(|g| *g > 0.85e9), "{g:?}");
         // Down to 300 Mbit/s: fewer sessions carry it (the extra ones only cost), with the
@@ -339,10 +399,12 @@ mod tests {
         let g = run(&mut clock, &mut t, 16, |_| 3e8, 1e8);
         assert!(g.iter().filter(|g| **g < 2.9e8).count() <= 4, "{g:?}");
         assert!(t.sessions() <= 6, "{}", t.sessions());
-        // Back to 1 Gbit/s: within a few probes (3 s each) above 90% again.
         let g = run(&mut clock, &mut t, 16, |_| 1e9, 1e8);
+        // Back to 1 Gbit/s: the sessions' round trips show the queue gone and nothing is
+        // lost, so the next probe doubles the sessions; above 90% again in the probe that
+        // ends 9 s after the change (index 2; 3 s probes).
         let first = g.iter().position(|g| *g > 0.9e9).expect("recovered");
-        assert!(first <= 9, "{first}: {g:?}");
+        assert!(first <= 2, "{first}: {g:?}");
     }
 
     #[test]
@@ -362,6 +424,30 @@ mod tests {
         t.record(now, 1 << 20, 0, 1 << 20, 1);
         assert_eq!(t.tick(now + Duration::from_secs(1), false), None);
         assert_eq!((t.sessions(), t.probes), (3, 0));
+    }
+
+    #[test]
+    fn without_round_trips_it_looks_up_only_now_and_then() {
+        // The same capacity increase with no session reporting a round trip: headroom is
+        // not known, so the hold explores one session every third probe (slower, never a
+        // jump into a link that may be full).
+        let mut clock = Instant::now();
+        let mut t = LinkTuner::new(TunerSettings::default(), 3, clock);
+        let mut sessions = Vec::new();
+        for _ in 0..12 {
+            for _ in 0..6 {
+                clock += Duration::from_millis(500);
+                let g = 1e8 * t.sessions() as f64;
+                let bytes = (g.min(1e9) / 8.0 * 0.5) as u64;
+                t.record(clock, bytes, 0, bytes, 1);
+            }
+            t.tick(clock, true);
+            sessions.push(t.sessions());
+        }
+        for w in sessions.windows(2) {
+            assert!(w[1] <= w[0] + 2, "jumped: {sessions:?}");
+        }
+        assert!(sessions.last().unwrap() > &3, "{sessions:?}");
     }
 
     #[test]
