@@ -20,7 +20,7 @@ fuzz_target!(|bytes: &[u8]| {
     let Some((&which, body)) = bytes.split_first() else {
         return;
     };
-    match which % 34 {
+    match which % 35 {
         0 => round_trip::<pb::PathRequest>(body),
         1 => round_trip::<pb::ListRequest>(body),
         2 => round_trip::<pb::MkdirRequest>(body),
@@ -54,6 +54,7 @@ fuzz_target!(|bytes: &[u8]| {
         30 => round_trip::<pb::JobsRequest>(body),
         31 => round_trip::<pb::GetJobRequest>(body),
         32 => round_trip::<pb::JobId>(body),
+        33 => round_trip::<pb::RetryJobRequest>(body),
         _ => round_trip::<pb::Empty>(body),
     }
 });

@@ -52,6 +52,10 @@ struct Args {
     /// e.g. 1,4,none.
     #[arg(long, value_name = "K,...")]
     compete: Option<String>,
+    /// Instead: a 10,000-file job of mixed sizes on a link of `--high` and `--rtt-ms`, beside
+    /// `globus-url-copy -f LIST -cc N -pp` for each N listed here, e.g. 4,8,16.
+    #[arg(long, value_name = "N,...")]
+    versus: Option<String>,
 }
 
 /// One sample of the link a -> b.
@@ -70,6 +74,9 @@ fn main() -> Result<()> {
     let haul = std::fs::canonicalize(&args.haul).context("--haul")?;
     if let Some(caps) = &args.compete {
         return compete(&args, &haul, caps);
+    }
+    if let Some(ccs) = &args.versus {
+        return versus(&args, &haul, ccs);
     }
     let phase = if args.quick { 6 } else { args.phase };
     std::fs::create_dir_all(&args.work)?;
@@ -460,6 +467,214 @@ fn compete(args: &Args, haul: &std::path::Path, caps: &str) -> Result<()> {
     std::fs::create_dir_all(&args.out)?;
     let stem = format!(
         "{}-jobs-compete{}",
+        &now_rfc3339()[..10],
+        if args.quick { "-quick" } else { "" }
+    );
+    std::fs::write(
+        args.out.join(format!("{stem}.json")),
+        serde_json::to_string_pretty(&doc)?,
+    )?;
+    std::fs::write(args.out.join(format!("{stem}.md")), &md)?;
+    print!("{md}");
+    Ok(())
+}
+
+/// Sizes of the mixed 10,000-file data set: 9,000 small files (4-64 kB), 900 of 1 MiB, 100
+/// of 8 MiB, shuffled (about 2 GB).
+fn mixed_sizes(quick: bool) -> Vec<u64> {
+    let scale = if quick { 10 } else { 1 };
+    let mut sizes = data::small_sizes(9000 / scale, 3131);
+    sizes.extend(std::iter::repeat_n(MIB, 900 / scale));
+    sizes.extend(std::iter::repeat_n(8 * MIB, 100 / scale));
+    let mut rng = data::Rng::new(3132);
+    for i in (1..sizes.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        sizes.swap(i, j);
+    }
+    sizes
+}
+
+/// The 10,000-file job against `globus-url-copy -f LIST -cc N -pp` for each N of `ccs`, on
+/// one link (`--high`, `--rtt-ms`): wall time, files and the link's use, side by side.
+fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
+    let sizes = mixed_sizes(args.quick);
+    let ds = data::tree(&args.work, "jobs", "mixed", &sizes, 4242)?;
+    eprintln!(
+        "jobbench: {} files, {}, link {} bit/s, {} ms",
+        ds.file_count,
+        data::human(ds.bytes),
+        args.high,
+        args.rtt_ms
+    );
+    let limit = Duration::from_secs(if args.quick { 300 } else { 1800 });
+    let mut rows = Vec::new();
+    // 1. longhaul: the data set at site A, one job to site B.
+    {
+        let lab = two_sites(args.high, args.rtt_ms)?;
+        let dir = args.work.join("versus-grid");
+        let _ = std::fs::remove_dir_all(&dir);
+        let g = Grid::start(&dir, haul, &lab)?;
+        upload(&g, &ds)?;
+        let before = lab.stats();
+        let t0 = Instant::now();
+        let job = g.json(
+            &[
+                "submit",
+                "--json",
+                "-r",
+                "--site",
+                "B",
+                "/ds/mixed",
+                "/copy",
+            ],
+            Duration::from_secs(120),
+        )?;
+        let id = job["job"]["id"].as_i64().context("job id")?.to_string();
+        let wait = g.run(
+            &[
+                "job",
+                "wait",
+                &id,
+                "--timeout",
+                &format!("{}s", limit.as_secs()),
+            ],
+            limit + Duration::from_secs(30),
+            "wait",
+        )?;
+        let secs = t0.elapsed().as_secs_f64();
+        let after = lab.stats();
+        let j = g.json(&["job", "show", &id, "--json"], Duration::from_secs(60))?;
+        let done = j["job"]["files_done"].as_u64().unwrap_or(0);
+        let ok = wait.ok() && done == ds.file_count as u64;
+        let moved = delivered_a_to_b(&after) - delivered_a_to_b(&before);
+        eprintln!("jobbench: haul job: {secs:.1} s, {done} files, ok {ok}");
+        rows.push(json!({
+            "tool": "haul submit (job, site A -> B)",
+            "flags": "defaults",
+            "seconds": secs,
+            "files": done,
+            "ok": ok,
+            "goodput_bps": ds.bytes as f64 * 8.0 / secs,
+            "link_bytes": moved,
+        }));
+    }
+    // 2. globus-url-copy from host a's files to a GridFTP server on host b.
+    let lab = two_sites(args.high, args.rtt_ms)?;
+    let state = args.work.join("versus-gridftp");
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::create_dir_all(&state)?;
+    let hosts = state.join("hosts");
+    let (a0, b0) = (lab.host("a", 0), lab.host("b", 0));
+    std::fs::write(
+        &hosts,
+        format!("127.0.0.1 localhost\n{} a0\n{} b0\n", a0.addr(), b0.addr()),
+    )?;
+    const PORT: u16 = 2811;
+    let server = format!(
+        "mount --bind {hosts} /etc/hosts && exec env GLOBUS_USAGE_OPTOUT=1 globus-gridftp-server -S \
+         -p {PORT} -control-interface {b} -data-interface {b} -aa -anonymous-user nobody \
+         -home-dir / -disable-usage-stats -log-level error,warn -l {log} -pidfile {pid}",
+        hosts = hosts.display(),
+        b = b0.addr(),
+        log = state.join("gridftp.log").display(),
+        pid = state.join("gridftp.pid").display(),
+    );
+    let st = b0
+        .command("unshare")
+        .args(["--mount", "sh", "-c", &server])
+        .status()
+        .context("globus-gridftp-server (apt-get install globus-gridftp-server-progs)")?;
+    if !st.success() {
+        bail!("globus-gridftp-server did not start: {st}");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    // The socket buffers a stream needs for the link (its bandwidth-delay product, x1.5).
+    let bdp = (args.high as f64 / 8.0 * args.rtt_ms as f64 / 1000.0 * 1.5) as u64;
+    for n in ccs.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        let dst = state.join(format!("dst-{n}"));
+        std::fs::create_dir_all(&dst)?;
+        std::fs::set_permissions(&dst, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
+        let list = state.join(format!("list-{n}"));
+        let mut text = String::new();
+        for (rel, _) in &ds.files {
+            text.push_str(&format!(
+                "file://{}/{} ftp://{}:{PORT}{}/{}\n",
+                ds.root.display(),
+                rel.display(),
+                b0.addr(),
+                dst.display(),
+                rel.display()
+            ));
+        }
+        std::fs::write(&list, text)?;
+        let flags = format!("-cd -fast -cc {n} -pp -p 1 -tcp-bs {bdp}");
+        let mut c = a0.command("globus-url-copy");
+        c.args(flags.split(' ')).arg("-f").arg(&list);
+        let before = lab.stats();
+        let t0 = Instant::now();
+        let out = labgrid::run_bounded(c, limit, &state.join(format!("guc-{n}.log")))?;
+        let secs = t0.elapsed().as_secs_f64();
+        let after = lab.stats();
+        let verified = data::verify(&ds, &dst);
+        let ok = out.ok() && verified.is_ok();
+        eprintln!(
+            "jobbench: globus-url-copy -cc {n}: {secs:.1} s, ok {ok} {:?}",
+            verified.err()
+        );
+        rows.push(json!({
+            "tool": "globus-url-copy -f LIST",
+            "flags": flags,
+            "seconds": secs,
+            "files": if ok { ds.file_count } else { 0 },
+            "ok": ok,
+            "goodput_bps": ds.bytes as f64 * 8.0 / secs,
+            "link_bytes": delivered_a_to_b(&after) - delivered_a_to_b(&before),
+        }));
+        let _ = std::fs::remove_dir_all(&dst);
+    }
+    if let Ok(pid) = std::fs::read_to_string(state.join("gridftp.pid")) {
+        let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+    }
+    let doc = json!({
+        "started": now_rfc3339(),
+        "quick": args.quick,
+        "rtt_ms": args.rtt_ms,
+        "rate_bps": args.high,
+        "files": ds.file_count,
+        "bytes": ds.bytes,
+        "rows": rows,
+    });
+    let mut md = format!(
+        "# A 10,000-file job beside globus-url-copy, {}\n\nGenerated by `bench/jobs --versus {ccs}{}{}`: netlab, two sites, {} Mbit/s, {} ms RTT, MTU 9000. {} files ({}): {}. longhaul: the data set uploaded to site A's node, then one job (`haul submit -r --site B`), timed from submission to its end (`haul job wait`). GridFTP: `globus-url-copy -f LIST` from host a's files to `globus-gridftp-server` on host b (anonymous, as in reference/peers.md), each N of `-cc N -pp`; verified byte for byte. Numbers as measured.\n\n| tool | flags | seconds | files | goodput (Mbit/s) | share of the link | verified |\n|---|---|---|---|---|---|---|\n",
+        now_rfc3339(),
+        if args.quick { " --quick" } else { "" },
+        if args.rtt_ms != 40 {
+            format!(" --rtt-ms {}", args.rtt_ms)
+        } else {
+            String::new()
+        },
+        args.high / 1_000_000,
+        args.rtt_ms,
+        ds.file_count,
+        data::human(ds.bytes),
+        "9,000 of 4-64 kB, 900 of 1 MiB, 100 of 8 MiB, shuffled",
+    );
+    for r in &rows {
+        let g = r["goodput_bps"].as_f64().unwrap_or(0.0);
+        md.push_str(&format!(
+            "| {} | {} | {:.1} | {} | {:.0} | {:.0}% | {} |\n",
+            r["tool"].as_str().unwrap_or(""),
+            r["flags"].as_str().unwrap_or(""),
+            r["seconds"].as_f64().unwrap_or(0.0),
+            r["files"],
+            g / 1e6,
+            100.0 * g / args.high as f64,
+            if r["ok"] == true { "yes" } else { "NO" },
+        ));
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let stem = format!(
+        "{}-jobs-versus{}",
         &now_rfc3339()[..10],
         if args.quick { "-quick" } else { "" }
     );

@@ -401,7 +401,8 @@ pub async fn job(c: JobCommand) -> Result<u8, TransferError> {
         }
         JobCommand::Retry(a) => {
             let m = connect(&meta_of(&a.meta)?, &a.creds).await?;
-            let j = m.retry_job(a.id).await?;
+            let delegation = retry_delegation(&m, &a).await?;
+            let j = m.retry_job(a.id, delegation).await?;
             print_info(&j, a.json, "queued again");
             Ok(0)
         }
@@ -410,6 +411,39 @@ pub async fn job(c: JobCommand) -> Result<u8, TransferError> {
             wait_for(&m, job.id, timeout, job.json).await
         }
     }
+}
+
+/// A new delegation for retrying a job with standalone endpoints: the grants its options
+/// list, living until its deadline (or a week). `None` for a job without endpoints.
+async fn retry_delegation(
+    m: &grid::MetaClient,
+    a: &JobIdArgs,
+) -> Result<Option<(String, String)>, TransferError> {
+    let j = m
+        .get_job(a.id, 0, 1, "")
+        .await?
+        .job
+        .ok_or_else(|| TransferError::protocol("the metadata server sent no job"))?;
+    let opts: Value = serde_json::from_str(&j.options).unwrap_or(Value::Null);
+    let Some(lines) = opts["endpoint_grants"].as_array().filter(|g| !g.is_empty()) else {
+        return Ok(None);
+    };
+    let text = std::iter::once("longhaul-delegation 1".to_string())
+        .chain(lines.iter().filter_map(|l| l.as_str().map(str::to_string)))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let scope = transfer::delegation::Scope::parse(text.as_bytes()).map_err(|e| {
+        TransferError::protocol(format!("the job's endpoint grants do not parse: {e}"))
+    })?;
+    let deadline = opts["deadline_ms"].as_i64().unwrap_or(0);
+    let mut life = Duration::from_secs(7 * 24 * 3600);
+    if deadline > now_ms() {
+        life = life.min(Duration::from_millis(
+            (deadline - now_ms()) as u64 + 600_000,
+        ));
+    }
+    let d = crate::pki::delegate(&a.creds, &scope, life)?;
+    Ok(Some((d.chain_pem, d.key_pem)))
 }
 
 fn print_info(j: &pb::JobInfo, json_out: bool, what: &str) {

@@ -833,6 +833,28 @@ fn jobs_copy_between_the_grid_and_a_standalone_endpoint_on_the_users_delegation(
         "{f}"
     );
 
+    // A job that failed while the endpoint was down is retried once it is back: the retry
+    // brings a new delegation (the first one ended with the job).
+    ep.kill();
+    let later = submit(
+        &g,
+        "runner",
+        &[
+            "--tries",
+            "1",
+            &g.url("/runner/data/f001.bin"),
+            &ep.tls_url("out/later.bin"),
+        ],
+    );
+    assert_eq!(wait_code(&g, "runner", &later), 4, "{}", g.logs());
+    ep = runner_endpoint(&g, &root, &addr);
+    g.ok("runner", &["job", "retry", &later]);
+    assert_eq!(wait_code(&g, "runner", &later), 0, "{}", g.logs());
+    assert_eq!(
+        std::fs::read(root.join("out/later.bin")).unwrap(),
+        std::fs::read(src.join("f001.bin")).unwrap()
+    );
+
     // 4. What a delegation allows at the endpoint: its paths, and nothing at the grid.
     let d = g.path().join("deleg");
     g.ok(

@@ -727,8 +727,22 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner())
     }
 
-    pub async fn retry_job(&self, id: i64) -> Result<pb::JobInfo, TransferError> {
-        let r = self.files.clone().retry_job(pb::JobId { id }).await;
+    /// Retries job `id`; `delegation` (PEM chain, key): a new one for a job with endpoints.
+    pub async fn retry_job(
+        &self,
+        id: i64,
+        delegation: Option<(String, String)>,
+    ) -> Result<pb::JobInfo, TransferError> {
+        let (delegation_chain, delegation_key) = delegation.unwrap_or_default();
+        let r = self
+            .files
+            .clone()
+            .retry_job(pb::RetryJobRequest {
+                id,
+                delegation_chain,
+                delegation_key,
+            })
+            .await;
         Ok(r.map_err(from_status)?.into_inner())
     }
 

@@ -751,10 +751,13 @@ impl Files for FilesService {
         .await
     }
 
-    async fn retry_job(&self, req: Request<pb::JobId>) -> Result<Response<pb::JobInfo>, Status> {
+    async fn retry_job(
+        &self,
+        req: Request<pb::RetryJobRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
         let m = &self.meta;
         m.user_call(Op::one("retry_job"), &req, async |user, q| {
-            m.retry_job(&user, q.id).await
+            m.retry_job(&user, q).await
         })
         .await
     }

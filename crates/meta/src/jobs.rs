@@ -34,7 +34,7 @@ async fn destination_of(meta: &Meta, user: &User, src: &str, dst: &str) -> Resul
 /// the catalog keeps (JSON of the PEM chain and key).
 fn checked_delegation(
     user: &User,
-    q: &pb::SubmitJobRequest,
+    (chain_pem, key_pem): (&str, &str),
     needs: &[(transfer::delegation::Access, EndpointPath)],
 ) -> Result<String> {
     use rustls::pki_types::CertificateDer;
@@ -42,18 +42,17 @@ fn checked_delegation(
     if needs.is_empty() {
         return Ok(String::new());
     }
-    if q.delegation_chain.is_empty() || q.delegation_key.is_empty() {
+    if chain_pem.is_empty() || key_pem.is_empty() {
         return Err(Error::invalid(
             "a pair names a standalone endpoint: the job needs your delegation for it (haul submit makes one)",
         ));
     }
-    if q.delegation_chain.len() + q.delegation_key.len() > 256 << 10 {
+    if chain_pem.len() + key_pem.len() > 256 << 10 {
         return Err(Error::invalid("the delegation is over 256 KiB"));
     }
-    let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(q.delegation_chain.as_bytes())
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| Error::invalid(format!("the delegation is not PEM: {e}")))?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::invalid(format!("the delegation is not PEM: {e}")))?;
     let [first, issuer, ..] = chain.as_slice() else {
         return Err(Error::invalid(
             "the delegation's chain needs the delegation and your certificate",
@@ -80,7 +79,43 @@ fn checked_delegation(
             )));
         }
     }
-    Ok(serde_json::json!({"chain": q.delegation_chain, "key": q.delegation_key}).to_string())
+    Ok(serde_json::json!({"chain": chain_pem, "key": key_pem}).to_string())
+}
+
+/// A need of a job's delegation as its options keep it: `read HOST PATH`.
+fn grant_line((access, e): &(transfer::delegation::Access, EndpointPath)) -> String {
+    let a = if *access == transfer::delegation::Access::Read {
+        "read"
+    } else {
+        "write"
+    };
+    format!("{a} {} {}", e.host, e.path)
+}
+
+/// The needs `grant_line` wrote (a line that does not parse is skipped: the job's files
+/// there then fail on their own).
+fn needs_of(lines: &[String]) -> Vec<(transfer::delegation::Access, EndpointPath)> {
+    use transfer::delegation::Access;
+    lines
+        .iter()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ' ');
+            let access = match f.next()? {
+                "read" => Access::Read,
+                "write" => Access::Write,
+                _ => return None,
+            };
+            let (host, path) = (f.next()?, f.next()?);
+            Some((
+                access,
+                EndpointPath {
+                    host: host.to_string(),
+                    port: 0,
+                    path: path.to_string(),
+                },
+            ))
+        })
+        .collect()
 }
 
 /// `dir/name` at an endpoint.
@@ -189,7 +224,12 @@ impl Meta {
                 (None, None) => {}
             }
         }
-        let credential = checked_delegation(user, q, &needs)?;
+        let credential = checked_delegation(
+            user,
+            (q.delegation_chain.as_str(), q.delegation_key.as_str()),
+            &needs,
+        )?;
+        let endpoint_grants: Vec<String> = needs.iter().map(grant_line).collect();
         // (source, destination, size, error)
         let mut files: Vec<(String, String, u64, Option<Error>)> = Vec::new();
         // Endpoint sources as listed: (index in files, mtime ns, mode).
@@ -334,6 +374,7 @@ impl Meta {
             deadline_ms: q.deadline_ms,
             rate_bps: q.rate_bps,
             webhook: q.webhook.clone(),
+            endpoint_grants,
         };
         let id = self
             .catalog
@@ -582,9 +623,41 @@ impl Meta {
     }
 
     /// Queues an ended job's failed and cancelled files again.
-    pub async fn retry_job(&self, user: &User, id: i64) -> Result<pb::JobInfo> {
-        self.visible_job(user, id).await?;
+    pub async fn retry_job(&self, user: &User, q: &pb::RetryJobRequest) -> Result<pb::JobInfo> {
+        let id = q.id;
+        let j = self.visible_job(user, id).await?;
+        // A job with endpoints acts there on a delegation, which ended with the job: a retry
+        // brings a new one, checked as at submission (the job's own user only).
+        let grants = JobOptions::parse(&j.options)
+            .map(|o| o.endpoint_grants)
+            .unwrap_or_default();
+        let credential = if grants.is_empty() {
+            None
+        } else if !q.delegation_chain.is_empty() {
+            if j.user != user.name {
+                return Err(Error::permission_denied(format!(
+                    "job {id} acts as {} at standalone endpoints: only they can retry it",
+                    j.user
+                )));
+            }
+            Some(checked_delegation(
+                user,
+                (q.delegation_chain.as_str(), q.delegation_key.as_str()),
+                &needs_of(&grants),
+            )?)
+        } else if self.catalog.job_credential(id).await?.is_empty() {
+            return Err(Error::invalid(format!(
+                "job {id} copies with standalone endpoints: its retry needs your new delegation (haul job retry makes one)"
+            )));
+        } else {
+            None
+        };
         let n = self.catalog.retry_job(id).await?;
+        if let Some(c) = credential
+            && n > 0
+        {
+            self.catalog.set_job_credential(id, &c).await?;
+        }
         if n == 0 {
             return Err(Error::invalid(format!(
                 "job {id}: every file is done; nothing to retry"

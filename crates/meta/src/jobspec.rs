@@ -36,6 +36,10 @@ pub struct JobOptions {
     pub rate_bps: u64,
     #[serde(default)]
     pub webhook: String,
+    /// What the job's delegation grants at standalone endpoints (`read HOST PATH` lines; a
+    /// retry's new delegation must cover them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoint_grants: Vec<String>,
 }
 
 impl JobOptions {
