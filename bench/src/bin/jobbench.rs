@@ -56,6 +56,9 @@ struct Args {
     /// `globus-url-copy -f LIST -cc N -pp` for each N listed here, e.g. 4,8,16.
     #[arg(long, value_name = "N,...")]
     versus: Option<String>,
+    /// With --versus: the metadata server's `--job-batch-files` [default: its default].
+    #[arg(long, value_name = "N")]
+    batch_files: Option<u32>,
 }
 
 /// One sample of the link a -> b.
@@ -498,7 +501,9 @@ fn mixed_sizes(quick: bool) -> Vec<u64> {
 /// one link (`--high`, `--rtt-ms`): wall time, files and the link's use, side by side.
 fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
     let sizes = mixed_sizes(args.quick);
-    let ds = data::tree(&args.work, "jobs", "mixed", &sizes, 4242)?;
+    // (Named by its size: a --quick run's smaller set is another data set.)
+    let name = format!("mixed{}", sizes.len());
+    let ds = data::tree(&args.work, "jobs", &name, &sizes, 4242)?;
     eprintln!(
         "jobbench: {} files, {}, link {} bit/s, {} ms",
         ds.file_count,
@@ -513,7 +518,12 @@ fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
         let lab = two_sites(args.high, args.rtt_ms)?;
         let dir = args.work.join("versus-grid");
         let _ = std::fs::remove_dir_all(&dir);
-        let g = Grid::start(&dir, haul, &lab)?;
+        let batch = args.batch_files.map(|n| n.to_string());
+        let meta_args: Vec<&str> = match &batch {
+            Some(n) => vec!["--job-batch-files", n],
+            None => vec![],
+        };
+        let g = Grid::start_with(&dir, haul, &lab, &meta_args)?;
         upload(&g, &ds)?;
         let before = lab.stats();
         let t0 = Instant::now();
@@ -524,7 +534,7 @@ fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
                 "-r",
                 "--site",
                 "B",
-                "/ds/mixed",
+                &format!("/ds/{name}"),
                 "/copy",
             ],
             Duration::from_secs(120),
@@ -550,7 +560,10 @@ fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
         eprintln!("jobbench: haul job: {secs:.1} s, {done} files, ok {ok}");
         rows.push(json!({
             "tool": "haul submit (job, site A -> B)",
-            "flags": "defaults",
+            "flags": match &batch {
+                Some(n) => format!("haul meta serve --job-batch-files {n}"),
+                None => "defaults".to_string(),
+            },
             "seconds": secs,
             "files": done,
             "ok": ok,
@@ -596,7 +609,7 @@ fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
     let bdp = (args.high as f64 / 8.0 * args.rtt_ms as f64 / 1000.0 * 1.5) as u64;
     for n in ccs.split(',').map(str::trim).filter(|c| !c.is_empty()) {
         let top = state.join(format!("dst-{n}"));
-        let dst = top.join("mixed");
+        let dst = top.join(&name);
         std::fs::create_dir_all(&dst)?;
         for d in [&top, &dst] {
             std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
