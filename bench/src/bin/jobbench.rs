@@ -56,9 +56,10 @@ struct Args {
     /// `globus-url-copy -f LIST -cc N -pp` for each N listed here, e.g. 4,8,16.
     #[arg(long, value_name = "N,...")]
     versus: Option<String>,
-    /// With --versus: the metadata server's `--job-batch-files` [default: its default].
-    #[arg(long, value_name = "N")]
-    batch_files: Option<u32>,
+    /// With --versus: extra flags of the metadata server, e.g. "--job-batch-files 500"
+    /// [default: none].
+    #[arg(long, value_name = "FLAGS", allow_hyphen_values = true)]
+    meta_flags: Option<String>,
 }
 
 /// One sample of the link a -> b.
@@ -518,11 +519,11 @@ fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
         let lab = two_sites(args.high, args.rtt_ms)?;
         let dir = args.work.join("versus-grid");
         let _ = std::fs::remove_dir_all(&dir);
-        let batch = args.batch_files.map(|n| n.to_string());
-        let meta_args: Vec<&str> = match &batch {
-            Some(n) => vec!["--job-batch-files", n],
-            None => vec![],
-        };
+        let meta_args: Vec<&str> = args
+            .meta_flags
+            .as_deref()
+            .map(|f| f.split_whitespace().collect())
+            .unwrap_or_default();
         let g = Grid::start_with(&dir, haul, &lab, &meta_args)?;
         upload(&g, &ds)?;
         let before = lab.stats();
@@ -560,8 +561,8 @@ fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
         eprintln!("jobbench: haul job: {secs:.1} s, {done} files, ok {ok}");
         rows.push(json!({
             "tool": "haul submit (job, site A -> B)",
-            "flags": match &batch {
-                Some(n) => format!("haul meta serve --job-batch-files {n}"),
+            "flags": match &args.meta_flags {
+                Some(f) => format!("haul meta serve {f}"),
                 None => "defaults".to_string(),
             },
             "seconds": secs,
