@@ -221,18 +221,24 @@ fn main() -> Result<()> {
         "emulator_cpu_s": stats.emulator_cpu_s,
         "host_drops": stats.host_tx_dropped + stats.host_rx_dropped,
     });
+    write_results(&args, "jobs-wan", &doc, &markdown(&doc))?;
+    Ok(())
+}
+
+/// Writes `doc` and its report `md` to bench/results/<date>-<what>[-quick].{json,md}, and
+/// prints the report.
+fn write_results(args: &Args, what: &str, doc: &Value, md: &str) -> Result<()> {
     std::fs::create_dir_all(&args.out)?;
     let stem = format!(
-        "{}-jobs-wan{}",
+        "{}-{what}{}",
         &now_rfc3339()[..10],
         if args.quick { "-quick" } else { "" }
     );
     std::fs::write(
         args.out.join(format!("{stem}.json")),
-        serde_json::to_string_pretty(&doc)?,
+        serde_json::to_string_pretty(doc)?,
     )?;
-    let md = markdown(&doc);
-    std::fs::write(args.out.join(format!("{stem}.md")), &md)?;
+    std::fs::write(args.out.join(format!("{stem}.md")), md)?;
     print!("{md}");
     Ok(())
 }
@@ -468,18 +474,7 @@ fn compete(args: &Args, haul: &std::path::Path, caps: &str) -> Result<()> {
             r["session_streams_max"]
         );
     }
-    std::fs::create_dir_all(&args.out)?;
-    let stem = format!(
-        "{}-jobs-compete{}",
-        &now_rfc3339()[..10],
-        if args.quick { "-quick" } else { "" }
-    );
-    std::fs::write(
-        args.out.join(format!("{stem}.json")),
-        serde_json::to_string_pretty(&doc)?,
-    )?;
-    std::fs::write(args.out.join(format!("{stem}.md")), &md)?;
-    print!("{md}");
+    write_results(args, "jobs-compete", &doc, &md)?;
     Ok(())
 }
 
@@ -697,17 +692,6 @@ fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
             if r["ok"] == true { "yes" } else { "NO" },
         ));
     }
-    std::fs::create_dir_all(&args.out)?;
-    let stem = format!(
-        "{}-jobs-versus{}",
-        &now_rfc3339()[..10],
-        if args.quick { "-quick" } else { "" }
-    );
-    std::fs::write(
-        args.out.join(format!("{stem}.json")),
-        serde_json::to_string_pretty(&doc)?,
-    )?;
-    std::fs::write(args.out.join(format!("{stem}.md")), &md)?;
-    print!("{md}");
+    write_results(args, "jobs-versus", &doc, &md)?;
     Ok(())
 }

@@ -1574,33 +1574,10 @@ fn grid_files_go_to_a_standalone_endpoint_third_party() {
     std::fs::create_dir_all(src.join("void")).unwrap();
     // Spread over both sites, so that nodes of both push.
     runner_tree_at_both_sites(&g, &src);
-    let mapfile = g.path().join("endpoint-mapfile");
-    std::fs::write(
-        &mapfile,
-        format!(
-            "\"{}\" {TASK_ACCOUNT}\n",
-            harness::pki::user_subject("runner")
-        ),
-    )
-    .unwrap();
     let root = g.path().join("endpoint-root");
     std::fs::create_dir_all(&root).unwrap();
     std::os::unix::fs::chown(&root, Some(uid), None).unwrap();
-    let (cert, key, ca) = (g.pki("meta.pem"), g.pki("meta.key"), g.pki("ca/ca.pem"));
-    let ep = serve(
-        &root,
-        &[
-            "--cert",
-            cert.to_str().unwrap(),
-            "--key",
-            key.to_str().unwrap(),
-            "--ca",
-            ca.to_str().unwrap(),
-            "--mapfile",
-            mapfile.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let ep = runner_endpoint(&g, &root, "127.0.0.1:0");
     let out = g.cp("runner", &["-r", &g.url("/r/tree"), &ep.tls_url("copy")]);
     assert_ok(&out);
     let report = json(&out);

@@ -639,36 +639,6 @@ fn a_capped_link_gets_at_most_k_streams_of_cubic() {
     }
 }
 
-/// A standalone endpoint for `runner` (mapped to the local account [`TASK_ACCOUNT`]) on
-/// `listen`, serving `root` with the grid's CA.
-fn runner_endpoint(g: &Grid, root: &Path, listen: &str) -> Endpoint {
-    let mapfile = g.path().join("endpoint-mapfile");
-    std::fs::write(
-        &mapfile,
-        format!(
-            "\"{}\" {TASK_ACCOUNT}\n",
-            harness::pki::user_subject("runner")
-        ),
-    )
-    .unwrap();
-    let (cert, key, ca) = (g.pki("meta.pem"), g.pki("meta.key"), g.pki("ca/ca.pem"));
-    serve_on(
-        listen,
-        root,
-        &[
-            "--cert",
-            cert.to_str().unwrap(),
-            "--key",
-            key.to_str().unwrap(),
-            "--ca",
-            ca.to_str().unwrap(),
-            "--mapfile",
-            mapfile.to_str().unwrap(),
-        ],
-        &[],
-    )
-}
-
 /// (inode, mtime) of each file below `dir`, by path relative to it.
 fn files_at(dir: &Path) -> HashMap<String, (u64, i64)> {
     use std::os::unix::fs::MetadataExt as _;

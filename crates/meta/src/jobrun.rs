@@ -989,12 +989,7 @@ async fn copy_to_endpoint(
             .grants
             .iter()
             .filter(|g| g.access == Access::Write && g.host.eq_ignore_ascii_case(&dest.host))
-            .filter(|g| {
-                scope.permits(std::slice::from_ref(&g.host), Access::Write, &dest.path)
-                    && (g.path == "/"
-                        || dest.path == g.path
-                        || dest.path.starts_with(&format!("{}/", g.path)))
-            })
+            .filter(|g| g.holds(&dest.path))
             .map(|g| g.path.clone())
             .max_by_key(|p| p.len());
         let Some(root) = root else {

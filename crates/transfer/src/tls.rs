@@ -209,20 +209,28 @@ pub fn take_refused_subject() -> Option<String> {
 /// The CA's client certificate verifier, noting the subject of each certificate it refuses
 /// ([`take_refused_subject`]) so that listeners can log who was refused and why. Verification
 /// itself, and the alert the client gets, are the inner verifier's.
+///
+/// With `delegations`, it also accepts a user's delegation ([`crate::delegation`]): the chain
+/// `[delegation, user, ...]` passes when the user's chain passes the CA's verifier and the
+/// delegation is the user's and valid now. The handshake's signature is checked against the
+/// delegation's key (the end entity's) as for any client.
 #[derive(Debug)]
-struct NotingVerifier(Arc<dyn rustls::server::danger::ClientCertVerifier>);
+struct NotingVerifier {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    delegations: bool,
+}
 
 impl rustls::server::danger::ClientCertVerifier for NotingVerifier {
     fn offer_client_auth(&self) -> bool {
-        self.0.offer_client_auth()
+        self.inner.offer_client_auth()
     }
 
     fn client_auth_mandatory(&self) -> bool {
-        self.0.client_auth_mandatory()
+        self.inner.client_auth_mandatory()
     }
 
     fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
-        self.0.root_hint_subjects()
+        self.inner.root_hint_subjects()
     }
 
     fn verify_client_cert(
@@ -231,10 +239,22 @@ impl rustls::server::danger::ClientCertVerifier for NotingVerifier {
         intermediates: &[CertificateDer<'_>],
         now: rustls::pki_types::UnixTime,
     ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        let verdict = self.0.verify_client_cert(end_entity, intermediates, now);
+        let delegated = self.delegations && crate::delegation::is_delegation(end_entity);
+        // A delegation is its user's: the user's certificate is what the CA vouches for.
+        let (holder, chain) = match intermediates.split_first() {
+            Some((user, rest)) if delegated => (user, rest),
+            _ => (end_entity, intermediates),
+        };
+        let mut verdict = self.inner.verify_client_cert(holder, chain, now);
+        if verdict.is_ok() && delegated {
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(now.as_secs());
+            verdict = match crate::delegation::verify(end_entity, holder, at) {
+                Ok(_) => Ok(rustls::server::danger::ClientCertVerified::assertion()),
+                Err(e) => Err(rustls::Error::General(e)),
+            };
+        }
         if verdict.is_err() {
-            let subject =
-                subject_of(end_entity).unwrap_or_else(|| "(unparsable certificate)".into());
+            let subject = subject_of(holder).unwrap_or_else(|| "(unparsable certificate)".into());
             REFUSED_SUBJECT.with(|s| *s.borrow_mut() = Some(subject));
         }
         verdict
@@ -246,7 +266,7 @@ impl rustls::server::danger::ClientCertVerifier for NotingVerifier {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.inner.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -255,77 +275,11 @@ impl rustls::server::danger::ClientCertVerifier for NotingVerifier {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.inner.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// Accepts a user's delegation ([`crate::delegation`]): the chain `[delegation, user, ...]`
-/// passes when the user's chain passes the CA's verifier and the delegation is the user's and
-/// valid now. Any other chain goes to the CA's verifier as it is. The handshake's signature is
-/// checked against the delegation's key (the end entity's) as for any client.
-#[derive(Debug)]
-struct DelegationVerifier(Arc<dyn rustls::server::danger::ClientCertVerifier>);
-
-impl rustls::server::danger::ClientCertVerifier for DelegationVerifier {
-    fn offer_client_auth(&self) -> bool {
-        self.0.offer_client_auth()
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        self.0.client_auth_mandatory()
-    }
-
-    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
-        self.0.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        if !crate::delegation::is_delegation(end_entity) {
-            return self.0.verify_client_cert(end_entity, intermediates, now);
-        }
-        let Some((user, rest)) = intermediates.split_first() else {
-            return Err(rustls::Error::General(
-                "a delegation without its user's certificate".into(),
-            ));
-        };
-        self.0.verify_client_cert(user, rest, now)?;
-        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(now.as_secs());
-        crate::delegation::verify(end_entity, user, at).map_err(|e| {
-            REFUSED_SUBJECT.with(|s| *s.borrow_mut() = subject_of(user));
-            rustls::Error::General(e)
-        })?;
-        Ok(rustls::server::danger::ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -351,13 +305,10 @@ fn build_server_config(
         .map_err(|e| {
             TransferError::unauthenticated(format!("cannot build certificate verifier: {e}"))
         })?;
-    let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> =
-        Arc::new(NotingVerifier(verifier));
-    let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> = if delegations {
-        Arc::new(DelegationVerifier(verifier))
-    } else {
-        verifier
-    };
+    let verifier = Arc::new(NotingVerifier {
+        inner: verifier,
+        delegations,
+    });
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TransferError::unauthenticated(e.to_string()))?

@@ -82,6 +82,13 @@ fn within(base: &str, path: &str) -> bool {
         || (path.starts_with(base) && path.as_bytes().get(base.len()) == Some(&b'/'))
 }
 
+impl Grant {
+    /// Whether this grant covers normalized `path` (the path itself or below it).
+    pub fn holds(&self, path: &str) -> bool {
+        within(&self.path, path)
+    }
+}
+
 impl Scope {
     /// Parses the extension's text (strictly: any line that is not a grant refuses it all).
     pub fn parse(text: &[u8]) -> Result<Self, String> {

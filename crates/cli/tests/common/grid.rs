@@ -631,3 +631,33 @@ pub fn assert_download_same(g: &Grid, user: &str, path: &str, src: &Path, extra:
     assert_same_tree(src, &dl.path().join(name));
     assert!(partials(dl.path()).is_empty(), "{:?}", partials(dl.path()));
 }
+
+/// A standalone endpoint for `runner` (mapped to the local account [`TASK_ACCOUNT`]) on
+/// `listen`, serving `root` with the grid's CA.
+pub fn runner_endpoint(g: &Grid, root: &Path, listen: &str) -> Endpoint {
+    let mapfile = g.path().join("endpoint-mapfile");
+    std::fs::write(
+        &mapfile,
+        format!(
+            "\"{}\" {TASK_ACCOUNT}\n",
+            harness::pki::user_subject("runner")
+        ),
+    )
+    .unwrap();
+    let (cert, key, ca) = (g.pki("meta.pem"), g.pki("meta.key"), g.pki("ca/ca.pem"));
+    super::serve_on(
+        listen,
+        root,
+        &[
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+            "--ca",
+            ca.to_str().unwrap(),
+            "--mapfile",
+            mapfile.to_str().unwrap(),
+        ],
+        &[],
+    )
+}
