@@ -746,6 +746,12 @@ enum Outcome {
     Stopped,
 }
 
+impl Outcome {
+    fn failed(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Outcome::Failed(kind, message.into())
+    }
+}
+
 /// Copies one batch of a job and writes each file's end.
 async fn run_batch(
     meta: Arc<Meta>,
@@ -977,7 +983,7 @@ async fn copy_to_endpoint(
         let Some(Ok(dest)) = EndpointPath::parse(&f.destination) else {
             out.insert(
                 f.seq,
-                Outcome::Failed(
+                Outcome::failed(
                     ErrorKind::Invalid,
                     format!("{}: not an endpoint path", f.destination),
                 ),
@@ -995,7 +1001,7 @@ async fn copy_to_endpoint(
         let Some(root) = root else {
             out.insert(
                 f.seq,
-                Outcome::Failed(
+                Outcome::failed(
                     ErrorKind::PermissionDenied,
                     format!("{}: outside the job's delegation", f.destination),
                 ),
@@ -1111,7 +1117,7 @@ async fn endpoint_sources(
         let Some(Ok(at)) = EndpointPath::parse(&f.source) else {
             out.insert(
                 f.seq,
-                Outcome::Failed(
+                Outcome::failed(
                     ErrorKind::Invalid,
                     format!("{}: not an endpoint path", f.source),
                 ),
@@ -1126,7 +1132,7 @@ async fn endpoint_sources(
                     None => {
                         out.insert(
                             f.seq,
-                            Outcome::Failed(
+                            Outcome::failed(
                                 ErrorKind::NotFound,
                                 format!("{}: not a file", f.source),
                             ),
@@ -1331,7 +1337,7 @@ async fn copy_into_grid(
                 let _ = meta.catalog.abort_pending(*id).await;
                 out.insert(
                     f.seq,
-                    Outcome::Failed(
+                    Outcome::failed(
                         ErrorKind::Unavailable,
                         format!("{}: no healthy replica", f.source),
                     ),
