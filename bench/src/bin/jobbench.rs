@@ -554,6 +554,17 @@ fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
         let ok = wait.ok() && done == ds.file_count as u64;
         let moved = delivered_a_to_b(&after) - delivered_a_to_b(&before);
         eprintln!("jobbench: haul job: {secs:.1} s, {done} files, ok {ok}");
+        // The job's sessions, for what bounds it (their times, files and streams).
+        if let Ok(h) = g.json(
+            &["transfers", "--kind", "job", "--json", "--limit", "1000"],
+            Duration::from_secs(60),
+        ) {
+            std::fs::create_dir_all(&args.out)?;
+            std::fs::write(
+                args.out.join("jobs-versus-sessions.json"),
+                serde_json::to_string_pretty(&h)?,
+            )?;
+        }
         rows.push(json!({
             "tool": "haul submit (job, site A -> B)",
             "flags": match &args.meta_flags {

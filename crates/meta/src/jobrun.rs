@@ -44,6 +44,37 @@ use wire::grant::Operation;
 /// The most bytes one batch carries (with `--job-batch-files` the most files).
 const BATCH_BYTES: u64 = 1 << 30;
 
+/// The most batches one job starts in one pass of the scheduler.
+const MAX_BATCHES_A_PASS: u32 = 32;
+
+/// Splits a job's runnable files (in order) into at most `most` batches of one route each
+/// (node to node, or with one endpoint: its sessions are alike), of at most `per_batch`
+/// files and [`BATCH_BYTES`] (one file at least: big files make several sessions, which the
+/// link's optimizer can then count). Files of another route than the first wait for a
+/// later pass.
+fn batches_of(files: Vec<JobFile>, per_batch: usize, most: usize) -> Vec<Vec<JobFile>> {
+    let Some(route) = files.first().map(route_of) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Vec<JobFile>> = Vec::new();
+    let mut bytes = 0u64;
+    for f in files.into_iter().filter(|f| route_of(f) == route) {
+        let full = out.last().is_none_or(|b| {
+            b.len() >= per_batch || (bytes + f.size > BATCH_BYTES && !b.is_empty())
+        });
+        if full {
+            if out.len() >= most {
+                break;
+            }
+            out.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += f.size;
+        out.last_mut().expect("a batch").push(f);
+    }
+    out
+}
+
 /// A link: (source site, destination site or "*").
 type Link = (String, String);
 
@@ -68,6 +99,9 @@ struct Links {
     tuner: TunerSettings,
     start: u32,
     links: HashMap<Link, (LinkTuner, Arc<LinkMeter>)>,
+    /// The sessions each link's jobs could use at the last pass: those running and the
+    /// batches waiting for it (a probe counts only while the link's work could fill it).
+    demand: HashMap<Link, u32>,
 }
 
 /// Bytes a TCP retransmit stands for (one full segment on a 1500-byte MTU).
@@ -87,6 +121,7 @@ impl Links {
             },
             start: s.link_sessions.clamp(1, max),
             links: HashMap::new(),
+            demand: HashMap::new(),
         }
     }
 
@@ -129,9 +164,12 @@ impl Links {
             if srtt > 0 {
                 t.record_rtt(m.min_rtt_us.load(Ordering::Relaxed), srtt);
             }
+            // Busy: the link's work could fill its sessions (a session between batches
+            // does not make the probe idle).
             let running = on_link.get(link).copied().unwrap_or(0);
+            let wanted = self.demand.get(link).copied().unwrap_or(0).max(running);
             let before = t.sessions();
-            if let Some(r) = t.tick(now, running >= before) {
+            if let Some(r) = t.tick(now, wanted >= before) {
                 m.sessions.store(t.sessions(), Ordering::Relaxed);
                 tracing::debug!(
                     src_site = %link.0, dst_site = %link.1, sessions = r.sessions,
@@ -367,6 +405,7 @@ async fn pass(
     // Every job with work, for fair share (also those that cannot start a batch now).
     let mut with_work: Vec<Candidate> = Vec::new();
     let active = meta.catalog.active_jobs().await?;
+    links.demand.clear();
     // A job cancelled (here or by another server) with copies still running: stop them.
     for (id, n) in of_job {
         if *n > 0 && !active.iter().any(|j| j.id == *id) {
@@ -402,39 +441,51 @@ async fn pass(
             .catalog
             .runnable_job_files(j.id, now, s.batch_files.max(1))
             .await?;
-        // One route a batch (node to node, or with one endpoint): its sessions are alike.
-        if let Some(route) = files.first().map(route_of) {
-            files.retain(|f| route_of(f) == route);
-        }
-        // At most BATCH_BYTES a batch (one file at least): big files make several sessions,
-        // which the link's optimizer can then count.
-        let mut bytes = 0u64;
-        let keep = files
-            .iter()
-            .position(|f| {
-                bytes += f.size;
-                bytes > BATCH_BYTES
-            })
-            .map(|i| i.max(1))
-            .unwrap_or(files.len());
-        files.truncate(keep);
         let Some(first) = files.first() else { continue };
         let link = link_of(meta, first, &opts).await;
         links.get(meta, &link).await;
         let user = meta.ids.user_named(&j.user);
+        // A job may use all of its link (the optimizer's number of sessions), and may start
+        // as many batches in one pass as it has room for: a pass runs when a batch ends, so
+        // one batch a pass would keep the job at the sessions it first had.
+        let room = links
+            .limit(&link)
+            .saturating_sub(in_flight)
+            .min(free)
+            .min(MAX_BATCHES_A_PASS);
+        if room > 1 {
+            files = meta
+                .catalog
+                .runnable_job_files(j.id, now, s.batch_files.max(1).saturating_mul(room))
+                .await?;
+        }
+        let batches = batches_of(files, s.batch_files.max(1) as usize, room.max(1) as usize);
+        // (A job at its link's limit wants at least the limit.)
+        let wants = if room == 0 {
+            in_flight
+        } else {
+            in_flight + batches.len() as u32
+        };
+        *links.demand.entry(link.clone()).or_default() += wants;
+        let Some(b) = batches.first() else { continue };
         let c = Candidate {
             job: j.id,
             user: j.user.clone(),
             group: user.primary_group().to_string(),
             priority: j.priority,
-            files: files.len() as u64,
+            files: b.len() as u64,
         };
         with_work.push(c.clone());
-        // A job may use all of its link (the optimizer's number of sessions).
-        if in_flight >= links.limit(&link) {
+        if room == 0 {
             continue;
         }
-        candidates.push((c, j, link, files));
+        for b in batches {
+            let c = Candidate {
+                files: b.len() as u64,
+                ..c.clone()
+            };
+            candidates.push((c, j.clone(), link.clone(), b));
+        }
     }
     share.activate(&with_work);
     let mut launches = Vec::new();
@@ -1768,4 +1819,45 @@ async fn record(
         ..Default::default()
     };
     meta.record_transfer(rec, &files).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(seq: i64, size: u64, dst: &str) -> JobFile {
+        JobFile {
+            seq,
+            size,
+            source: format!("/s/{seq}"),
+            destination: dst.to_string(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn batches_split_by_count_bytes_and_route() {
+        let files: Vec<JobFile> = (0..10).map(|i| file(i, 10, "/d")).collect();
+        let b = batches_of(files.clone(), 3, 10);
+        assert_eq!(b.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 3, 1]);
+        assert_eq!(batches_of(files.clone(), 3, 2).len(), 2);
+        // A file over the byte bound is a batch of its own; never an empty batch.
+        let big = vec![
+            file(0, BATCH_BYTES + 1, "/d"),
+            file(1, 1, "/d"),
+            file(2, BATCH_BYTES, "/d"),
+        ];
+        let b = batches_of(big, 100, 10);
+        assert_eq!(b.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 1]);
+        // Files of another route wait.
+        let mixed = vec![
+            file(0, 1, "/d"),
+            file(1, 1, "haul://dtn:2811/x"),
+            file(2, 1, "/d"),
+        ];
+        let b = batches_of(mixed, 100, 10);
+        assert_eq!(b.len(), 1);
+        assert_eq!(b[0].iter().map(|f| f.seq).collect::<Vec<_>>(), [0, 2]);
+        assert!(batches_of(Vec::new(), 3, 3).is_empty());
+    }
 }
