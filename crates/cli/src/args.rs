@@ -1196,6 +1196,12 @@ with HAUL_META set). A destination ending in / or naming a directory receives th
 under its own name; with -r a directory source is copied as a tree. A list file (-f) has one
 \"SOURCE DESTINATION\" pair per line; blank lines and lines starting with # are skipped.
 
+One side of a pair may be a standalone endpoint (haul serve): haul://dtn.example.org/path.
+The server then acts there as you, with a delegation this command signs for exactly those
+paths (read for sources, write for destinations), living until --deadline or
+--delegate-hours; the endpoint must trust the grid's CA and map you. The data goes between
+the nodes and the endpoint directly.
+
 The job is kept in the catalog: it survives restarts of the metadata server and of the nodes,
 and this command may end (or the laptop sleep) at once. Files already at the destination with
 the source's checksum are not copied again; one that differs is refused unless --overwrite.

@@ -867,9 +867,12 @@ fn jobs_copy_between_the_grid_and_a_standalone_endpoint_on_the_users_delegation(
         g.path().join("f").to_str().unwrap(),
     ]);
     assert_exit(&out, 5, "outside the delegation");
-    // The grid does not take a delegation for its user.
+    // Neither the metadata server nor a storage node takes a delegation: the TLS handshake
+    // refuses a chain the CA did not issue (exit 5).
     let out = as_delegate(&[one.to_str().unwrap(), &g.url("/runner/d.bin")]);
-    assert!(!out.status.success(), "{}", stderr(&out));
+    assert_exit(&out, 5, "");
+    let node = format!("haul://{}/x.bin", g.node("b1").addr);
+    assert_exit(&as_delegate(&[one.to_str().unwrap(), &node]), 5, "");
     // A user the endpoint does not map: the job is accepted, and its file fails with why
     // (exit 5); nothing is written there.
     g.ok("alice", &["mkdir", "-p", "/alice"]);
