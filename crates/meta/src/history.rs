@@ -21,6 +21,57 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use wire::error::ErrorKind;
 
+/// One of the server's own sessions (replication, a job's batch), as the history keeps it.
+pub(crate) struct OwnSession {
+    pub kind: String,
+    pub user: String,
+    /// How the two ends are shown, and their sites.
+    pub source: String,
+    pub destination: String,
+    pub src_site: String,
+    pub dst_site: String,
+    pub started_ms: i64,
+    pub bytes_moved: u64,
+    pub streams: u32,
+    pub retransmits: u64,
+    pub summary: String,
+}
+
+impl OwnSession {
+    /// The record of this session with per-file outcomes `files` (a file failed when its
+    /// `error_kind` is set): totals, and the first failure as the session's error.
+    pub(crate) fn record(self, files: &[TransferFile]) -> TransferRecord {
+        let failed: Vec<&TransferFile> =
+            files.iter().filter(|f| !f.error_kind.is_empty()).collect();
+        let first = failed.first();
+        let kind = first.and_then(|f| ErrorKind::from_name(&f.error_kind));
+        TransferRecord {
+            kind: self.kind,
+            user: self.user,
+            source: self.source,
+            destination: self.destination,
+            src_site: self.src_site,
+            dst_site: self.dst_site,
+            started_ms: self.started_ms,
+            ended_ms: catalog::now_ms(),
+            files: files.len() as u64,
+            files_failed: failed.len() as u64,
+            bytes: files.iter().map(|f| f.bytes).sum(),
+            bytes_moved: self.bytes_moved,
+            streams: self.streams,
+            retransmits: self.retransmits,
+            attempts: 1,
+            error_kind: first.map(|f| f.error_kind.clone()).unwrap_or_default(),
+            exit_code: kind.map(transfer::error::exit_code_of).unwrap_or(0),
+            error: first
+                .map(|f| format!("{}: {}", f.path, f.error))
+                .unwrap_or_default(),
+            summary: self.summary,
+            ..Default::default()
+        }
+    }
+}
+
 /// Per-file outcomes in one message at most.
 pub const MAX_FILES_PER_MESSAGE: usize = 5_000;
 /// Files a record may say it has.

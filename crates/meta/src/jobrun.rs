@@ -1791,11 +1791,7 @@ async fn record(
             }
         })
         .collect();
-    let failed_files: Vec<&catalog::TransferFile> =
-        files.iter().filter(|f| !f.error_kind.is_empty()).collect();
-    let first = failed_files.first();
-    let kind = first.and_then(|f| ErrorKind::from_name(&f.error_kind));
-    let rec = catalog::TransferRecord {
+    let rec = crate::history::OwnSession {
         kind: "job".into(),
         user: job.user.clone(),
         source: format!("job {}: {src} ({})", job.id, site(src)),
@@ -1803,21 +1799,12 @@ async fn record(
         src_site: site(src),
         dst_site: site(dst),
         started_ms,
-        ended_ms: catalog::now_ms(),
-        files: files.len() as u64,
-        files_failed: failed_files.len() as u64,
-        bytes: files.iter().map(|f| f.bytes).sum(),
         bytes_moved: moved,
         streams,
-        attempts: 1,
-        error_kind: first.map(|f| f.error_kind.clone()).unwrap_or_default(),
-        exit_code: kind.map(transfer::error::exit_code_of).unwrap_or(0),
-        error: first
-            .map(|f| format!("{}: {}", f.path, f.error))
-            .unwrap_or_default(),
+        retransmits: 0,
         summary,
-        ..Default::default()
-    };
+    }
+    .record(&files);
     meta.record_transfer(rec, &files).await;
 }
 

@@ -1100,13 +1100,8 @@ async fn record_session(
             }
         })
         .collect();
-    let failed: Vec<&catalog::TransferFile> =
-        files.iter().filter(|f| !f.error_kind.is_empty()).collect();
-    let first = failed.first();
     let (streams, retransmits, summary) = figures.unwrap_or_default();
-    let kind = first.and_then(|f| wire::error::ErrorKind::from_name(&f.error_kind));
-    let rec = catalog::TransferRecord {
-        id: 0,
+    let rec = crate::history::OwnSession {
         kind: origin.kind.to_string(),
         user: origin.user.clone(),
         source: format!("{} ({})", src.node.name, src.node.site),
@@ -1114,22 +1109,12 @@ async fn record_session(
         src_site: src.node.site.clone(),
         dst_site: dst.node.site.clone(),
         started_ms,
-        ended_ms: catalog::now_ms(),
-        files: files.len() as u64,
-        files_failed: failed.len() as u64,
-        bytes: files.iter().map(|f| f.bytes).sum(),
         bytes_moved: out.bytes,
         streams,
         retransmits,
-        attempts: 1,
-        error_kind: first.map(|f| f.error_kind.clone()).unwrap_or_default(),
-        exit_code: kind.map(transfer::error::exit_code_of).unwrap_or(0),
-        error: first
-            .map(|f| format!("{}: {}", f.path, f.error))
-            .unwrap_or_default(),
         summary,
-        trace: String::new(),
-    };
+    }
+    .record(&files);
     meta.record_transfer(rec, &files).await;
 }
 
