@@ -106,11 +106,7 @@ fn main() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let g = Grid::start(&dir, &haul, &lab)?;
     upload(&g, &ds)?;
-    let job = g.json(
-        &["submit", "--json", "-r", "--site", "B", "/ds/wan", "/copy"],
-        Duration::from_secs(60),
-    )?;
-    let id = job["job"]["id"].as_i64().context("job id")?.to_string();
+    let id = submit_to_b(&g, "/ds/wan")?;
     let started = Instant::now();
     let base = lab.elapsed().as_secs_f64();
     let mut samples: Vec<Sample> = Vec::new();
@@ -256,6 +252,15 @@ fn two_sites(rate_bps: u64, rtt_ms: u64) -> Result<netlab::Lab> {
         .context("building the lab")
 }
 
+/// Submits one job copying grid tree `src` to `/copy` at site B; its id.
+fn submit_to_b(g: &Grid, src: &str) -> Result<String> {
+    let job = g.json(
+        &["submit", "--json", "-r", "--site", "B", src, "/copy"],
+        Duration::from_secs(120),
+    )?;
+    Ok(job["job"]["id"].as_i64().context("job id")?.to_string())
+}
+
 /// Puts the data set into the grid at site A, under `/ds`.
 fn upload(g: &Grid, ds: &data::Dataset) -> Result<()> {
     let mk = g.run(&["mkdir", "-p", "/ds"], Duration::from_secs(30), "mkdir")?;
@@ -372,19 +377,7 @@ fn compete(args: &Args, haul: &std::path::Path, caps: &str) -> Result<()> {
             .stderr(std::process::Stdio::null())
             .spawn()
             .context("iperf3 -s")?;
-        let job = g.json(
-            &[
-                "submit",
-                "--json",
-                "-r",
-                "--site",
-                "B",
-                "/ds/compete",
-                "/copy",
-            ],
-            Duration::from_secs(60),
-        )?;
-        let id = job["job"]["id"].as_i64().context("job id")?.to_string();
+        let id = submit_to_b(&g, "/ds/compete")?;
         std::thread::sleep(Duration::from_secs(5));
         let before = lab.stats();
         let client = lab
@@ -523,19 +516,7 @@ fn versus(args: &Args, haul: &std::path::Path, ccs: &str) -> Result<()> {
         upload(&g, &ds)?;
         let before = lab.stats();
         let t0 = Instant::now();
-        let job = g.json(
-            &[
-                "submit",
-                "--json",
-                "-r",
-                "--site",
-                "B",
-                &format!("/ds/{name}"),
-                "/copy",
-            ],
-            Duration::from_secs(120),
-        )?;
-        let id = job["job"]["id"].as_i64().context("job id")?.to_string();
+        let id = submit_to_b(&g, &format!("/ds/{name}"))?;
         let wait = g.run(
             &[
                 "job",

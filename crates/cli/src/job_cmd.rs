@@ -428,13 +428,14 @@ async fn retry_delegation(
     let Some(lines) = opts["endpoint_grants"].as_array().filter(|g| !g.is_empty()) else {
         return Ok(None);
     };
-    let text = std::iter::once("longhaul-delegation 1".to_string())
-        .chain(lines.iter().filter_map(|l| l.as_str().map(str::to_string)))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let scope = transfer::delegation::Scope::parse(text.as_bytes()).map_err(|e| {
-        TransferError::protocol(format!("the job's endpoint grants do not parse: {e}"))
-    })?;
+    let grants = lines
+        .iter()
+        .map(|l| transfer::delegation::Grant::parse_line(l.as_str().unwrap_or_default()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            TransferError::protocol(format!("the job's endpoint grants do not parse: {e}"))
+        })?;
+    let scope = transfer::delegation::Scope { grants };
     let deadline = opts["deadline_ms"].as_i64().unwrap_or(0);
     let mut life = Duration::from_secs(7 * 24 * 3600);
     if deadline > now_ms() {

@@ -718,8 +718,6 @@ fn job_delegation(
     meta: &Meta,
     credential: &str,
 ) -> Result<(transfer::conn::ClientTls, transfer::delegation::Scope), TransferError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
     #[derive(serde::Deserialize)]
     struct Stored {
         chain: String,
@@ -728,25 +726,15 @@ fn job_delegation(
     let gone = || {
         TransferError::new(
             ErrorKind::PermissionDenied,
-            "the job holds no delegation for the endpoint (it ends with the job: submit these files again)",
+            "the job holds no delegation for the endpoint (it ends with the job: haul job retry signs a new one)",
         )
     };
-    if credential.is_empty() {
-        return Err(gone());
-    }
     let stored: Stored = serde_json::from_str(credential).map_err(|_| gone())?;
-    let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(stored.chain.as_bytes())
-            .collect::<Result<_, _>>()
-            .map_err(|_| gone())?;
-    let [first, user, ..] = chain.as_slice() else {
-        return Err(gone());
-    };
-    let scope =
-        transfer::delegation::verify(first, user, std::time::SystemTime::now()).map_err(|e| {
+    let (scope, _) = transfer::delegation::verify_pem(&stored.chain, std::time::SystemTime::now())
+        .map_err(|e| {
             TransferError::new(
                 ErrorKind::Authentication,
-                format!("the job's delegation: {e} (submit the files again)"),
+                format!("the job's delegation: {e} (haul job retry signs a new one)"),
             )
         })?;
     Ok((meta.delegated_tls(&stored.chain, &stored.key)?, scope))
@@ -948,6 +936,16 @@ async fn copy_batch(
     }
 }
 
+/// The node a source is read from: its first replica on a node this file's attempts did not
+/// fail on, else its first (it may be the one source there is).
+fn source_node<'a>(src: &'a pb::ReadSource, avoid: &HashSet<String>) -> Option<&'a str> {
+    src.replicas
+        .iter()
+        .find(|r| !avoid.contains(&r.node))
+        .or_else(|| src.replicas.first())
+        .map(|r| r.node.as_str())
+}
+
 /// Opens the grid sources of `files` as `user` may read them; those refused are failed in
 /// `out`.
 async fn read_sources(
@@ -1059,12 +1057,7 @@ async fn copy_to_endpoint(
             );
             continue;
         };
-        let from = src
-            .replicas
-            .iter()
-            .find(|r| !avoid.contains(&r.node))
-            .or_else(|| src.replicas.first());
-        let Some(from) = from else {
+        let Some(from) = source_node(src, &avoid) else {
             // An empty file has no replica.
             let why = if src.size == 0 {
                 "an empty file: create it at the endpoint with haul cp"
@@ -1084,7 +1077,7 @@ async fn copy_to_endpoint(
             format!("_/{below}")
         };
         groups
-            .entry((from.node.clone(), root))
+            .entry((from.to_string(), root))
             .or_default()
             .push(Item {
                 seq: f.seq,
@@ -1377,12 +1370,7 @@ async fn copy_into_grid(
             };
             let from = match origin {
                 Some(side) => Some(endpoint_name(&side.peer.host, side.peer.port)),
-                None => src
-                    .replicas
-                    .iter()
-                    .find(|r| !avoid.contains(&r.node))
-                    .or_else(|| src.replicas.first())
-                    .map(|r| r.node.clone()),
+                None => source_node(src, &avoid).map(str::to_string),
             };
             let Some(from) = from else {
                 let _ = meta.catalog.abort_pending(*id).await;

@@ -13,6 +13,7 @@ use crate::perm::{self, Access};
 use crate::state::Meta;
 use api::meta as pb;
 use catalog::{JobFilter, JobRecord, JobState, Kind, NewJob};
+use transfer::delegation::{self as delegation, Grant};
 use wire::error::ErrorKind;
 
 /// A destination path: into `dst` when it names a directory (ends with `/` or is one, as
@@ -30,15 +31,13 @@ async fn destination_of(meta: &Meta, user: &User, src: &str, dst: &str) -> Resul
 }
 
 /// The delegation of a submission that names endpoints, checked: issued by the certificate
-/// the user called with, valid now, covering `needs` ((access, endpoint path)). Returns what
-/// the catalog keeps (JSON of the PEM chain and key).
+/// the user called with, valid now, covering `needs`. Returns what the catalog keeps (JSON of
+/// the PEM chain and key).
 fn checked_delegation(
     user: &User,
     (chain_pem, key_pem): (&str, &str),
-    needs: &[(transfer::delegation::Access, EndpointPath)],
+    needs: &[Grant],
 ) -> Result<String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
     if needs.is_empty() {
         return Ok(String::new());
     }
@@ -50,72 +49,33 @@ fn checked_delegation(
     if chain_pem.len() + key_pem.len() > 256 << 10 {
         return Err(Error::invalid("the delegation is over 256 KiB"));
     }
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::invalid(format!("the delegation is not PEM: {e}")))?;
-    let [first, issuer, ..] = chain.as_slice() else {
-        return Err(Error::invalid(
-            "the delegation's chain needs the delegation and your certificate",
-        ));
-    };
-    let scope = transfer::delegation::verify(first, issuer, std::time::SystemTime::now())
+    let (scope, issuer) = transfer::delegation::verify_pem(chain_pem, std::time::SystemTime::now())
         .map_err(|e| Error::permission_denied(format!("delegation refused: {e}")))?;
-    let issuer_fp = transfer::certid::Fingerprint::of(issuer.as_ref());
-    if user.cert != Some(issuer_fp) {
+    if user.cert != Some(transfer::certid::Fingerprint::of(issuer.as_ref())) {
         return Err(Error::permission_denied(
             "delegation refused: it was not issued by the certificate this submission came with",
         ));
     }
-    for (access, e) in needs {
-        if !scope.permits(std::slice::from_ref(&e.host), *access, &e.path) {
+    for g in needs {
+        if !scope.permits(std::slice::from_ref(&g.host), g.access, &g.path) {
             return Err(Error::permission_denied(format!(
-                "delegation refused: it does not let the job {} {}",
-                if *access == transfer::delegation::Access::Read {
-                    "read"
-                } else {
-                    "write"
-                },
-                e.url(&e.path)
+                "delegation refused: it does not let the job {} {} at {}",
+                g.access.name(),
+                g.path,
+                g.host
             )));
         }
     }
     Ok(serde_json::json!({"chain": chain_pem, "key": key_pem}).to_string())
 }
 
-/// A need of a job's delegation as its options keep it: `read HOST PATH`.
-fn grant_line((access, e): &(transfer::delegation::Access, EndpointPath)) -> String {
-    let a = if *access == transfer::delegation::Access::Read {
-        "read"
-    } else {
-        "write"
-    };
-    format!("{a} {} {}", e.host, e.path)
-}
-
-/// The needs `grant_line` wrote (a line that does not parse is skipped: the job's files
-/// there then fail on their own).
-fn needs_of(lines: &[String]) -> Vec<(transfer::delegation::Access, EndpointPath)> {
-    use transfer::delegation::Access;
-    lines
-        .iter()
-        .filter_map(|l| {
-            let mut f = l.splitn(3, ' ');
-            let access = match f.next()? {
-                "read" => Access::Read,
-                "write" => Access::Write,
-                _ => return None,
-            };
-            let (host, path) = (f.next()?, f.next()?);
-            Some((
-                access,
-                EndpointPath {
-                    host: host.to_string(),
-                    port: 0,
-                    path: path.to_string(),
-                },
-            ))
-        })
-        .collect()
+/// What a pair's endpoint side needs of the job's delegation.
+fn need(access: delegation::Access, e: &EndpointPath) -> Grant {
+    Grant {
+        access,
+        host: e.host.clone(),
+        path: e.path.clone(),
+    }
 }
 
 /// `dir/name` at an endpoint.
@@ -219,8 +179,8 @@ impl Meta {
                         pair.source, pair.destination
                     )));
                 }
-                (Some(s), None) => needs.push((transfer::delegation::Access::Read, s)),
-                (None, Some(d)) => needs.push((transfer::delegation::Access::Write, d)),
+                (Some(s), None) => needs.push(need(delegation::Access::Read, &s)),
+                (None, Some(d)) => needs.push(need(delegation::Access::Write, &d)),
                 (None, None) => {}
             }
         }
@@ -229,7 +189,7 @@ impl Meta {
             (q.delegation_chain.as_str(), q.delegation_key.as_str()),
             &needs,
         )?;
-        let endpoint_grants: Vec<String> = needs.iter().map(grant_line).collect();
+        let endpoint_grants: Vec<String> = needs.iter().map(Grant::line).collect();
         // (source, destination, size, error)
         let mut files: Vec<(String, String, u64, Option<Error>)> = Vec::new();
         // Endpoint sources as listed: (index in files, mtime ns, mode).
@@ -419,7 +379,6 @@ impl Meta {
         files: &mut Vec<(String, String, u64, Option<Error>)>,
         listed: &mut Vec<(usize, i64, u32)>,
     ) -> Result<()> {
-        let dst_grid = catalog::normalize(dst)?;
         let base = destination_of(self, user, &from.path, dst).await?;
         let refuse = |files: &mut Vec<_>, e: Error| {
             files.push((from.url(&from.path), base.clone(), 0, Some(e)));
@@ -480,9 +439,6 @@ impl Meta {
             } else {
                 catalog::join(&base, below)
             };
-            if to == dst_grid && dst_grid == "/" {
-                continue;
-            }
             listed.push((files.len(), e.mtime.unix_ns(), e.mode));
             files.push((at, to, e.size, None));
         }
@@ -643,7 +599,11 @@ impl Meta {
             Some(checked_delegation(
                 user,
                 (q.delegation_chain.as_str(), q.delegation_key.as_str()),
-                &needs_of(&grants),
+                // (A line that does not parse is left out: its files fail on their own.)
+                &grants
+                    .iter()
+                    .filter_map(|l| Grant::parse_line(l).ok())
+                    .collect::<Vec<_>>(),
             )?)
         } else if self.catalog.job_credential(id).await?.is_empty() {
             return Err(Error::invalid(format!(

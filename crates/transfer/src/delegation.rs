@@ -164,6 +164,38 @@ pub fn verify(
     Scope::parse(ext.value)
 }
 
+/// The scope of `certs` if they are a delegation chain (`[delegation, user, ...]`) whose
+/// delegation the user issued and which is valid at `now`; `Ok(None)` for a chain that is
+/// not a delegation. (The user's own chain is the caller's to verify against its CA.)
+pub fn verify_chain(
+    certs: &[CertificateDer<'_>],
+    now: SystemTime,
+) -> Result<Option<Scope>, String> {
+    match certs {
+        [first, user, ..] if is_delegation(first) => verify(first, user, now).map(Some),
+        [first, ..] if is_delegation(first) => {
+            Err("a delegation without its user's certificate".into())
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Parses a delegation's PEM chain and checks it as [`verify_chain`] does (it must be one);
+/// returns its scope and the user's certificate.
+pub fn verify_pem(
+    chain_pem: &str,
+    now: SystemTime,
+) -> Result<(Scope, CertificateDer<'static>), String> {
+    use rustls::pki_types::pem::PemObject;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("the delegation is not PEM: {e}"))?;
+    match verify_chain(&chain, now)? {
+        Some(scope) => Ok((scope, chain[1].clone())),
+        None => Err("not a delegation chain (the delegation, then your certificate)".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,5 +266,13 @@ mod tests {
         assert!(issue(&alice, &alice_key, &s, MAX_LIFE + Duration::from_secs(1)).is_err());
         // A plain user certificate is no delegation.
         assert!(verify(&c[1], &c[1], now).is_err());
+        // As a chain, and as PEM.
+        assert_eq!(verify_chain(&c, now).unwrap(), Some(s.clone()));
+        assert_eq!(verify_chain(&c[1..], now).unwrap(), None);
+        assert!(verify_chain(&c[..1], now).is_err());
+        let (scope, user) = verify_pem(&d.chain_pem, now).unwrap();
+        assert_eq!((scope, user), (s.clone(), c[1].clone()));
+        assert!(verify_pem(&alice, now).is_err());
+        assert!(verify_pem("garbage", now).is_err());
     }
 }

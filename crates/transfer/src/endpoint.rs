@@ -406,11 +406,7 @@ fn delegated(
                 ErrorKind::PermissionDenied,
                 format!(
                     "{path}: outside the delegation's scope ({} {path} is not delegated at this endpoint)",
-                    if access == Access::Read {
-                        "read"
-                    } else {
-                        "write"
-                    }
+                    access.name()
                 ),
             ))
         }

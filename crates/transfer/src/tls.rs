@@ -365,15 +365,7 @@ pub fn peer_delegation(
     let Some(certs) = conn.peer_certificates() else {
         return Ok(None);
     };
-    match certs {
-        [first, user, ..] if crate::delegation::is_delegation(first) => {
-            crate::delegation::verify(first, user, std::time::SystemTime::now()).map(Some)
-        }
-        [first, ..] if crate::delegation::is_delegation(first) => {
-            Err("a delegation without its user's certificate".into())
-        }
-        _ => Ok(None),
-    }
+    crate::delegation::verify_chain(certs, std::time::SystemTime::now())
 }
 
 /// The host names a host certificate is for (its DNS and IP subject alternative names, and

@@ -38,7 +38,8 @@ pub enum Access {
 }
 
 impl Access {
-    fn name(self) -> &'static str {
+    /// `read` or `write`, as grants spell it.
+    pub fn name(self) -> &'static str {
         match self {
             Access::Read => "read",
             Access::Write => "write",
@@ -83,6 +84,33 @@ fn within(base: &str, path: &str) -> bool {
 }
 
 impl Grant {
+    /// The grant as a scope line: `ACCESS HOST PATH`.
+    pub fn line(&self) -> String {
+        format!("{} {} {}", self.access.name(), self.host, self.path)
+    }
+
+    /// Parses a scope line (strictly).
+    pub fn parse_line(line: &str) -> Result<Self, String> {
+        let mut f = line.splitn(3, ' ');
+        let access = match f.next() {
+            Some("read") => Access::Read,
+            Some("write") => Access::Write,
+            _ => return Err(format!("delegation grant {line:?}: read or write?")),
+        };
+        let host = f.next().filter(|h| is_host_name(h));
+        let path = f.next().and_then(normalize);
+        match (host, path) {
+            (Some(host), Some(path)) => Ok(Grant {
+                access,
+                host: host.to_ascii_lowercase(),
+                path,
+            }),
+            _ => Err(format!(
+                "delegation grant {line:?}: expected ACCESS HOST PATH"
+            )),
+        }
+    }
+
     /// Whether this grant covers normalized `path` (the path itself or below it).
     pub fn holds(&self, path: &str) -> bool {
         within(&self.path, path)
@@ -105,26 +133,7 @@ impl Scope {
             if grants.len() >= MAX_GRANTS {
                 return Err(format!("delegation scope over {MAX_GRANTS} grants"));
             }
-            let mut f = line.splitn(3, ' ');
-            let access = match f.next() {
-                Some("read") => Access::Read,
-                Some("write") => Access::Write,
-                _ => return Err(format!("delegation grant {line:?}: read or write?")),
-            };
-            let host = f.next().filter(|h| is_host_name(h));
-            let path = f.next().and_then(normalize);
-            match (host, path) {
-                (Some(host), Some(path)) => grants.push(Grant {
-                    access,
-                    host: host.to_ascii_lowercase(),
-                    path,
-                }),
-                _ => {
-                    return Err(format!(
-                        "delegation grant {line:?}: expected ACCESS HOST PATH"
-                    ));
-                }
-            }
+            grants.push(Grant::parse_line(line)?);
         }
         if grants.is_empty() {
             return Err("a delegation without grants".into());
@@ -137,7 +146,7 @@ impl Scope {
         let mut s = String::from(MAGIC);
         for g in &self.grants {
             s.push('\n');
-            s.push_str(&format!("{} {} {}", g.access.name(), g.host, g.path));
+            s.push_str(&g.line());
         }
         s
     }
