@@ -3,7 +3,7 @@
 
 use crate::{
     Catalog, CatalogError, Checked, CreateItem, CreateKind, Inode, Kind, NewEntry, ReplicaState,
-    TransferFile, TransferFilter, TransferRecord,
+    TransferFile, TransferFilter, TransferRecord, WrittenReplica,
 };
 
 fn entry(owner: &str) -> NewEntry {
@@ -30,6 +30,7 @@ pub async fn run(c: &Catalog) {
     trees_and_reconciliation(c).await;
     renames_are_seen_at_once(c).await;
     replicas_complete_only_where_being_written(c).await;
+    replicas_complete_in_groups(c).await;
     writing_replicas_expire_with_their_lease(c).await;
     files_remember_they_arrived_privately(c).await;
     draining_and_removing_nodes(c).await;
@@ -799,6 +800,71 @@ async fn replicas_complete_only_where_being_written(c: &Catalog) {
         c.forget_dead(n, &[f.id]).await.unwrap();
         c.remove_node(n).await.unwrap();
     }
+}
+
+/// Group commit: a node's reports of many replicas go in one transaction, each with its own
+/// result; one that fails (even after it changed rows) changes nothing, the others commit.
+async fn replicas_complete_in_groups(c: &Catalog) {
+    let e = entry("gina");
+    c.mkdir("/gc", &e, false).await.unwrap();
+    c.register_node("g1", "siteG", "g:1", 100, 100)
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for name in ["a", "d", "b"] {
+        let f = c.create_pending(&format!("/gc/{name}"), &e).await.unwrap();
+        assert!(
+            c.start_replicas(&[(f.id, "g1".into())], 0)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        ids.push(f.id);
+    }
+    // "d" becomes a directory while its file is written: its commit fails after its replica
+    // row was already marked complete, which the savepoint must undo.
+    c.mkdir("/gc/d", &e, false).await.unwrap();
+    let written = |inode: i64, size: u64| WrittenReplica {
+        inode,
+        size,
+        checksum: format!("crc32c:{size:08x}"),
+        mtime_ns: 5,
+    };
+    let results = c
+        .complete_replicas(
+            "g1",
+            &[
+                written(ids[0], 1),
+                written(i64::MAX - 7, 2),
+                written(ids[1], 3),
+                written(ids[2], 4),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[0].as_ref().unwrap().id, ids[0]);
+    assert!(matches!(results[1], Err(CatalogError::NotFound(_))));
+    assert!(matches!(results[2], Err(CatalogError::IsADirectory(_))));
+    assert_eq!(results[3].as_ref().unwrap().id, ids[2]);
+    assert_eq!(c.stat("/gc/a").await.unwrap().size, 1);
+    assert_eq!(c.stat("/gc/b").await.unwrap().size, 4);
+    assert_eq!(c.stat("/gc/d").await.unwrap().kind, Kind::Dir);
+    assert!(c.inode(ids[1]).await.unwrap().pending);
+    let d_state = c.replicas(ids[1]).await.unwrap();
+    assert_eq!(d_state.len(), 1);
+    assert_eq!(d_state[0].state, ReplicaState::Writing);
+    // Reported again (a retry of the whole group): the committed ones change nothing.
+    let again = c
+        .complete_replicas("g1", &[written(ids[0], 1), written(ids[2], 4)])
+        .await
+        .unwrap();
+    assert!(again.iter().all(|r| r.is_ok()));
+    assert!(c.complete_replicas("g1", &[]).await.unwrap().is_empty());
+    c.abort_pending(ids[1]).await.unwrap();
+    c.remove("/gc", true).await.unwrap();
+    c.forget_dead("g1", &ids).await.unwrap();
+    c.remove_node("g1").await.unwrap();
 }
 
 /// Issue 11 C8: replicas left "writing" by a session that died (with its metadata server)

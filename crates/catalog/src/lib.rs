@@ -140,6 +140,15 @@ impl ReplicaState {
     }
 }
 
+/// A replica a node reports written and verified (see [`Catalog::complete_replicas`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WrittenReplica {
+    pub inode: i64,
+    pub size: u64,
+    pub checksum: String,
+    pub mtime_ns: i64,
+}
+
 /// One physical copy of a file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Replica {
@@ -1725,42 +1734,84 @@ impl Catalog {
         mtime_ns: i64,
     ) -> Result<Inode> {
         self.write(async |w| {
-            let i = Self::by_id(&mut w.tx, inode)
-                .await?
-                .ok_or_else(|| CatalogError::NotFound(format!("inode {inode}")))?;
-            if !i.pending && (i.size != size || !checksums_agree(&i.checksum, checksum)) {
-                return Err(CatalogError::Invalid(format!(
-                    "replica of inode {inode} on {node} does not match the file (size {size}, checksum {checksum}; the file has size {}, checksum {})",
-                    i.size, i.checksum
-                )));
-            }
-            // Only a replica the catalog expects (one being written there) completes; the
-            // report of one already complete (a retry) changes nothing.
-            let state = sqlx::query("SELECT state FROM replicas WHERE inode = $1 AND node = $2")
-                .bind(inode)
-                .bind(node)
-                .fetch_optional(&mut *w.tx)
-                .await?
-                .map(|r| r.try_get::<i64, _>(0))
-                .transpose()?
-                .map(ReplicaState::from_i64);
-            match state {
-                Some(ReplicaState::Writing) => {}
-                Some(ReplicaState::Complete) if !i.pending => return Ok(i),
-                _ => {
-                    return Err(CatalogError::Denied(format!(
-                        "no replica of inode {inode} is being written on {node}"
-                    )));
-                }
-            }
-            Self::upsert_replica(&mut w.tx, inode, node, ReplicaState::Complete, checksum).await?;
-            if i.pending {
-                self.commit_in(w, inode, size, checksum, mtime_ns).await
-            } else {
-                Ok(i)
-            }
+            self.complete_replica_in(w, inode, node, size, checksum, mtime_ns)
+                .await
         })
         .await
+    }
+
+    /// [`Catalog::complete_replica`] for many replicas of one node in one transaction (group
+    /// commit: a node receiving many small files reports them together). Each replica gets
+    /// its own result; one that fails is rolled back to a savepoint and changes nothing,
+    /// while the others commit.
+    pub async fn complete_replicas(
+        &self,
+        node: &str,
+        written: &[WrittenReplica],
+    ) -> Result<Vec<Result<Inode>>> {
+        self.write(async |w| {
+            let mut out = Vec::with_capacity(written.len());
+            for r in written {
+                sqlx::query("SAVEPOINT replica").execute(&mut *w.tx).await?;
+                let one = self
+                    .complete_replica_in(w, r.inode, node, r.size, &r.checksum, r.mtime_ns)
+                    .await;
+                let end = if one.is_ok() {
+                    "RELEASE SAVEPOINT replica"
+                } else {
+                    "ROLLBACK TO SAVEPOINT replica"
+                };
+                sqlx::query(end).execute(&mut *w.tx).await?;
+                out.push(one);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn complete_replica_in(
+        &self,
+        w: &mut WTx,
+        inode: i64,
+        node: &str,
+        size: u64,
+        checksum: &str,
+        mtime_ns: i64,
+    ) -> Result<Inode> {
+        let i = Self::by_id(&mut w.tx, inode)
+            .await?
+            .ok_or_else(|| CatalogError::NotFound(format!("inode {inode}")))?;
+        if !i.pending && (i.size != size || !checksums_agree(&i.checksum, checksum)) {
+            return Err(CatalogError::Invalid(format!(
+                "replica of inode {inode} on {node} does not match the file (size {size}, checksum {checksum}; the file has size {}, checksum {})",
+                i.size, i.checksum
+            )));
+        }
+        // Only a replica the catalog expects (one being written there) completes; the
+        // report of one already complete (a retry) changes nothing.
+        let state = sqlx::query("SELECT state FROM replicas WHERE inode = $1 AND node = $2")
+            .bind(inode)
+            .bind(node)
+            .fetch_optional(&mut *w.tx)
+            .await?
+            .map(|r| r.try_get::<i64, _>(0))
+            .transpose()?
+            .map(ReplicaState::from_i64);
+        match state {
+            Some(ReplicaState::Writing) => {}
+            Some(ReplicaState::Complete) if !i.pending => return Ok(i),
+            _ => {
+                return Err(CatalogError::Denied(format!(
+                    "no replica of inode {inode} is being written on {node}"
+                )));
+            }
+        }
+        Self::upsert_replica(&mut w.tx, inode, node, ReplicaState::Complete, checksum).await?;
+        if i.pending {
+            self.commit_in(w, inode, size, checksum, mtime_ns).await
+        } else {
+            Ok(i)
+        }
     }
 
     pub async fn replicas(&self, inode: i64) -> Result<Vec<Replica>> {

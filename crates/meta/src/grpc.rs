@@ -58,6 +58,7 @@ from_node! {
     api::meta::HeartbeatRequest => name,
     api::meta::InventoryRequest => name,
     api::meta::ReplicaWrittenRequest => node,
+    api::meta::ReplicasWrittenRequest => node,
     api::meta::RemovedRequest => node,
     api::meta::RegisterOutputsRequest => node,
 }

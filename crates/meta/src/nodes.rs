@@ -25,6 +25,10 @@ pub struct NodeServiceImpl {
 /// Inventory entries a node may upload in one session (more is refused: 100 M files).
 const MAX_INVENTORY: usize = 100_000_000;
 
+/// Replicas one `ReplicasWritten` call may report (more is refused before the catalog is
+/// touched; nodes send at most this many at a time).
+pub const MAX_REPLICAS_WRITTEN: usize = 1024;
+
 #[tonic::async_trait]
 impl NodeService for NodeServiceImpl {
     async fn register(
@@ -66,6 +70,18 @@ impl NodeService for NodeServiceImpl {
         let m = &self.meta;
         m.node_call(Op::one("replica_written"), req, async |q| {
             m.replica_written(q).await
+        })
+        .await
+    }
+
+    async fn replicas_written(
+        &self,
+        req: Request<pb::ReplicasWrittenRequest>,
+    ) -> Result<Response<pb::ReplicasWrittenReply>, Status> {
+        let m = &self.meta;
+        let items = req.get_ref().replicas.len() as u64;
+        m.node_call(Op::many("replicas_written", items), req, async |q| {
+            m.replicas_written(q).await
         })
         .await
     }
@@ -267,6 +283,47 @@ impl Meta {
         })
     }
 
+    /// Many replicas a node wrote (and checked), completed in one catalog transaction; each
+    /// gets its own result.
+    pub async fn replicas_written(
+        &self,
+        q: pb::ReplicasWrittenRequest,
+    ) -> Result<pb::ReplicasWrittenReply, Error> {
+        if q.replicas.len() > MAX_REPLICAS_WRITTEN {
+            return Err(Error::invalid(format!(
+                "{} replicas in one report; at most {MAX_REPLICAS_WRITTEN}",
+                q.replicas.len()
+            )));
+        }
+        let written: Vec<catalog::WrittenReplica> = q
+            .replicas
+            .iter()
+            .map(|r| catalog::WrittenReplica {
+                inode: r.id,
+                size: r.size,
+                checksum: r.checksum.clone(),
+                mtime_ns: r.mtime_ns,
+            })
+            .collect();
+        let results = self.catalog.complete_replicas(&q.node, &written).await?;
+        if results.iter().any(|r| r.is_ok()) {
+            // New files may fall under a replica policy.
+            self.reconcile_now.notify_one();
+        }
+        Ok(pb::ReplicasWrittenReply {
+            results: written
+                .iter()
+                .zip(results)
+                .map(|(w, r)| pb::ReplicaResult {
+                    id: w.inode,
+                    error: r
+                        .err()
+                        .map(|e| crate::state::file_error(&format!("inode {}", w.inode), &e)),
+                })
+                .collect(),
+        })
+    }
+
     /// Registers the files a task of `haul run` wrote on a node: as the run's user (from the
     /// run's capability), under the run's output directory, each a pending replica on that
     /// node until the node reports it written.
@@ -463,6 +520,54 @@ mod tests {
         let df = m.df().await.unwrap();
         assert_eq!(df.sites.len(), 1);
         assert_eq!((df.sites[0].site.as_str(), df.sites[0].nodes), ("A", 1));
+    }
+
+    /// A group of replica reports: each gets its own result in order (the placed file becomes
+    /// visible, an unknown id is refused by itself), and a group over the limit is refused
+    /// whole before the catalog is touched.
+    #[tokio::test]
+    async fn replicas_written_in_a_group_get_their_own_results() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = meta(dir.path()).await;
+        m.register_node(cert(1), registration("A")).await.unwrap();
+        let root = user("root", true);
+        m.mkdir_as(&root, "/g", 0o777, false).await.unwrap();
+        let req = pb::CreateFilesRequest {
+            files: vec![pb::NewFile {
+                path: "/g/f".into(),
+                size: 3,
+                mode: 0o644,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let id = m.create_files(&root, &req).await.unwrap().placements[0].ids[0];
+        let written = |id: i64| pb::WrittenReplica {
+            id,
+            size: 3,
+            checksum: "crc32c:00000003".into(),
+            mtime_ns: 9,
+        };
+        let group = |replicas| pb::ReplicasWrittenRequest {
+            node: "n1".into(),
+            replicas,
+        };
+        let r = m
+            .replicas_written(group(vec![written(id + 1000), written(id)]))
+            .await
+            .unwrap();
+        assert_eq!(r.results.len(), 2);
+        assert_eq!(r.results[0].id, id + 1000);
+        let refused = r.results[0].error.as_ref().expect("unknown id refused");
+        assert_eq!(refused.code, ErrorKind::NotFound.name(), "{refused:?}");
+        assert_eq!(r.results[1].id, id);
+        assert!(r.results[1].error.is_none(), "{:?}", r.results[1]);
+        assert_eq!(m.catalog.stat("/g/f").await.unwrap().size, 3);
+        let e = m
+            .replicas_written(group(vec![written(id); MAX_REPLICAS_WRITTEN + 1]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Invalid, "{e}");
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@
 //! has verified (which is what makes a new file visible), and removes the files the catalog no
 //! longer wants.
 
+pub mod reports;
 pub mod run;
 pub mod service;
 pub mod spool;
@@ -59,8 +60,110 @@ pub struct NodeConfig {
 pub struct GridLink {
     name: String,
     key: RwLock<Option<Vec<u8>>>,
-    meta: RwLock<Option<MetaClient>>,
+    meta: Arc<RwLock<Option<MetaClient>>>,
     runtime: tokio::runtime::Handle,
+    /// Replica reports, sent in groups.
+    reports: Arc<reports::Reporter>,
+}
+
+impl GridLink {
+    /// A link with no metadata server yet; its reports go (grouped) to the one it gets.
+    /// Must be called on the node's runtime.
+    fn new(name: &str) -> Self {
+        let meta: Arc<RwLock<Option<MetaClient>>> = Arc::new(RwLock::new(None));
+        let send = send_group(name.to_string(), meta.clone());
+        Self {
+            name: name.to_string(),
+            key: RwLock::new(None),
+            meta,
+            runtime: tokio::runtime::Handle::current(),
+            reports: reports::Reporter::start(send, reports::CALLS_IN_FLIGHT, reports::MAX_GROUP),
+        }
+    }
+}
+
+/// How the node's grouped replica reports reach the metadata server: one `ReplicasWritten`
+/// call per group (or, from a metadata server without it, one `ReplicaWritten` per report).
+fn send_group(node: String, meta: Arc<RwLock<Option<MetaClient>>>) -> reports::SendGroup {
+    Arc::new(move |replicas: Vec<pb::WrittenReplica>| {
+        let node = node.clone();
+        let meta = meta.read().expect("meta lock").clone();
+        Box::pin(async move {
+            let Some(meta) = meta else {
+                return Err(ErrorInfo::new(
+                    ErrorKind::Connect,
+                    "this node has no connection to its metadata server",
+                )
+                .retryable(true));
+            };
+            let req = pb::ReplicasWrittenRequest {
+                node: node.clone(),
+                replicas: replicas.clone(),
+            };
+            let mut client = meta.nodes.clone();
+            match tokio::time::timeout(REPORT_TIMEOUT, client.replicas_written(req)).await {
+                Ok(Ok(reply)) => Ok(reply
+                    .into_inner()
+                    .results
+                    .iter()
+                    .map(|r| {
+                        r.error
+                            .as_ref()
+                            .map_or(Ok(()), |e| Err(reports::refused(e)))
+                    })
+                    .collect()),
+                Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                    let mut out = Vec::with_capacity(replicas.len());
+                    for r in replicas {
+                        out.push(report_one(&meta, &node, r).await);
+                    }
+                    Ok(out)
+                }
+                Ok(Err(s)) => Err(call_refused(s)),
+                Err(_) => Err(not_confirmed()),
+            }
+        })
+    })
+}
+
+/// How long the metadata server has to confirm a call of replica reports.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One replica's report by itself (to a metadata server older than group reports).
+async fn report_one(meta: &MetaClient, node: &str, r: pb::WrittenReplica) -> Result<(), ErrorInfo> {
+    let req = pb::ReplicaWrittenRequest {
+        node: node.to_string(),
+        id: r.id,
+        size: r.size,
+        checksum: r.checksum,
+        mtime_ns: r.mtime_ns,
+    };
+    match tokio::time::timeout(REPORT_TIMEOUT, meta.nodes.clone().replica_written(req)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(s)) => Err(call_refused(s)),
+        Err(_) => Err(not_confirmed()),
+    }
+}
+
+/// A report call the metadata server refused as a whole.
+fn call_refused(s: tonic::Status) -> ErrorInfo {
+    let e = grid::client::from_status(s);
+    reports::refused(&pb::FileError {
+        path: String::new(),
+        code: e.kind().name().to_string(),
+        message: e.to_string(),
+    })
+}
+
+fn not_confirmed() -> ErrorInfo {
+    ErrorInfo::new(
+        ErrorKind::Connect,
+        format!(
+            "metadata server did not confirm the replica within {} s",
+            REPORT_TIMEOUT.as_secs()
+        ),
+    )
+    .retryable(true)
 }
 
 impl MetaLink for GridLink {
@@ -79,53 +182,36 @@ impl MetaLink for GridLink {
         digests: &[Digest],
         mtime: Timestamp,
     ) -> Result<(), ErrorInfo> {
-        let Some(meta) = self.meta.read().expect("meta lock").clone() else {
-            return Err(ErrorInfo::new(
-                ErrorKind::Connect,
-                "this node has no connection to its metadata server",
-            )
-            .retryable(true));
-        };
-        let req = pb::ReplicaWrittenRequest {
-            node: self.name.clone(),
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.committed_then(
             id,
             size,
-            checksum: format_digests(digests),
-            mtime_ns: mtime.secs * 1_000_000_000 + mtime.nanos as i64,
-        };
-        // Called on a blocking worker of the data path; the report must be in the catalog
-        // before the sender hears the file is done.
-        let r = self.runtime.block_on(async move {
-            tokio::time::timeout(
-                Duration::from_secs(30),
-                meta.nodes.clone().replica_written(req),
-            )
-            .await
-        });
-        match r {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(s)) => {
-                let e = grid::client::from_status(s);
-                let kind = match e.kind() {
-                    ErrorKind::NotFound => ErrorKind::NotFound,
-                    ErrorKind::Connect | ErrorKind::Unavailable => ErrorKind::Connect,
-                    ErrorKind::PermissionDenied
-                    | ErrorKind::Authentication
-                    | ErrorKind::Unmapped => ErrorKind::PermissionDenied,
-                    _ => ErrorKind::Integrity,
-                };
-                let retry = kind == ErrorKind::Connect;
-                Err(
-                    ErrorInfo::new(kind, format!("metadata server refused the replica: {e}"))
-                        .retryable(retry),
-                )
-            }
-            Err(_) => Err(ErrorInfo::new(
-                ErrorKind::Connect,
-                "metadata server did not confirm the replica within 30 s",
-            )
-            .retryable(true)),
-        }
+            digests,
+            mtime,
+            Box::new(move |r| drop(tx.send(r))),
+        );
+        rx.recv().unwrap_or_else(|_| Err(not_confirmed()))
+    }
+
+    /// Queued for the next group report (see [`reports`]); `done` hears the metadata server's
+    /// answer for this replica.
+    fn committed_then(
+        &self,
+        id: i64,
+        size: u64,
+        digests: &[Digest],
+        mtime: Timestamp,
+        done: transfer::service::Settled,
+    ) {
+        self.reports.report(
+            pb::WrittenReplica {
+                id,
+                size,
+                checksum: format_digests(digests),
+                mtime_ns: mtime.secs * 1_000_000_000 + mtime.nanos as i64,
+            },
+            done,
+        );
     }
 
     fn register_outputs(
@@ -320,12 +406,7 @@ pub async fn run(
         .map_err(|e| {
             NodeError::Config(format!("cannot create the spool {}: {e}", data.display()))
         })?;
-    let link = Arc::new(GridLink {
-        name: cfg.name.clone(),
-        key: RwLock::new(None),
-        meta: RwLock::new(None),
-        runtime: tokio::runtime::Handle::current(),
-    });
+    let link = Arc::new(GridLink::new(&cfg.name));
     let stats = Arc::new(EndpointStats::default());
     let ep = EndpointConfig {
         root: cfg.root.clone(),

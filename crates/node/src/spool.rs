@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use transfer::service::SinkNaming;
+use transfer::service::{Settled, SinkNaming};
 use transfer::store::Root;
 use wire::checksum::Digest;
 use wire::data::Timestamp;
@@ -30,6 +30,18 @@ pub trait MetaLink: Send + Sync + 'static {
         digests: &[Digest],
         mtime: Timestamp,
     ) -> Result<(), ErrorInfo>;
+    /// [`MetaLink::committed`], settled by calling `done` (once, from any thread) when the
+    /// metadata server has answered; by default at once.
+    fn committed_then(
+        &self,
+        id: i64,
+        size: u64,
+        digests: &[Digest],
+        mtime: Timestamp,
+        done: Settled,
+    ) {
+        done(self.committed(id, size, digests, mtime))
+    }
     /// Registers files a task of a run (`grant`) wrote, under grid directory `dir`: each gets a
     /// file id and a pending replica on this node, or the reason it was refused. Blocking.
     fn register_outputs(
@@ -166,6 +178,21 @@ impl SinkNaming for SpoolNaming {
     ) -> Result<(), ErrorInfo> {
         self.link
             .committed(parse_id(announced)?, size, digests, mtime)
+    }
+
+    /// The node's report waits on its metadata server: settled when it answers.
+    fn committed_then(
+        &self,
+        announced: &str,
+        size: u64,
+        digests: &[Digest],
+        mtime: Timestamp,
+        done: Settled,
+    ) {
+        match parse_id(announced) {
+            Ok(id) => self.link.committed_then(id, size, digests, mtime, done),
+            Err(e) => done(Err(e)),
+        }
     }
 
     /// The file's id instead of the node's own path for it (`/data/12/34/…`).

@@ -65,6 +65,23 @@ impl MetaLink for FakeLink {
         Ok(())
     }
 
+    /// Settled a moment later from a thread of its own, as a metadata server across a link
+    /// answers: the sink session must not need the answer on its own thread.
+    fn committed_then(
+        &self,
+        id: i64,
+        size: u64,
+        digests: &[Digest],
+        mtime: Timestamp,
+        done: transfer::service::Settled,
+    ) {
+        let r = self.committed(id, size, digests, mtime);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            done(r)
+        });
+    }
+
     fn register_outputs(
         &self,
         _grant: &SignedGrant,

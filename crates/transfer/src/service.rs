@@ -113,6 +113,9 @@ pub trait Service: Send + Sync + 'static {
     }
 }
 
+/// Told how the report of a committed file ended (see [`SinkNaming::committed_then`]).
+pub type Settled = Box<dyn FnOnce(Result<(), ErrorInfo>) + Send>;
+
 /// How a sink session names, creates and reports what it receives.
 pub trait SinkNaming: Send + Sync {
     /// The path in the root where announced entry `announced` goes.
@@ -145,6 +148,21 @@ pub trait SinkNaming: Send + Sync {
     ) -> Result<(), ErrorInfo> {
         let _ = (announced, size, digests, mtime);
         Ok(())
+    }
+
+    /// [`SinkNaming::committed`], settled by calling `done` (once) whenever the report is
+    /// settled, from any thread. A naming whose report waits on the network (a storage node's,
+    /// on its metadata server) answers later, so the session's file-op thread goes on to
+    /// other files meanwhile; by default the report is made at once.
+    fn committed_then(
+        &self,
+        announced: &str,
+        size: u64,
+        digests: &[Digest],
+        mtime: Timestamp,
+        done: Settled,
+    ) {
+        done(self.committed(announced, size, digests, mtime))
     }
 
     /// An error about received file `announced` as its sender is told it; `shown` is how the

@@ -557,7 +557,7 @@ impl Shared {
                     .lock()
                     .expect("files lock")
                     .remove(&(file, attempt));
-                let (r, _claim) = match of {
+                let (r, claim) = match of {
                     Some(of) => {
                         let mut life = of.life.lock().expect("file life lock");
                         let claim = OpenFile::close(&mut life);
@@ -588,21 +588,37 @@ impl Shared {
                     self.naming
                         .public_error(&begin.path, &shown.unwrap_or_default(), e)
                 });
+                if let Err(e) = r {
+                    let mut st = self.lock();
+                    st.on_committed(file, attempt, Err(e));
+                    self.dispatch(&mut st);
+                    return;
+                }
                 // A storage node reports the file before its sender hears it is done; if the
                 // metadata server refuses it, the local copy goes (it is the one this commit
-                // made: a node's commit never replaces an existing replica it may not).
-                let r = r.and_then(|()| {
-                    self.naming
-                        .committed(&begin.path, begin.size, &digests, begin.mtime)
-                        .inspect_err(|_| {
-                            if let Ok(p) = self.naming.map(&begin.path) {
-                                let _ = self.root.remove_file(&p);
-                            }
-                        })
+                // made: a node's commit never replaces an existing replica it may not). The
+                // report may settle later, on another thread: it counts as a pending
+                // operation until then, and the claim on the destination is held until the
+                // file's fate is settled.
+                self.pending_ops.fetch_add(1, Ordering::SeqCst);
+                let sh = self.clone();
+                let announced = begin.path.clone();
+                let settled = Box::new(move |r: Result<(), ErrorInfo>| {
+                    if r.is_err()
+                        && let Ok(p) = sh.naming.map(&announced)
+                    {
+                        let _ = sh.root.remove_file(&p);
+                    }
+                    drop(claim);
+                    let mut st = sh.lock();
+                    st.on_committed(file, attempt, r);
+                    sh.dispatch(&mut st);
+                    drop(st);
+                    sh.pending_ops.fetch_sub(1, Ordering::SeqCst);
+                    sh.changed.notify_waiters();
                 });
-                let mut st = self.lock();
-                st.on_committed(file, attempt, r);
-                self.dispatch(&mut st);
+                self.naming
+                    .committed_then(&begin.path, begin.size, &digests, begin.mtime, settled);
             }
             SinkAction::Discard {
                 file,
