@@ -1000,11 +1000,11 @@ pub struct MetaServeArgs {
     #[arg(long, value_name = "N", default_value_t = 1_000_000)]
     pub history_max: u64,
     /// Transfer jobs: sessions of all jobs at once.
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub job_sessions: u32,
     /// Transfer jobs: sessions at once per link (source site to destination site) where the
     /// optimizer has learned nothing yet.
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub job_link_sessions: u32,
     /// Transfer jobs: the most sessions the optimizer gives one link (it revises each link's
     /// number every few seconds from the goodput and loss it measures; equal to

@@ -86,7 +86,6 @@ struct LinkMeter {
     /// Bytes sent again, and the bytes of the sessions that reported them (at their end).
     resent: AtomicU64,
     ended: AtomicU64,
-    streams: AtomicU32,
     sessions: AtomicU32,
     /// Round trips the sessions that ended saw (µs, TCP_INFO): their lowest, and the highest
     /// smoothed one since the optimizer last looked (0: none).
@@ -158,8 +157,7 @@ impl Links {
             let bytes = m.bytes.swap(0, Ordering::Relaxed);
             let resent = m.resent.swap(0, Ordering::Relaxed);
             let ended = m.ended.swap(0, Ordering::Relaxed);
-            let streams = m.streams.load(Ordering::Relaxed).max(1);
-            t.record(now, bytes, resent, ended, streams);
+            t.record(now, bytes, resent, ended);
             let srtt = m.srtt_us.swap(0, Ordering::Relaxed);
             if srtt > 0 {
                 t.record_rtt(m.min_rtt_us.load(Ordering::Relaxed), srtt);
@@ -1712,7 +1710,6 @@ async fn copy_pair_inner(
         meter
             .ended
             .fetch_add(a.source.bytes_moved.max(1), Ordering::Relaxed);
-        meter.streams.store(a.source.streams, Ordering::Relaxed);
         if let Some(e) = &a.source.send {
             if e.min_rtt_us > 0 {
                 let _ = meter

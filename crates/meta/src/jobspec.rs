@@ -91,8 +91,8 @@ pub struct JobSettings {
 impl Default for JobSettings {
     fn default() -> Self {
         Self {
-            sessions: 8,
-            link_sessions: 2,
+            sessions: 32,
+            link_sessions: 4,
             max_link_sessions: 16,
             batch_files: 100,
             endpoint_sessions: 4,

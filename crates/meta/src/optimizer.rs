@@ -4,8 +4,11 @@
 //! scheduler feeds it the bytes its sessions moved and the TCP retransmits they reported, and
 //! asks it for the number of sessions.
 //!
-//! The objective is Falcon's (tuning.md): score = goodput / 1.02^streams - 10 x goodput x loss,
-//! so each extra stream must add 2% and 1% loss costs 10%. The search is a hill climb on the
+//! The objective is Falcon's (tuning.md): score = goodput / 1.02^n - 10 x goodput x loss, n
+//! being the concurrency the search turns (here the link's sessions, as in Falcon its
+//! concurrent transfers), so each extra session must add 2% and 1% loss costs 10%. (It once
+//! counted sessions x data streams; each session plans its own streams, 8 or 16 by its files,
+//! so a probe's score swung up to 2x with the setting unchanged, and the search thrashed.) The search is a hill climb on the
 //! number of sessions: each probe holds a setting for `probe` (the first `settle` of it
 //! discarded: new sessions are in slow start), compares its score with the last, goes on in
 //! the same direction while the score grows and turns round when it falls. It never freezes:
@@ -41,11 +44,10 @@ impl Default for TunerSettings {
     }
 }
 
-/// Falcon's score of a setting: goodput (bits/s), penalised by 2% per stream and by ten times
-/// the fraction of data sent again.
-pub fn score(goodput_bps: f64, streams: u32, loss: f64) -> f64 {
-    goodput_bps / 1.02f64.powi(streams.min(10_000) as i32)
-        - 10.0 * goodput_bps * loss.clamp(0.0, 1.0)
+/// Falcon's score of a setting: goodput (bits/s), penalised by 2% per unit of concurrency
+/// (`n`: sessions) and by ten times the fraction of data sent again.
+pub fn score(goodput_bps: f64, n: u32, loss: f64) -> f64 {
+    goodput_bps / 1.02f64.powi(n.min(10_000) as i32) - 10.0 * goodput_bps * loss.clamp(0.0, 1.0)
 }
 
 /// What the search is doing.
@@ -79,8 +81,6 @@ pub struct LinkTuner {
     ended: u64,
     /// The last loss measured (a probe in which no session ended keeps it).
     loss: f64,
-    /// Streams per session in the current probe (reported by the sessions).
-    streams: u32,
     counting_since: Option<Instant>,
     /// Probes completed (for reports and tests).
     pub probes: u64,
@@ -136,7 +136,6 @@ impl LinkTuner {
             resent: 0,
             ended: 0,
             loss: 0.0,
-            streams: 1,
             counting_since: None,
             probes: 0,
             rtt_base_us: 0,
@@ -161,8 +160,8 @@ impl LinkTuner {
 
     /// The link's sessions moved `bytes` (payload acknowledged) since the last call; sessions
     /// that ended since moved `ended` bytes in all and sent `resent` of them again (TCP
-    /// retransmits); `streams` data streams per session.
-    pub fn record(&mut self, now: Instant, bytes: u64, resent: u64, ended: u64, streams: u32) {
+    /// retransmits).
+    pub fn record(&mut self, now: Instant, bytes: u64, resent: u64, ended: u64) {
         if now.duration_since(self.probe_started) < self.s.settle {
             return;
         }
@@ -174,7 +173,6 @@ impl LinkTuner {
         self.bytes += bytes;
         self.resent += resent;
         self.ended += ended;
-        self.streams = streams.max(1);
     }
 
     /// Ends the probe if its time is up, and moves to the next setting. `busy` says whether
@@ -202,7 +200,7 @@ impl LinkTuner {
                 sessions: self.sessions,
                 goodput_bps: goodput,
                 loss,
-                score: score(goodput, self.sessions * self.streams, loss),
+                score: score(goodput, self.sessions, loss),
                 queueing: self.queueing,
             }
         });
@@ -374,7 +372,7 @@ mod tests {
             for _ in 0..6 {
                 *now += Duration::from_millis(500);
                 let bytes = (g / 8.0 * 0.5) as u64;
-                t.record(*now, bytes, (bytes as f64 * loss) as u64, bytes, 1);
+                t.record(*now, bytes, (bytes as f64 * loss) as u64, bytes);
                 t.record_rtt(40_000, if full { 60_000 } else { 40_400 });
             }
             if let Some(r) = t.tick(*now, true) {
@@ -421,7 +419,7 @@ mod tests {
         // A probe while the link had no work for every session is thrown away.
         let mut t = LinkTuner::new(TunerSettings::default(), 3, Instant::now());
         let now = Instant::now() + Duration::from_secs(5);
-        t.record(now, 1 << 20, 0, 1 << 20, 1);
+        t.record(now, 1 << 20, 0, 1 << 20);
         assert_eq!(t.tick(now + Duration::from_secs(1), false), None);
         assert_eq!((t.sessions(), t.probes), (3, 0));
     }
@@ -439,7 +437,7 @@ mod tests {
                 clock += Duration::from_millis(500);
                 let g = 1e8 * t.sessions() as f64;
                 let bytes = (g.min(1e9) / 8.0 * 0.5) as u64;
-                t.record(clock, bytes, 0, bytes, 1);
+                t.record(clock, bytes, 0, bytes);
             }
             t.tick(clock, true);
             sessions.push(t.sessions());
