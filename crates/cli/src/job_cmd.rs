@@ -258,6 +258,7 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "created": rfc3339_ms(j.created_ms),
         "created_ms": j.created_ms,
         "ended": (j.ended_ms > 0).then(|| rfc3339_ms(j.ended_ms)),
+        "ended_ms": (j.ended_ms > 0).then_some(j.ended_ms),
         "files": j.files,
         "files_done": j.files_done,
         "files_failed": j.files_failed,
