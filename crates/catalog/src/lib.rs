@@ -1756,12 +1756,16 @@ impl Catalog {
                 let one = self
                     .complete_replica_in(w, r.inode, node, r.size, &r.checksum, r.mtime_ns)
                     .await;
-                let end = if one.is_ok() {
-                    "RELEASE SAVEPOINT replica"
-                } else {
-                    "ROLLBACK TO SAVEPOINT replica"
-                };
-                sqlx::query(end).execute(&mut *w.tx).await?;
+                if one.is_err() {
+                    sqlx::query("ROLLBACK TO SAVEPOINT replica")
+                        .execute(&mut *w.tx)
+                        .await?;
+                }
+                // (Released either way: a rolled-back savepoint stays open until released,
+                // and the next replica's would nest in it.)
+                sqlx::query("RELEASE SAVEPOINT replica")
+                    .execute(&mut *w.tx)
+                    .await?;
                 out.push(one);
             }
             Ok(out)

@@ -1020,7 +1020,7 @@ pub struct MetaServeArgs {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub job_endpoint_sessions: u32,
     /// Transfer jobs: files per session (the unit fair share hands out).
-    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, value_name = "N", default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub job_batch_files: u32,
     /// Transfer jobs: the wait after a file's first failed attempt, doubled after each
     /// further one (at most an hour).

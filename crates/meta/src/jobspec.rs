@@ -94,7 +94,7 @@ impl Default for JobSettings {
             sessions: 32,
             link_sessions: 4,
             max_link_sessions: 16,
-            batch_files: 100,
+            batch_files: 250,
             endpoint_sessions: 4,
             link_streams: None,
             retry_delay: Duration::from_secs(30),

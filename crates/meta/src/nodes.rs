@@ -26,8 +26,9 @@ pub struct NodeServiceImpl {
 const MAX_INVENTORY: usize = 100_000_000;
 
 /// Replicas one `ReplicasWritten` call may report (more is refused before the catalog is
-/// touched; nodes send at most this many at a time).
-pub const MAX_REPLICAS_WRITTEN: usize = 1024;
+/// touched). Each is a savepoint of one transaction, and PostgreSQL caches 64
+/// subtransactions of a transaction; nodes send at most this many at a time.
+pub const MAX_REPLICAS_WRITTEN: usize = 64;
 
 #[tonic::async_trait]
 impl NodeService for NodeServiceImpl {
@@ -316,9 +317,10 @@ impl Meta {
                 .zip(results)
                 .map(|(w, r)| pb::ReplicaResult {
                     id: w.inode,
+                    // (Through `Error`: a database's own words go to the log, not the node.)
                     error: r
                         .err()
-                        .map(|e| crate::state::file_error(&format!("inode {}", w.inode), &e)),
+                        .map(|e| Error::from(e).for_file(&format!("inode {}", w.inode))),
                 })
                 .collect(),
         })

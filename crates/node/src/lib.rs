@@ -85,9 +85,12 @@ impl GridLink {
 /// How the node's grouped replica reports reach the metadata server: one `ReplicasWritten`
 /// call per group (or, from a metadata server without it, one `ReplicaWritten` per report).
 fn send_group(node: String, meta: Arc<RwLock<Option<MetaClient>>>) -> reports::SendGroup {
+    // Whether the metadata server answered that it has no `ReplicasWritten`.
+    let singles = Arc::new(std::sync::atomic::AtomicBool::new(false));
     Arc::new(move |replicas: Vec<pb::WrittenReplica>| {
         let node = node.clone();
         let meta = meta.read().expect("meta lock").clone();
+        let singles = singles.clone();
         Box::pin(async move {
             let Some(meta) = meta else {
                 return Err(ErrorInfo::new(
@@ -96,6 +99,9 @@ fn send_group(node: String, meta: Arc<RwLock<Option<MetaClient>>>) -> reports::S
                 )
                 .retryable(true));
             };
+            if singles.load(std::sync::atomic::Ordering::Relaxed) {
+                return report_each(&meta, &node, replicas).await;
+            }
             let req = pb::ReplicasWrittenRequest {
                 node: node.clone(),
                 replicas: replicas.clone(),
@@ -113,11 +119,8 @@ fn send_group(node: String, meta: Arc<RwLock<Option<MetaClient>>>) -> reports::S
                     })
                     .collect()),
                 Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
-                    let mut out = Vec::with_capacity(replicas.len());
-                    for r in replicas {
-                        out.push(report_one(&meta, &node, r).await);
-                    }
-                    Ok(out)
+                    singles.store(true, std::sync::atomic::Ordering::Relaxed);
+                    report_each(&meta, &node, replicas).await
                 }
                 Ok(Err(s)) => Err(call_refused(s)),
                 Err(_) => Err(not_confirmed()),
@@ -129,7 +132,28 @@ fn send_group(node: String, meta: Arc<RwLock<Option<MetaClient>>>) -> reports::S
 /// How long the metadata server has to confirm a call of replica reports.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One replica's report by itself (to a metadata server older than group reports).
+/// A group's reports one call each, all at once (to a metadata server older than group
+/// reports): the group takes one call's time, as before groups.
+async fn report_each(
+    meta: &MetaClient,
+    node: &str,
+    replicas: Vec<pb::WrittenReplica>,
+) -> reports::GroupResult {
+    let mut calls = tokio::task::JoinSet::new();
+    for (i, r) in replicas.into_iter().enumerate() {
+        let (meta, node) = (meta.clone(), node.to_string());
+        calls.spawn(async move { (i, report_one(&meta, &node, r).await) });
+    }
+    let mut out = vec![Err(not_confirmed()); calls.len()];
+    while let Some(done) = calls.join_next().await {
+        if let Ok((i, r)) = done {
+            out[i] = r;
+        }
+    }
+    Ok(out)
+}
+
+/// One replica's report by itself.
 async fn report_one(meta: &MetaClient, node: &str, r: pb::WrittenReplica) -> Result<(), ErrorInfo> {
     let req = pb::ReplicaWrittenRequest {
         node: node.to_string(),
