@@ -158,6 +158,10 @@ fn a_job_survives_restarts_of_the_metadata_server_and_nodes() {
     let mut g = Grid::start_with(&[
         "--job-batch-files",
         "3",
+        // Two sessions: the link stays busy (more batches waiting than sessions) long enough
+        // for the optimizer's 3 s probes, which the test checks it learned from.
+        "--job-link-sessions",
+        "2",
         "--job-retry-delay",
         "1s",
         // The test's webhook receiver is on loopback.

@@ -1480,7 +1480,7 @@ async fn copy_pair(
             HashMap::new(),
             Some(e),
             0,
-            (0, String::new()),
+            (0, 0, String::new()),
         ),
     };
     record(
@@ -1500,14 +1500,14 @@ async fn copy_pair(
     (done, failed, err)
 }
 
-/// Files done, files failed, the session's error, bytes moved, and its streams and summary
-/// (plan, congestion control) for the history.
+/// Files done, files failed, the session's error, bytes moved, and its streams, TCP
+/// retransmits and summary (plan, congestion control) for the history.
 type PairResult = (
     HashSet<i64>,
     HashMap<i64, TransferError>,
     Option<TransferError>,
     u64,
-    (u32, String),
+    (u32, u64, String),
 );
 
 #[allow(clippy::too_many_arguments)]
@@ -1693,6 +1693,10 @@ async fn copy_pair_inner(
     let _ = feed.await;
     let moved = transfer::progress::Counters::get(&counters.bytes_done);
     let streams = result.as_ref().map(|a| a.source.streams).unwrap_or(0);
+    let retransmits = result
+        .as_ref()
+        .map(|a| a.source.tcp_retransmits)
+        .unwrap_or(0);
     let summary = result
         .as_ref()
         .map(|a| {
@@ -1727,7 +1731,13 @@ async fn copy_pair_inner(
             moved as f64 / started.elapsed().as_secs_f64().max(0.001),
         );
     }
-    Ok((done, failed, result.err(), moved, (streams, summary)))
+    Ok((
+        done,
+        failed,
+        result.err(),
+        moved,
+        (streams, retransmits, summary),
+    ))
 }
 
 /// Puts a job's session into the transfer history (kind "job").
@@ -1743,7 +1753,7 @@ async fn record(
     err: Option<&TransferError>,
     started_ms: i64,
     moved: u64,
-    (streams, summary): (u32, String),
+    (streams, retransmits, summary): (u32, u64, String),
 ) {
     let site = |n: &str| meta.node(n).map(|e| e.node.site).unwrap_or_default();
     let files: Vec<catalog::TransferFile> = items
@@ -1786,7 +1796,7 @@ async fn record(
         started_ms,
         bytes_moved: moved,
         streams,
-        retransmits: 0,
+        retransmits,
         summary,
     }
     .record(&files);
