@@ -98,8 +98,10 @@ impl Reporter {
             wake: Notify::new(),
             closed: AtomicBool::new(false),
         });
+        // The guard is the pump's argument, not one of its locals: a task dropped before its
+        // first poll (the runtime shutting down at once) drops it too.
         tokio::spawn(pump(
-            Arc::downgrade(&r),
+            ClosesOnStop(Arc::downgrade(&r)),
             send,
             Arc::new(Semaphore::new(in_flight.max(1))),
             max_group.max(1),
@@ -135,13 +137,8 @@ impl Reporter {
 
 /// Takes a call slot, then the reports waiting (at most `max_group`), and sends them; stops
 /// when the reporter is gone.
-async fn pump(
-    reporter: std::sync::Weak<Reporter>,
-    send: SendGroup,
-    slots: Arc<Semaphore>,
-    max_group: usize,
-) {
-    let _closes = ClosesOnStop(reporter.clone());
+async fn pump(closes: ClosesOnStop, send: SendGroup, slots: Arc<Semaphore>, max_group: usize) {
+    let reporter = closes.0.clone();
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;

@@ -319,6 +319,17 @@ mod tests {
         id: i64,
         grant: Option<SignedGrant>,
     ) -> Result<client::Attempt, TransferError> {
+        put_as(n, path, id, grant, false).await
+    }
+
+    /// [`put`], resuming (what the node has of the file is not sent again) if `resume`.
+    async fn put_as(
+        n: &Node,
+        path: &Path,
+        id: i64,
+        grant: Option<SignedGrant>,
+        resume: bool,
+    ) -> Result<client::Attempt, TransferError> {
         let size = std::fs::metadata(path).unwrap().len();
         let entry = SourceEntry {
             rel: id.to_string(),
@@ -334,15 +345,9 @@ mod tests {
             ..Default::default()
         };
         let opts = options(n);
-        client::upload(
-            vec![entry],
-            &n.peer,
-            request,
-            &opts,
-            opts.session.clone(),
-            context(),
-        )
-        .await
+        let mut session = opts.session.clone();
+        session.resume = resume;
+        client::upload(vec![entry], &n.peer, request, &opts, session, context()).await
     }
 
     /// Files an upload delivered (none when the session failed as a whole).
@@ -435,6 +440,50 @@ mod tests {
             .to_be_bytes()
             .to_vec();
         assert_eq!(r[0].digests[0].value, crc);
+        n.stop.cancel();
+    }
+
+    /// A node killed between a file's commit and its report (or whose report was lost) holds
+    /// the file under its final name while the catalog still has it pending: a resumed
+    /// session finds it complete, and the node reports it (with checksums read from the disk)
+    /// before the sender counts it done; a report the metadata server refuses fails the file
+    /// and leaves the replica where it is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_found_complete_by_a_resumed_session_is_reported_again() {
+        let n = start_node().await;
+        let local = tempfile::tempdir().unwrap();
+        let src = local.path().join("src");
+        let body: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+        std::fs::write(&src, &body).unwrap();
+        let plant = |id: i64| {
+            // As the dead session's commit left it: final name, the sender's mtime (0).
+            let p = n.root.path().join(spool::spool_path(id));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, &body).unwrap();
+            let f = std::fs::File::options().write(true).open(&p).unwrap();
+            f.set_modified(std::time::UNIX_EPOCH).unwrap();
+            p
+        };
+        let stored = plant(21);
+        let write = n.link.grant(Operation::Write, &[21], &n.holder);
+        let a = put_as(&n, &src, 21, Some(write), true).await.unwrap();
+        assert_eq!(a.source.files_done, 1, "{a:?}");
+        assert_eq!(a.source.bytes_moved, 0, "nothing sent again: {a:?}");
+        assert_eq!(
+            *n.link.committed.lock().unwrap(),
+            vec![(21, body.len() as u64)],
+            "reported again"
+        );
+        assert_eq!(std::fs::read(&stored).unwrap(), body);
+
+        n.link
+            .refuse
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let stored = plant(22);
+        let write = n.link.grant(Operation::Write, &[22], &n.holder);
+        let a = put_as(&n, &src, 22, Some(write), true).await;
+        assert_eq!(done(a), 0, "refused by the metadata server: not done");
+        assert_eq!(std::fs::read(&stored).unwrap(), body, "kept");
         n.stop.cancel();
     }
 

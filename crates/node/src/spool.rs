@@ -195,6 +195,52 @@ impl SinkNaming for SpoolNaming {
         }
     }
 
+    /// A replica found complete by a resumed session is reported again, with its checksums
+    /// read from the disk: a session that died between its commit and its report (a node
+    /// killed, a report lost) left it pending in the catalog, and the sender would otherwise
+    /// count as copied a file nobody can see. For a replica already complete in the catalog
+    /// the report changes nothing; one the catalog refuses fails the file (and stays: it is
+    /// not this session's to remove).
+    fn found_complete_then(
+        &self,
+        root: &Root,
+        final_path: &Path,
+        begin: &wire::data::FileBegin,
+        algos: &[wire::checksum::Algorithm],
+        done: Settled,
+    ) {
+        let id = match parse_id(&begin.path) {
+            Ok(id) => id,
+            Err(e) => return done(Err(e)),
+        };
+        let file = match root.open(final_path, transfer::store::OpenMode::Read) {
+            Ok(f) => f,
+            Err(e) => {
+                return done(Err(ErrorInfo::new(
+                    ErrorKind::Io,
+                    format!("file {id}: cannot read the replica to report it: {e}"),
+                )));
+            }
+        };
+        match crate::verify::digest_reader(file, algos) {
+            (size, Ok(digests)) if size == begin.size => {
+                self.link
+                    .committed_then(id, size, &digests, begin.mtime, done)
+            }
+            (size, Ok(_)) => done(Err(ErrorInfo::new(
+                ErrorKind::Integrity,
+                format!(
+                    "file {id}: the replica has {size} bytes, not {}",
+                    begin.size
+                ),
+            ))),
+            (_, Err(e)) => done(Err(ErrorInfo::new(
+                ErrorKind::Io,
+                format!("file {id}: cannot read the replica to report it: {e}"),
+            ))),
+        }
+    }
+
     /// The file's id instead of the node's own path for it (`/data/12/34/…`).
     fn public_error(&self, announced: &str, shown: &str, mut e: ErrorInfo) -> ErrorInfo {
         if !shown.is_empty() {

@@ -165,6 +165,23 @@ pub trait SinkNaming: Send + Sync {
         done(self.committed(announced, size, digests, mtime))
     }
 
+    /// A resumed file was found complete under its final name (`final_path` in `root`), so
+    /// nothing of it is received; `done` (called once, from any thread) settles whether it
+    /// counts as done. A naming whose commits are reported (a storage node's) reports it
+    /// again, for it may have been committed by a session that died before its report; by
+    /// default it is done at once. `algos` are the session's checksums.
+    fn found_complete_then(
+        &self,
+        root: &Root,
+        final_path: &std::path::Path,
+        begin: &wire::data::FileBegin,
+        algos: &[wire::checksum::Algorithm],
+        done: Settled,
+    ) {
+        let _ = (root, final_path, begin, algos);
+        done(Ok(()))
+    }
+
     /// An error about received file `announced` as its sender is told it; `shown` is how the
     /// endpoint's own messages name the file's path.
     fn public_error(&self, announced: &str, shown: &str, e: ErrorInfo) -> ErrorInfo {

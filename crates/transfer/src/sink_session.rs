@@ -506,9 +506,33 @@ impl Shared {
                         self.catch_up(&of, file, attempt);
                     }
                     Ok(Opened::Complete) => {
-                        let mut st = self.lock();
-                        st.on_already_complete(file, attempt);
-                        self.dispatch(&mut st);
+                        // A storage node reports such a file again before it is done: it may
+                        // have been committed here by a session that died (or whose report
+                        // was lost) before its report (which then still waits, pending, in
+                        // the catalog). Settled as a commit's report is (see Commit).
+                        self.pending_ops.fetch_add(1, Ordering::SeqCst);
+                        let sh = self.clone();
+                        let settled = Box::new(move |r: Result<(), ErrorInfo>| {
+                            drop(claim);
+                            let mut st = sh.lock();
+                            match r {
+                                Ok(()) => st.on_already_complete(file, attempt),
+                                Err(e) => {
+                                    st.on_opened(file, attempt, Err(e), Instant::now());
+                                }
+                            }
+                            sh.dispatch(&mut st);
+                            drop(st);
+                            sh.pending_ops.fetch_sub(1, Ordering::SeqCst);
+                            sh.changed.notify_waiters();
+                        });
+                        self.naming.found_complete_then(
+                            &self.root,
+                            &final_path,
+                            &begin,
+                            &self.algos,
+                            settled,
+                        );
                     }
                     Err(e) => {
                         let mut st = self.lock();
