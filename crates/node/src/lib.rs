@@ -7,6 +7,7 @@
 //! has verified (which is what makes a new file visible), and removes the files the catalog no
 //! longer wants.
 
+pub mod digest;
 pub mod reports;
 pub mod run;
 pub mod service;

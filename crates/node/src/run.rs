@@ -635,7 +635,7 @@ fn register_outputs(
         }
         let mode = m.mode() & 0o777;
         let _ = f.set_permissions(std::fs::Permissions::from_mode(0o644));
-        let (size, digests) = crate::verify::digest_reader(f, &[]);
+        let (size, digests) = crate::digest::digest_reader(f, &[]);
         let digests = digests.map_err(|e| io(&name, e))?;
         let mtime = m
             .modified()

@@ -222,7 +222,7 @@ impl SinkNaming for SpoolNaming {
                 )));
             }
         };
-        match crate::verify::digest_reader(file, algos) {
+        match crate::digest::digest_reader(file, algos) {
             (size, Ok(digests)) if size == begin.size => {
                 self.link
                     .committed_then(id, size, &digests, begin.mtime, done)
