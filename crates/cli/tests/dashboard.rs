@@ -337,7 +337,9 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
         .nth(1)
         .and_then(|p| p.split('"').next()?.parse().ok())
         .unwrap_or_else(|| panic!("{plot}"));
-    assert!(points >= 2, "{plot}");
+    // (An upload over loopback may take under 20 ms: its trace, a sample every 10 ms, can
+    // be a single point. Every point of the stored trace is plotted.)
+    assert!(points >= 1, "{plot}");
     let shown = g.json("alice", &["transfers", "--id", &id.to_string(), "--json"]);
     assert_eq!(
         shown["transfer"]["trace"].as_array().unwrap().len(),
