@@ -169,17 +169,6 @@ impl SinkNaming for SpoolNaming {
         ))
     }
 
-    fn committed(
-        &self,
-        announced: &str,
-        size: u64,
-        digests: &[Digest],
-        mtime: Timestamp,
-    ) -> Result<(), ErrorInfo> {
-        self.link
-            .committed(parse_id(announced)?, size, digests, mtime)
-    }
-
     /// The node's report waits on its metadata server: settled when it answers.
     fn committed_then(
         &self,

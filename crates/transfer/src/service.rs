@@ -137,23 +137,11 @@ pub trait SinkNaming: Send + Sync {
             .and_then(|p| store::make_dir(root, &p, mode))
     }
 
-    /// A received file was verified and committed under its final name. Blocking; an error
-    /// fails the file, and the sink removes what it committed.
-    fn committed(
-        &self,
-        announced: &str,
-        size: u64,
-        digests: &[Digest],
-        mtime: Timestamp,
-    ) -> Result<(), ErrorInfo> {
-        let _ = (announced, size, digests, mtime);
-        Ok(())
-    }
-
-    /// [`SinkNaming::committed`], settled by calling `done` (once) whenever the report is
-    /// settled, from any thread. A naming whose report waits on the network (a storage node's,
-    /// on its metadata server) answers later, so the session's file-op thread goes on to
-    /// other files meanwhile; by default the report is made at once.
+    /// A received file was verified and committed under its final name: `done` is called
+    /// once, from any thread, when its report is settled; an error fails the file, and the
+    /// sink removes what it committed. A naming whose report waits on the network (a storage
+    /// node's, on its metadata server) answers later, so the session's file-op thread goes on
+    /// to other files meanwhile; by default there is nothing to report.
     fn committed_then(
         &self,
         announced: &str,
@@ -162,7 +150,8 @@ pub trait SinkNaming: Send + Sync {
         mtime: Timestamp,
         done: Settled,
     ) {
-        done(self.committed(announced, size, digests, mtime))
+        let _ = (announced, size, digests, mtime);
+        done(Ok(()))
     }
 
     /// A resumed file was found complete under its final name (`final_path` in `root`), so
