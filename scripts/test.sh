@@ -40,10 +40,23 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   command -v umoci >/dev/null || need+=(umoci)
   # `haul trace plot` draws its text with DejaVu Sans.
   [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
+  # `haul mount`'s tests run real programs on a mount; fuse3 brings fusermount3.
+  command -v fusermount3 >/dev/null || need+=(fuse3)
+  command -v rsync >/dev/null || need+=(rsync)
+  command -v pip3 >/dev/null || command -v pip >/dev/null || need+=(python3-pip)
   if [ ${#need[@]} -gt 0 ]; then
     echo "test: installing ${need[*]}"
     apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
   fi
+fi
+
+# The mount's tests read a netCDF file with Python's netCDF4 (from PyPI), as a climate
+# scientist's script would.
+if ! python3 -c "import netCDF4" 2>/dev/null; then
+  echo "test: installing netCDF4 (PyPI)"
+  python3 -m pip install -q netCDF4 >/dev/null 2>&1 ||
+    python3 -m pip install -q --break-system-packages netCDF4 >/dev/null 2>&1 ||
+    echo "test: could not install netCDF4; the mount's netCDF test will say so"
 fi
 
 if [ "$(id -u)" = 0 ] && [ -z "${HAUL_TEST_POSTGRES_URL:-}" ]; then

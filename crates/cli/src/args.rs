@@ -290,6 +290,10 @@ pub enum Command {
     Where(PathsArgs),
     /// Capacity and use per storage node and per site.
     Df(GridArgs),
+    /// Mount a grid directory as a local file system (FUSE) for unmodified programs:
+    /// haul mount haul://META/path MOUNTPOINT. Runs until unmounted (umount, fusermount3 -u)
+    /// or interrupted (Ctrl-C, SIGTERM), then unmounts.
+    Mount(MountArgs),
     /// The storage node registry with health.
     Nodes(GridArgs),
     /// Which identity the metadata server maps your certificate to.
@@ -817,6 +821,51 @@ pub struct GridArgs {
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub creds: CredArgs,
+}
+
+/// `haul mount`.
+#[derive(Args, Debug, Clone)]
+pub struct MountArgs {
+    /// The grid directory to mount: haul://META/path (or /path with HAUL_META set).
+    #[arg(value_name = "GRID_DIR")]
+    pub path: String,
+    /// A local, empty directory to mount it on.
+    #[arg(value_name = "MOUNTPOINT")]
+    pub mountpoint: PathBuf,
+    /// This client's grid site: reads prefer its replicas, new files go to its nodes.
+    #[arg(long, env = "HAUL_SITE", value_name = "NAME")]
+    pub site: Option<String>,
+    /// Keep the block cache in DIR across mounts (checked against each file's size, mtime
+    /// and checksum in the catalog) [default: a private directory removed at unmount].
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+    /// Bytes the block cache may hold (read-ahead included).
+    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Read-ahead of a sequential reader at most: fetched in four overlapping extents, so
+    /// make it at least four times the path's bandwidth-delay product.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    pub read_ahead: u64,
+    /// How long names and attributes are believed before the metadata server is asked again.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub attr_ttl: std::time::Duration,
+    /// Deadline of each call to the metadata server (then ETIMEDOUT).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub meta_timeout: std::time::Duration,
+    /// Data sessions with storage nodes at once, all open files together.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub fetch_sessions: usize,
+    /// Threads serving the kernel's requests.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub threads: usize,
+    /// Bandwidth to plan data sessions for, in bits/s.
+    #[arg(long, value_name = "RATE", default_value = "10G", value_parser = parse_rate)]
+    pub link_rate: u64,
+    /// A data session with no progress for this long fails over to another replica.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub stall_timeout: std::time::Duration,
     #[command(flatten)]
     pub creds: CredArgs,
 }

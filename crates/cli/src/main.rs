@@ -25,6 +25,7 @@ mod job_cmd;
 mod jsondoc;
 mod lifecycle_cmd;
 mod meta_cmd;
+mod mount_cmd;
 mod node_cmd;
 mod perf_cmd;
 mod pki;
@@ -193,6 +194,7 @@ async fn run(cli: args::Cli) -> Result<u8, transfer::TransferError> {
         args::Command::Xattr(c) => grid_cmd::xattr(c).await,
         args::Command::Where(a) => grid_cmd::where_(a).await,
         args::Command::Df(a) => grid_cmd::df(a).await,
+        args::Command::Mount(a) => mount_cmd::run(a).await,
         args::Command::Nodes(a) => grid_cmd::nodes(a).await,
         args::Command::Whoami(a) => grid_cmd::whoami(a).await,
         args::Command::Dashboard(a) => grid_cmd::dashboard(a).await,

@@ -329,6 +329,28 @@ impl MetaClient {
         Ok(r.map_err(from_status)?.into_inner())
     }
 
+    /// One page of a directory's entries: at most `limit` after the name `after` (`""`: from
+    /// the start), and whether more follow.
+    pub async fn list_page(
+        &self,
+        path: &str,
+        after: &str,
+        limit: u32,
+    ) -> Result<(Vec<pb::Entry>, bool), TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .list(pb::ListRequest {
+                path: path.into(),
+                after: after.into(),
+                limit,
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok((r.entries, r.more))
+    }
+
     /// Every entry of a directory (all pages), or the file itself.
     pub async fn list(&self, path: &str) -> Result<Vec<pb::Entry>, TransferError> {
         let mut out = Vec::new();
@@ -433,6 +455,25 @@ impl MetaClient {
                 path: path.into(),
                 owner: owner.into(),
                 group: group.into(),
+            })
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+
+    /// Sets the modification time of `path`: `Some(ns)` an explicit time (the owner only),
+    /// `None` now (anyone who may write it).
+    pub async fn set_mtime(
+        &self,
+        path: &str,
+        mtime_ns: Option<i64>,
+    ) -> Result<pb::Entry, TransferError> {
+        let r = self
+            .ns
+            .clone()
+            .set_mtime(pb::SetMtimeRequest {
+                path: path.into(),
+                mtime_ns: mtime_ns.unwrap_or(0),
+                now: mtime_ns.is_none(),
             })
             .await;
         Ok(r.map_err(from_status)?.into_inner())

@@ -16,7 +16,7 @@ pub mod types {
     pub use api::meta::{
         Entry, FileError, GetJobRequest, JobDetail, JobFileInfo, JobInfo, JobLink, JobPair,
         JobsReply, JobsRequest, LiveCopy, NodeInfo, OpenReadRequest, Policy, PolicyRequest,
-        ReplicateRequest, SubmitJobRequest, Transfer, TransferFile, TransferReply,
-        TransfersRequest, VerifyRequest,
+        ReadSource, ReplicaInfo, ReplicateRequest, SubmitJobRequest, Transfer, TransferFile,
+        TransferReply, TransfersRequest, VerifyRequest,
     };
 }

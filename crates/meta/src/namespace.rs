@@ -208,6 +208,29 @@ impl Meta {
         Ok(entry(&r.norm, &i))
     }
 
+    /// Sets the modification time of `path`: an explicit time (`Some`) only its owner may set,
+    /// the current time (`None`, as `touch`) anyone who may write it (POSIX `utimensat`).
+    pub async fn set_mtime_as(
+        &self,
+        user: &User,
+        path: &str,
+        mtime_ns: Option<i64>,
+    ) -> Result<pb::Entry> {
+        let (r, e) = self.existing(user, path).await?;
+        let when = match mtime_ns {
+            Some(t) => {
+                perm::require_owner(user, &e, &r.norm)?;
+                t
+            }
+            None => {
+                perm::require(user, &e, Access::Write, &r.norm)?;
+                now_ns()
+            }
+        };
+        let i = self.catalog.set_mtime(&r.norm, when).await?;
+        Ok(entry(&r.norm, &i))
+    }
+
     /// Gives `path` another owner and/or group, as `perm::require_chown` allows.
     pub async fn chown_as(
         &self,
@@ -421,6 +444,18 @@ impl Namespace for NamespaceService {
         let m = &self.meta;
         m.user_call(Op::one("chmod"), &req, async |user, q| {
             m.chmod_as(&user, &q.path, q.mode).await
+        })
+        .await
+    }
+
+    async fn set_mtime(
+        &self,
+        req: Request<pb::SetMtimeRequest>,
+    ) -> Result<Response<pb::Entry>, Status> {
+        let m = &self.meta;
+        m.user_call(Op::one("set_mtime"), &req, async |user, q| {
+            m.set_mtime_as(&user, &q.path, (!q.now).then_some(q.mtime_ns))
+                .await
         })
         .await
     }

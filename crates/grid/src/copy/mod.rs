@@ -158,7 +158,10 @@ pub async fn copy(
     result
 }
 
-async fn copy_unrecorded(
+/// [`copy`] without its entry in the transfer history and the list of copies in progress:
+/// for callers that copy many single files as parts of one activity (`haul mount` uploads
+/// each file written when it is closed).
+pub async fn copy_unrecorded(
     meta: &MetaClient,
     src: &Location,
     dst: &Location,

@@ -1,0 +1,433 @@
+//! `haul mount` with real programs: a grid (metadata server and four nodes on loopback) is
+//! mounted with FUSE as alice, and `cp`, `cat`, `md5sum -c`, `tar`, `rsync -a`, `find`,
+//! `ls -lR`, Python (random writes, xattrs, netCDF4) work on it; errors reach programs as the
+//! right errno; a node killed during a read is not seen by the reader; an unreachable metadata
+//! server is an error, not a hang; `umount` ends the mount.
+//!
+//! Needs root (mount(2) of /dev/fuse). Every mount is unmounted when its guard drops, also
+//! when a test fails.
+
+mod common;
+use common::grid::*;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A running `haul mount`; unmounts (lazily, so a dead mount goes too) and stops on drop.
+struct Mounted {
+    proc: Option<harness::process::Proc>,
+    at: PathBuf,
+    log: PathBuf,
+}
+
+impl Mounted {
+    fn start(g: &Grid, user: &str, dir: &str, extra: &[&str]) -> Mounted {
+        let at = tempfile::tempdir_in(g.path()).unwrap().keep();
+        let mut args = vec!["mount", dir, at.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let mut cmd = g.cmd(user, &args);
+        cmd.env("HAUL_LOG", "info");
+        let n = std::fs::read_dir(g.path()).unwrap().count();
+        let log = g.path().join(format!("mount{n}.log"));
+        let (p, line) = harness::process::Proc::start(cmd, &log, START_TIMEOUT)
+            .unwrap_or_else(|e| panic!("haul mount: {e}\n{}", g.logs()));
+        assert!(line.starts_with("mounted "), "{line}");
+        Mounted {
+            proc: Some(p),
+            at,
+            log,
+        }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.at.join(rel)
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+        drop(self.proc.take());
+    }
+}
+
+fn sh(script: &str) -> std::process::Output {
+    let mut c = Command::new("bash");
+    c.args(["-c", script]);
+    run_bounded(c, CMD_TIMEOUT)
+}
+
+#[track_caller]
+fn sh_ok(script: &str) -> String {
+    let out = sh(script);
+    assert!(
+        out.status.success(),
+        "{script}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn python(script: &str) -> std::process::Output {
+    let mut c = Command::new("python3");
+    c.args(["-c", script]);
+    run_bounded(c, CMD_TIMEOUT)
+}
+
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn can_mount() -> bool {
+    if !testkit::is_root() {
+        testkit::skip("mounting with FUSE needs root");
+        return false;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        testkit::skip("no /dev/fuse");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn programs_read_and_write_the_grid_through_the_mount() {
+    if !can_mount() {
+        return;
+    }
+    let g = Grid::start();
+    let (src, _files, _paths) = upload_sample(&g);
+    let m = Mounted::start(&g, "alice", &g.url("/alice"), &["--site", "A"]);
+
+    // Reads: the tree uploaded with haul cp, read with cat and md5sum -c.
+    sh_ok(&format!(
+        "cd {} && find . -type f -exec md5sum {{}} + > /tmp/mount-sums.$$ && cd {} && md5sum -c --quiet /tmp/mount-sums.$$; r=$?; rm -f /tmp/mount-sums.$$; exit $r",
+        src.display(),
+        m.p("tree").display()
+    ));
+    let big = std::fs::read(src.join("big.bin")).unwrap();
+    assert_eq!(std::fs::read(m.p("tree/big.bin")).unwrap(), big);
+    // Random reads: only the part asked for.
+    let py = python(&format!(
+        "f=open('{}','rb'); f.seek(2000001); import sys; sys.stdout.buffer.write(f.read(777))",
+        m.p("tree/big.bin").display()
+    ));
+    assert!(py.status.success(), "{}", stderr(&py));
+    assert_eq!(py.stdout, big[2_000_001..2_000_001 + 777]);
+
+    // ls -lR and find see the tree, with alice as owner and the sizes of the files.
+    let ls = sh_ok(&format!("ls -lR {}", m.p("tree").display()));
+    assert!(ls.contains("big.bin") && ls.contains("sub:"), "{ls}");
+    let big_line = ls.lines().find(|l| l.ends_with("big.bin")).unwrap();
+    assert!(big_line.contains(&big.len().to_string()), "{big_line}");
+    let found = sh_ok(&format!("cd {} && find . | sort", m.p("tree").display()));
+    let local = sh_ok(&format!("cd {} && find . | sort", src.display()));
+    assert_eq!(found, local);
+
+    // Writes: cp -r a tree in; the grid has it, byte for byte, once each file is closed.
+    let (tree2, _) = sample_tree(&g.path().join("second"));
+    sh_ok(&format!(
+        "cp -r {} {}",
+        tree2.display(),
+        m.p("copied").display()
+    ));
+    assert_download_same(&g, "alice", &g.url("/alice/copied"), &tree2, &[]);
+    // The grid recorded checksums for what the mount wrote.
+    let st = g.json("alice", &["stat", "--json", "/alice/copied/big.bin"]);
+    assert!(
+        st["entries"][0]["checksum"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "{st}"
+    );
+
+    // tar c of the mount, tar x into the mount.
+    let untarred = g.path().join("untarred");
+    std::fs::create_dir_all(&untarred).unwrap();
+    sh_ok(&format!(
+        "tar cf - -C {} tree | tar xf - -C {}",
+        m.at.display(),
+        untarred.display()
+    ));
+    assert_same_tree(&src, &untarred.join("tree"));
+    sh_ok(&format!(
+        "mkdir {0} && tar cf - -C {1} . | tar xf - -C {0}",
+        m.p("fromtar").display(),
+        src.display()
+    ));
+    assert_download_same(&g, "alice", &g.url("/alice/fromtar"), &src, &[]);
+
+    // rsync -a in (temporary names, renames, times, modes) and out.
+    sh_ok(&format!(
+        "rsync -a {}/ {}/",
+        src.display(),
+        m.p("synced").display()
+    ));
+    assert_download_same(&g, "alice", &g.url("/alice/synced"), &src, &[]);
+    let out = g.path().join("rsynced-out");
+    let r = sh(&format!(
+        "rsync -a {}/ {}/",
+        m.p("synced").display(),
+        out.display()
+    ));
+    assert!(
+        r.status.success(),
+        "rsync out: {}\n{}",
+        stderr(&r),
+        g.logs()
+    );
+    assert_same_tree(&src, &out);
+    // rsync -a kept modification times: a second run has nothing to send.
+    let again = sh_ok(&format!(
+        "rsync -a --itemize-changes {}/ {}/",
+        src.display(),
+        m.p("synced").display()
+    ));
+    assert!(
+        again.lines().all(|l| !l.starts_with(">f")),
+        "rsync sent files again: {again}"
+    );
+
+    // Rewrites: a new version replaces the old one; random writes go through the spool.
+    let f = m.p("copied/small.txt");
+    std::fs::write(&f, b"version two\n").unwrap();
+    assert_eq!(std::fs::read(&f).unwrap(), b"version two\n");
+    let py = python(&format!(
+        "f=open('{}','r+b'); f.seek(8); f.write(b'TWO'); f.close()",
+        f.display()
+    ));
+    assert!(py.status.success(), "{}", stderr(&py));
+    let dl = g.path().join("small-after");
+    assert_ok(&g.cp(
+        "alice",
+        &[&g.url("/alice/copied/small.txt"), dl.to_str().unwrap()],
+    ));
+    assert_eq!(std::fs::read(&dl).unwrap(), b"version TWO\n");
+    // Append and truncate.
+    sh_ok(&format!("echo more >> {}", f.display()));
+    assert_eq!(std::fs::read(&f).unwrap(), b"version TWO\nmore\n");
+    sh_ok(&format!("truncate -s 7 {}", f.display()));
+    assert_eq!(std::fs::read(&f).unwrap(), b"version");
+
+    // Metadata: mkdir, rename, chmod, rmdir, unlink, xattrs.
+    std::fs::create_dir(m.p("d1")).unwrap();
+    std::fs::write(m.p("d1/x"), b"x").unwrap();
+    std::fs::rename(m.p("d1"), m.p("d2")).unwrap();
+    assert_eq!(std::fs::read(m.p("d2/x")).unwrap(), b"x");
+    assert!(!m.p("d1").exists());
+    sh_ok(&format!("chmod 640 {}", m.p("d2/x").display()));
+    let st = g.json("alice", &["stat", "--json", "/alice/d2/x"]);
+    assert_eq!(st["entries"][0]["mode"], "0640", "{st}");
+    let e = std::fs::remove_dir(m.p("d2")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
+    std::fs::remove_file(m.p("d2/x")).unwrap();
+    std::fs::remove_dir(m.p("d2")).unwrap();
+    assert!(
+        g.json("alice", &["ls", "--json", "/alice"])["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["path"] != "/alice/d2")
+    );
+    let py = python(&format!(
+        "import os; p='{}'; os.setxattr(p, 'user.project', b'cmip6'); print(os.getxattr(p, 'user.project').decode()); print(os.getxattr(p, 'user.haul.where').decode()); print(sorted(os.listxattr(p)))",
+        m.p("tree/big.bin").display()
+    ));
+    assert!(py.status.success(), "{}", stderr(&py));
+    let text = String::from_utf8_lossy(&py.stdout);
+    assert!(text.starts_with("cmip6\n"), "{text}");
+    assert!(
+        text.contains(" complete"),
+        "where lists the replicas: {text}"
+    );
+    assert!(text.contains("'user.project'"), "{text}");
+    let x = g.run("alice", &["xattr", "get", "/alice/tree/big.bin", "project"]);
+    assert!(
+        String::from_utf8_lossy(&x.stdout).contains("cmip6"),
+        "{}",
+        stderr(&x)
+    );
+
+    // statfs from the nodes' capacity (4 nodes of 10G).
+    let df = sh_ok(&format!("stat -f -c '%b %S' {}", m.at.display()));
+    let mut w = df.split_whitespace().map(|v| v.parse::<u64>().unwrap());
+    let (blocks, bsize) = (w.next().unwrap(), w.next().unwrap());
+    assert!(blocks * bsize >= 30_000_000_000, "{df}");
+
+    // Errors as errno: missing, not permitted (bob's private directory), not empty.
+    let e = std::fs::read(m.p("no-such-file")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    g.ok("bob", &["mkdir", "/bob"]);
+    g.ok("bob", &["chmod", "700", "/bob"]);
+    let other = Mounted::start(&g, "alice", &g.url("/"), &[]);
+    let e = std::fs::read_dir(other.p("bob")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    let e = std::fs::write(other.p("bob/planted"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    drop(other);
+
+    // umount ends the mount and the command, with status 0.
+    let at = m.at.clone();
+    let mut m = m;
+    sh_ok(&format!("umount {}", at.display()));
+    let mut p = m.proc.take().unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "haul mount did not end"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!mount::is_mounted(&at));
+}
+
+#[test]
+fn a_read_survives_a_node_killed_mid_file_and_a_dead_metadata_server_is_an_error() {
+    if !can_mount() {
+        return;
+    }
+    let mut g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let local = g.path().join("run042.nc");
+    let body = data(24 << 20, 42);
+    std::fs::write(&local, &body).unwrap();
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            local.to_str().unwrap(),
+            &g.url("/alice/run042.nc"),
+            "--site",
+            "A",
+        ],
+    ));
+    // A second copy at the other site.
+    g.ok(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "/alice/run042.nc",
+        ],
+    );
+    let w = g.where_(&["/alice/run042.nc".to_string()]);
+    let holders = live_complete(&w[0], &[]);
+    assert_eq!(holders.len(), 2, "{w:?}");
+    let first = holders
+        .iter()
+        .find(|(n, _)| n.starts_with('a'))
+        .map(|(n, _)| n.clone())
+        .expect("a replica at site A");
+
+    // Small extents (a 4 MiB window: 1 MiB fetches) so that the read spans many fetches.
+    let m = Mounted::start(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &[
+            "--site",
+            "A",
+            "--read-ahead",
+            "4M",
+            "--meta-timeout",
+            "3s",
+            "--attr-ttl",
+            "0s",
+        ],
+    );
+    let path = m.p("run042.nc");
+    let mut f = std::fs::File::open(&path).unwrap();
+    let mut got = vec![0u8; body.len()];
+    use std::io::Read;
+    if let Err(e) = f.read_exact(&mut got[..3 << 20]) {
+        panic!("first read: {e}\n{}", g.logs());
+    }
+    // The site A node the reader reads from dies.
+    g.kill_node(&first);
+    if let Err(e) = f.read_exact(&mut got[3 << 20..]) {
+        panic!("read after {first} died: {e}\n{}", g.logs());
+    }
+    assert!(got == body, "the data read across the failover differs");
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(
+        log.contains("reading from another replica") && log.contains(&first),
+        "the read did not fail over from {first}: {log}"
+    );
+    drop(f);
+
+    // The metadata server goes: calls fail with ENOTCONN or ETIMEDOUT, within the deadline.
+    g.kill_meta();
+    let t = Instant::now();
+    let e = std::fs::metadata(m.p("other-file")).unwrap_err();
+    assert!(
+        matches!(
+            e.raw_os_error(),
+            Some(libc::ENOTCONN) | Some(libc::ETIMEDOUT)
+        ),
+        "{e}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    drop(m);
+}
+
+#[test]
+fn python_reads_a_netcdf_file_through_the_mount() {
+    if !can_mount() {
+        return;
+    }
+    if !python("import netCDF4").status.success() {
+        testkit::skip("Python's netCDF4 is not installed (scripts/test.sh installs it)");
+        return;
+    }
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let m = Mounted::start(&g, "alice", &g.url("/alice"), &[]);
+    // Written through the mount by netCDF4 itself (HDF5 writes at random offsets), then
+    // read back by a fresh mount, as another job would.
+    let nc = m.p("tas.nc");
+    let py = python(&format!(
+        "import netCDF4, numpy as np
+d = netCDF4.Dataset('{}', 'w')
+d.createDimension('time', 12); d.createDimension('lat', 90); d.createDimension('lon', 180)
+v = d.createVariable('tas', 'f4', ('time', 'lat', 'lon'), chunksizes=(1, 90, 180))
+v.units = 'K'
+v[:] = np.arange(12*90*180, dtype='f4').reshape(12, 90, 180)
+d.close()",
+        nc.display()
+    ));
+    assert!(py.status.success(), "{}", stderr(&py));
+    drop(m);
+    let m = Mounted::start(&g, "alice", &g.url("/alice"), &[]);
+    let py = python(&format!(
+        "import netCDF4
+d = netCDF4.Dataset('{}')
+v = d.variables['tas']
+print(v.units, v.shape, float(v[7, 45, 90]))",
+        m.p("tas.nc").display()
+    ));
+    assert!(py.status.success(), "{}", stderr(&py));
+    let want = (7 * 90 * 180 + 45 * 180 + 90) as f64;
+    assert_eq!(
+        String::from_utf8_lossy(&py.stdout).trim(),
+        format!("K (12, 90, 180) {want:?}")
+    );
+}

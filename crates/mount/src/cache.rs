@@ -1,0 +1,254 @@
+//! The mount's block cache: extents of grid files as files on local disk, under
+//! `DIR/files/KEY/START-END` (sparse: the extent's bytes at their own offset in a file of the
+//! grid file's length, as a ranged data session writes them), bounded in bytes. KEY names one version of a grid file (its id,
+//! size, mtime and a hash of its catalog checksum), so a file changed in the grid never matches
+//! what was cached of the old version. Extents of files open now are evicted least recently
+//! used first, after those of files no longer open ("cold": closed since, or found at start in
+//! a `--cache` directory kept from an earlier mount). A fetch reserves its bytes before it
+//! starts; with everything in use the bound is overshot rather than a read refused.
+
+use crate::remote::RemoteFile;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
+
+/// One version of a grid file, as a directory name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FileKey(String);
+
+impl FileKey {
+    pub fn new(id: i64, size: u64, mtime_ns: i64, checksum: &str) -> Self {
+        let h = xxhash_rust::xxh3::xxh3_64(checksum.as_bytes());
+        Self(format!("{id}-{size}-{mtime_ns}-{h:016x}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+struct Cold {
+    path: PathBuf,
+    len: u64,
+    used: SystemTime,
+}
+
+struct State {
+    /// Bytes of extents on disk and reserved by fetches running.
+    used: u64,
+    files: Vec<Weak<RemoteFile>>,
+    cold: Vec<Cold>,
+}
+
+pub struct Cache {
+    root: PathBuf,
+    limit: u64,
+    state: Mutex<State>,
+}
+
+impl Cache {
+    /// A cache in `root` (created if missing) of at most `limit` bytes; extents already there
+    /// are counted, as cold.
+    pub fn open(root: &Path, limit: u64) -> std::io::Result<Self> {
+        let files = root.join("files");
+        std::fs::create_dir_all(&files)?;
+        let mut cold = Vec::new();
+        let mut used = 0;
+        for dir in std::fs::read_dir(&files)? {
+            let dir = dir?;
+            if !dir.file_type()?.is_dir() {
+                continue;
+            }
+            for e in std::fs::read_dir(dir.path())? {
+                let e = e?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                let m = e.metadata()?;
+                match parse_extent(&name) {
+                    Some((s, end)) if m.is_file() && m.len() >= end => {
+                        used += end - s;
+                        cold.push(Cold {
+                            path: e.path(),
+                            len: end - s,
+                            used: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                        });
+                    }
+                    // A fetch cut short (its part file and ledger) or anything else.
+                    _ => {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
+        let c = Self {
+            root: root.to_path_buf(),
+            limit,
+            state: Mutex::new(State {
+                used: 0,
+                files: Vec::new(),
+                cold,
+            }),
+        };
+        c.lock().used = used;
+        Ok(c)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("cache lock")
+    }
+
+    fn dir(&self, key: &FileKey) -> PathBuf {
+        self.root.join("files").join(key.as_str())
+    }
+
+    pub fn extent_path(&self, key: &FileKey, start: u64, end: u64) -> PathBuf {
+        self.dir(key).join(format!("{start}-{end}"))
+    }
+
+    /// Bytes in the cache now (with fetches' reservations).
+    pub fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// The extents of `key` the cache holds, taken over from the cold ones by the file
+    /// opening it.
+    pub fn adopt(&self, key: &FileKey) -> Vec<(u64, u64)> {
+        let dir = self.dir(key);
+        let mut st = self.lock();
+        let mut out = Vec::new();
+        st.cold.retain(|c| {
+            if c.path.parent() != Some(dir.as_path()) {
+                return true;
+            }
+            let name = c.path.file_name().unwrap_or_default().to_string_lossy();
+            if let Some(r) = parse_extent(&name) {
+                out.push(r);
+            }
+            false
+        });
+        out
+    }
+
+    /// A file opened for reading: its extents count among the warm ones.
+    pub fn register(&self, f: &Arc<RemoteFile>) {
+        let _ = std::fs::create_dir_all(self.dir(&f.key));
+        let mut st = self.lock();
+        st.files.retain(|w| w.strong_count() > 0);
+        st.files.push(Arc::downgrade(f));
+    }
+
+    /// A file closed by everyone: its extents become cold (kept for the next open).
+    pub fn closed(&self, key: &FileKey, extents: Vec<(u64, u64)>) {
+        let now = SystemTime::now();
+        let mut st = self.lock();
+        for (s, e) in extents {
+            st.cold.push(Cold {
+                path: self.extent_path(key, s, e),
+                len: e - s,
+                used: now,
+            });
+        }
+    }
+
+    /// Reserves `bytes` for a fetch, evicting what it must to stay within the bound.
+    pub fn admit(&self, bytes: u64) {
+        let mut st = self.lock();
+        while st.used + bytes > self.limit {
+            if !self.evict_one(&mut st) {
+                tracing::debug!(
+                    used = st.used,
+                    limit = self.limit,
+                    "cache over its bound: every extent is in use"
+                );
+                break;
+            }
+        }
+        st.used += bytes;
+    }
+
+    /// A fetch that reserved `bytes` failed: its data is not kept.
+    pub fn release(&self, bytes: u64) {
+        let mut st = self.lock();
+        st.used = st.used.saturating_sub(bytes);
+    }
+
+    fn evict_one(&self, st: &mut State) -> bool {
+        if let Some(i) = st
+            .cold
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, c)| c.used)
+            .map(|(i, _)| i)
+        {
+            let c = st.cold.swap_remove(i);
+            let _ = std::fs::remove_file(&c.path);
+            st.used = st.used.saturating_sub(c.len);
+            return true;
+        }
+        let coldest = st
+            .files
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .filter_map(|f| f.coldest().map(|c| (f, c)))
+            .min_by_key(|(_, (_, _, used))| *used);
+        if let Some((f, (s, e, _))) = coldest
+            && f.evict(s)
+        {
+            let _ = std::fs::remove_file(self.extent_path(&f.key, s, e));
+            st.used = st.used.saturating_sub(e - s);
+            return true;
+        }
+        false
+    }
+}
+
+fn parse_extent(name: &str) -> Option<(u64, u64)> {
+    let (s, e) = name.split_once('-')?;
+    let (s, e) = (s.parse().ok()?, e.parse().ok()?);
+    (e > s).then_some((s, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extents_left_by_an_earlier_mount_are_counted_cold_and_adopted_by_their_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = FileKey::new(7, 100, 5, "md5:ab");
+        let other = FileKey::new(7, 100, 6, "md5:ab");
+        assert_ne!(key, other, "another mtime is another version");
+        let kd = dir.path().join("files").join(key.as_str());
+        std::fs::create_dir_all(&kd).unwrap();
+        std::fs::write(kd.join("0-10"), [1u8; 10]).unwrap();
+        std::fs::write(kd.join("10-30"), [2u8; 25]).unwrap(); // short: not an extent
+        std::fs::write(kd.join(".0-10.haul-part"), b"x").unwrap();
+        let c = Cache::open(dir.path(), 1000).unwrap();
+        assert_eq!(c.used(), 10);
+        assert!(!kd.join("10-30").exists() && !kd.join(".0-10.haul-part").exists());
+        assert!(c.adopt(&other).is_empty());
+        assert_eq!(c.adopt(&key), vec![(0, 10)]);
+        assert!(c.adopt(&key).is_empty(), "adopted once");
+    }
+
+    #[test]
+    fn reservations_evict_the_coldest_first_and_stay_within_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Cache::open(dir.path(), 25).unwrap();
+        let key = FileKey::new(1, 30, 0, "");
+        std::fs::create_dir_all(c.dir(&key)).unwrap();
+        for (s, e) in [(0u64, 10u64), (10, 20)] {
+            c.admit(e - s);
+            std::fs::write(c.extent_path(&key, s, e), vec![0u8; e as usize]).unwrap();
+        }
+        c.closed(&key, vec![(0, 10)]);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        c.closed(&key, vec![(10, 20)]);
+        assert_eq!(c.used(), 20);
+        c.admit(10);
+        assert_eq!(c.used(), 20, "one extent made room");
+        assert!(!c.extent_path(&key, 0, 10).exists(), "the older went");
+        assert!(c.extent_path(&key, 10, 20).exists());
+        c.release(10);
+        assert_eq!(c.used(), 10);
+    }
+}

@@ -1,0 +1,1197 @@
+//! The FUSE file system: each kernel request as calls to the metadata server (names,
+//! attributes, xattrs, permissions: checked there for the mounting user's certificate, never
+//! only by the kernel) and to the storage nodes (file data: `remote` for reads, the write
+//! spool for writes). Requests run on several FUSE threads and block on the async runtime;
+//! every call to the metadata server has a deadline, so an unreachable server is ETIMEDOUT or
+//! ENOTCONN, never a hung program.
+//!
+//! Writes go to a local spool file (any offset: random writes, appends and rewrites all work)
+//! and become a new grid file when the file is closed (`flush`, whose error `close` returns):
+//! uploaded, verified by the node, and then visible, replacing an older version at once.
+//! Until then only this mount sees the new file.
+
+use crate::errno;
+use crate::ids::Ids;
+use crate::inodes::{self, Inodes, ROOT};
+use crate::remote::{Fetcher, RemoteFile};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use grid::types::Entry;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use transfer::TransferError;
+use transfer::client::Location;
+use wire::error::ErrorKind as K;
+
+/// Grid xattr names are the part after `user.`; this one is made up by the mount: the
+/// replicas of a file, one `node site state` per line.
+const WHERE_XATTR: &str = "user.haul.where";
+/// Entries per page of a directory listing: a large directory is read page by page as the
+/// program reads it.
+const LIST_PAGE: u32 = 2000;
+/// Block size reported by stat: programs size their buffers by it (`cat`, `cp`).
+const BLKSIZE: u32 = 1 << 20;
+
+/// A file being written: its spool, where it goes, and whether it changed since the last
+/// upload.
+struct Spool {
+    file: File,
+    local: PathBuf,
+    grid_path: String,
+    mode: u32,
+    dirty: bool,
+    /// Removed while open: nothing is uploaded.
+    unlinked: bool,
+    /// Set by utimensat while open: the upload carries it.
+    mtime: Option<SystemTime>,
+}
+
+enum Handle {
+    Read(Arc<RemoteFile>),
+    /// An empty grid file (it has no replica).
+    Empty,
+    Write(Arc<Mutex<Spool>>),
+    Dir(Arc<Mutex<DirList>>),
+}
+
+struct DirList {
+    path: String,
+    /// Entries read so far: name, kind, inode number to show.
+    entries: Vec<(String, FileType, u64)>,
+    after: String,
+    more: bool,
+}
+
+pub struct Settings {
+    pub root: String,
+    pub attr_ttl: Duration,
+    pub meta_timeout: Duration,
+    pub spool_dir: PathBuf,
+    pub grid: grid::copy::GridOptions,
+}
+
+pub struct MountFs {
+    f: Arc<Fetcher>,
+    s: Settings,
+    ids: Ids,
+    inodes: Mutex<Inodes>,
+    attrs: Mutex<HashMap<String, (Entry, Instant)>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    /// Files written through this mount and not yet uploaded, by grid path.
+    pending: Mutex<HashMap<String, Arc<Mutex<Spool>>>>,
+    spools: AtomicU64,
+}
+
+type Res<T> = Result<T, Errno>;
+
+impl MountFs {
+    pub fn new(f: Arc<Fetcher>, s: Settings, me: String) -> Self {
+        let root = s.root.clone();
+        Self {
+            f,
+            s,
+            ids: Ids::new(me),
+            inodes: Mutex::new(Inodes::new(&root)),
+            attrs: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            spools: AtomicU64::new(0),
+        }
+    }
+
+    /// Runs a call to the metadata server (or a node) with the deadline.
+    fn call<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, TransferError>>,
+    ) -> Result<T, TransferError> {
+        let t = self.s.meta_timeout;
+        self.f
+            .rt
+            .block_on(async { tokio::time::timeout(t, fut).await })
+            .unwrap_or_else(|_| {
+                Err(TransferError::stalled(format!(
+                    "the metadata server did not answer within {t:?}"
+                )))
+            })
+    }
+
+    /// The errno for `e`, logged once with the operation and path (a lookup of a name that
+    /// is not there is no error).
+    fn fail(&self, op: &str, path: &str, e: TransferError) -> Errno {
+        let errno = errno::of_kind(e.kind());
+        if !(e.kind() == K::NotFound && matches!(op, "lookup" | "getattr")) {
+            tracing::warn!(op, path, errno = %errno_name(errno), "{}", e);
+        }
+        errno
+    }
+
+    fn path(&self, ino: INodeNo) -> Res<String> {
+        self.inodes
+            .lock()
+            .expect("inodes lock")
+            .path(ino.0)
+            .ok_or(Errno::ESTALE)
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Res<String> {
+        let name = name.to_str().ok_or(Errno::EINVAL)?;
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(Errno::EINVAL);
+        }
+        Ok(inodes::child(&self.path(parent)?, name))
+    }
+
+    fn remember(&self, e: &Entry, path: &str) {
+        self.attrs
+            .lock()
+            .expect("attrs lock")
+            .insert(path.to_string(), (e.clone(), Instant::now()));
+    }
+
+    fn forget_attr(&self, path: &str) {
+        let mut a = self.attrs.lock().expect("attrs lock");
+        a.remove(path);
+        a.remove(&parent_of(path));
+    }
+
+    fn forget_tree(&self, path: &str) {
+        let prefix = format!("{path}/");
+        let mut a = self.attrs.lock().expect("attrs lock");
+        a.retain(|p, _| p != path && !p.starts_with(&prefix));
+        a.remove(&parent_of(path));
+    }
+
+    /// The entry at `path`: from the attribute cache while it is fresh, else asked.
+    fn entry(&self, op: &str, path: &str) -> Res<Entry> {
+        if let Some((e, at)) = self.attrs.lock().expect("attrs lock").get(path)
+            && at.elapsed() < self.s.attr_ttl
+        {
+            return Ok(e.clone());
+        }
+        let e = self
+            .call(self.f.meta.stat(path))
+            .map_err(|e| self.fail(op, path, e))?;
+        self.remember(&e, path);
+        Ok(e)
+    }
+
+    fn attr_of(&self, ino: u64, e: &Entry) -> FileAttr {
+        let mtime = UNIX_EPOCH + Duration::from_nanos(e.mtime_ns.max(0) as u64);
+        FileAttr {
+            ino: INodeNo(ino),
+            size: e.size,
+            blocks: e.size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind: if e.is_dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            },
+            perm: (e.mode & 0o7777) as u16,
+            nlink: if e.is_dir { 2 } else { 1 },
+            uid: self.ids.uid_of(&e.owner),
+            gid: self.ids.gid_of(&e.group, &e.owner),
+            rdev: 0,
+            blksize: BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    fn spool_attr(&self, ino: u64, sp: &Spool) -> Res<FileAttr> {
+        let m = sp.file.metadata().map_err(|e| errno::of_io(&e))?;
+        let mtime = sp.mtime.or_else(|| m.modified().ok()).unwrap_or(UNIX_EPOCH);
+        Ok(FileAttr {
+            ino: INodeNo(ino),
+            size: m.len(),
+            blocks: m.len().div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind: FileType::RegularFile,
+            perm: (sp.mode & 0o7777) as u16,
+            nlink: 1,
+            uid: self.ids.uid,
+            gid: self.ids.gid,
+            rdev: 0,
+            blksize: BLKSIZE,
+            flags: 0,
+        })
+    }
+
+    fn pending(&self, path: &str) -> Option<Arc<Mutex<Spool>>> {
+        self.pending
+            .lock()
+            .expect("pending lock")
+            .get(path)
+            .cloned()
+    }
+
+    fn add_handle(&self, h: Handle) -> FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().expect("handles lock").insert(fh, h);
+        FileHandle(fh)
+    }
+
+    fn write_handle(&self, fh: FileHandle) -> Option<Arc<Mutex<Spool>>> {
+        match self.handles.lock().expect("handles lock").get(&fh.0) {
+            Some(Handle::Write(s)) => Some(s.clone()),
+            _ => None,
+        }
+    }
+
+    /// A new spool for `grid_path`; with `from`, holding that grid file's current data.
+    fn new_spool(&self, grid_path: &str, mode: u32, from: Option<&Entry>) -> Res<Spool> {
+        let n = self.spools.fetch_add(1, Ordering::Relaxed);
+        let local = self.s.spool_dir.join(format!("spool-{n}"));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&local)
+            .map_err(|e| {
+                tracing::warn!(path = grid_path, error = %e, "cannot make a write spool");
+                errno::of_io(&e)
+            })?;
+        if let Some(e) = from.filter(|e| e.size > 0) {
+            let rf = self
+                .f
+                .rt
+                .block_on(RemoteFile::open(&self.f, grid_path))
+                .map_err(|err| self.fail("open", grid_path, err))?;
+            let mut off = 0;
+            while off < e.size {
+                let chunk = rf
+                    .read(&self.f, off, 16 << 20)
+                    .map_err(|err| self.fail("open", grid_path, err))?;
+                if chunk.is_empty() {
+                    break;
+                }
+                file.write_all_at(&chunk, off)
+                    .map_err(|err| errno::of_io(&err))?;
+                off += chunk.len() as u64;
+            }
+        }
+        Ok(Spool {
+            file,
+            local,
+            grid_path: grid_path.to_string(),
+            mode,
+            dirty: from.is_none(),
+            unlinked: false,
+            mtime: None,
+        })
+    }
+
+    /// Uploads a spool that changed: it becomes the grid file at its path (a new version,
+    /// replacing the old at once), with its checksums recorded.
+    fn upload(&self, sp: &mut Spool) -> Res<()> {
+        if !sp.dirty || sp.unlinked {
+            return Ok(());
+        }
+        let path = sp.grid_path.clone();
+        let _ = std::fs::set_permissions(&sp.local, std::fs::Permissions::from_mode(sp.mode));
+        if let Some(t) = sp.mtime {
+            let _ = sp.file.set_times(std::fs::FileTimes::new().set_modified(t));
+        }
+        let meta = &self.f.meta;
+        let src = Location::Local(sp.local.clone());
+        let dst = Location::Remote {
+            host: meta.addr.host.clone(),
+            port: meta.addr.port,
+            path: path.clone(),
+        };
+        let (etx, _erx) = tokio::sync::mpsc::unbounded_channel();
+        let ctx = transfer::client::AttemptContext {
+            counters: Arc::new(transfer::progress::Counters::default()),
+            events: etx,
+            cancel: tokio_util::sync::CancellationToken::new(),
+        };
+        let r = self.f.rt.block_on(grid::copy::copy_unrecorded(
+            meta,
+            &src,
+            &dst,
+            &self.s.grid,
+            ctx,
+        ));
+        let r = match r {
+            Ok(rep) => match rep.first_failure {
+                Some(e) => Err(TransferError::from(e)),
+                None => Ok(()),
+            },
+            Err(e) => Err(e),
+        };
+        r.map_err(|e| self.fail("close", &path, e))?;
+        sp.dirty = false;
+        self.forget_attr(&path);
+        Ok(())
+    }
+
+    fn reply_entry(&self, path: &str, e: &Entry, reply: ReplyEntry) {
+        let ino = self.inodes.lock().expect("inodes lock").learn(path);
+        reply.entry(&self.s.attr_ttl, &self.attr_of(ino, e), Generation(0));
+    }
+
+    fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(value.len() as u32);
+        } else if (size as usize) < value.len() {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(value);
+        }
+    }
+
+    fn open_dir_page(&self, d: &mut DirList) -> Res<()> {
+        let (page, more) = self
+            .call(self.f.meta.list_page(&d.path, &d.after, LIST_PAGE))
+            .map_err(|e| self.fail("readdir", &d.path, e))?;
+        let now = Instant::now();
+        {
+            let mut attrs = self.attrs.lock().expect("attrs lock");
+            for e in &page {
+                attrs.insert(e.path.clone(), (e.clone(), now));
+            }
+        }
+        if let Some(last) = page.last() {
+            d.after = base_name(&last.path).to_string();
+        }
+        let inodes = self.inodes.lock().expect("inodes lock");
+        for e in page {
+            let kind = if e.is_dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
+            let ino = inodes.ino(&e.path).unwrap_or(shown_ino(e.id));
+            d.entries.push((base_name(&e.path).to_string(), kind, ino));
+        }
+        d.more = more;
+        if !more {
+            // Files this mount is writing and has not uploaded yet.
+            let pending = self.pending.lock().expect("pending lock");
+            for p in pending.keys() {
+                if parent_of(p) == d.path {
+                    let name = base_name(p).to_string();
+                    if !d.entries.iter().any(|(n, _, _)| *n == name) {
+                        let ino = inodes.ino(p).unwrap_or(u64::MAX >> 1);
+                        d.entries.push((name, FileType::RegularFile, ino));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parent_of(path: &str) -> String {
+    match path.rsplit_once('/') {
+        Some(("", _)) | None => "/".into(),
+        Some((p, _)) => p.into(),
+    }
+}
+
+fn base_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The inode number `readdir` shows for an entry the kernel has not looked up: its catalog
+/// id, above the numbers the mount hands out.
+fn shown_ino(id: i64) -> u64 {
+    (1u64 << 40) + id.max(0) as u64
+}
+
+fn errno_name(e: Errno) -> String {
+    std::io::Error::from_raw_os_error(i32::from(e)).to_string()
+}
+
+fn system_time_ns(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+impl fuser::Filesystem for MountFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_write(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let path = match self.child(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        if let Some(sp) = self.pending(&path) {
+            let ino = self.inodes.lock().expect("inodes lock").learn(&path);
+            let sp = sp.lock().expect("spool lock");
+            return match self.spool_attr(ino, &sp) {
+                Ok(a) => reply.entry(&self.s.attr_ttl, &a, Generation(0)),
+                Err(e) => reply.error(e),
+            };
+        }
+        match self.entry("lookup", &path) {
+            Ok(e) => self.reply_entry(&path, &e, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.inodes
+            .lock()
+            .expect("inodes lock")
+            .forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let spool = fh
+            .and_then(|fh| self.write_handle(fh))
+            .or_else(|| self.pending(&path));
+        if let Some(sp) = spool {
+            let sp = sp.lock().expect("spool lock");
+            return match self.spool_attr(ino.0, &sp) {
+                Ok(a) => reply.attr(&self.s.attr_ttl, &a),
+                Err(e) => reply.error(e),
+            };
+        }
+        match self.entry("getattr", &path) {
+            Ok(e) => reply.attr(&self.s.attr_ttl, &self.attr_of(ino.0, &e)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let spool = fh
+            .and_then(|fh| self.write_handle(fh))
+            .or_else(|| self.pending(&path));
+        if let Some(sp) = spool {
+            // A file being written: its spool takes the change, the upload carries it.
+            let mut sp = sp.lock().expect("spool lock");
+            if let Some(m) = mode {
+                sp.mode = m & 0o7777;
+            }
+            if let Some(n) = size {
+                if let Err(e) = sp.file.set_len(n) {
+                    return reply.error(errno::of_io(&e));
+                }
+                sp.dirty = true;
+            }
+            if let Some(t) = mtime {
+                sp.mtime = Some(match t {
+                    TimeOrNow::SpecificTime(t) => t,
+                    TimeOrNow::Now => SystemTime::now(),
+                });
+            }
+            return match self.spool_attr(ino.0, &sp) {
+                Ok(a) => reply.attr(&self.s.attr_ttl, &a),
+                Err(e) => reply.error(e),
+            };
+        }
+        let mut last = None;
+        if let Some(n) = size {
+            // Truncating a closed file: rewritten as a new version.
+            let e = match self.entry("truncate", &path) {
+                Ok(e) => e,
+                Err(e) => return reply.error(e),
+            };
+            if e.is_dir {
+                return reply.error(Errno::EISDIR);
+            }
+            if n != e.size {
+                let r = self
+                    .new_spool(&path, e.mode & 0o7777, (n > 0).then_some(&e))
+                    .and_then(|mut sp| {
+                        sp.file.set_len(n).map_err(|e| errno::of_io(&e))?;
+                        sp.dirty = true;
+                        let r = self.upload(&mut sp);
+                        let _ = std::fs::remove_file(&sp.local);
+                        r
+                    });
+                if let Err(e) = r {
+                    return reply.error(e);
+                }
+            }
+        }
+        if let Some(m) = mode {
+            match self.call(self.f.meta.chmod(&path, m & 0o7777)) {
+                Ok(e) => last = Some(e),
+                Err(e) => return reply.error(self.fail("chmod", &path, e)),
+            }
+        }
+        if uid.is_some() || gid.is_some() {
+            // chown to the numbers the entry already shows (cp -p, tar, rsync -a) changes
+            // nothing.
+            let current = match self.entry("chown", &path) {
+                Ok(e) => e,
+                Err(e) => return reply.error(e),
+            };
+            let uid = uid.filter(|u| *u != self.ids.uid_of(&current.owner));
+            let gid = gid.filter(|g| *g != self.ids.gid_of(&current.group, &current.owner));
+            if uid.is_some() || gid.is_some() {
+                let owner = match uid.map(|u| self.ids.user_name(u)) {
+                    Some(None) => return reply.error(Errno::EINVAL),
+                    Some(Some(n)) => n,
+                    None => String::new(),
+                };
+                let group = match gid.map(|g| self.ids.group_name(g)) {
+                    Some(None) => return reply.error(Errno::EINVAL),
+                    Some(Some(n)) => n,
+                    None => String::new(),
+                };
+                match self.call(self.f.meta.chown(&path, &owner, &group)) {
+                    Ok(e) => last = Some(e),
+                    Err(e) => return reply.error(self.fail("chown", &path, e)),
+                }
+            }
+        }
+        if let Some(t) = mtime {
+            let ns = match t {
+                TimeOrNow::SpecificTime(t) => Some(system_time_ns(t)),
+                TimeOrNow::Now => None,
+            };
+            match self.call(self.f.meta.set_mtime(&path, ns)) {
+                Ok(e) => last = Some(e),
+                Err(e) => return reply.error(self.fail("utimens", &path, e)),
+            }
+        }
+        self.forget_attr(&path);
+        let e = match last {
+            Some(e) => {
+                self.remember(&e, &path);
+                e
+            }
+            None => match self.entry("getattr", &path) {
+                Ok(e) => e,
+                Err(e) => return reply.error(e),
+            },
+        };
+        reply.attr(&self.s.attr_ttl, &self.attr_of(ino.0, &e));
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let path = match self.child(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        match self.call(self.f.meta.mkdir(&path, mode & !umask & 0o7777, false)) {
+            Ok(e) => {
+                self.forget_attr(&path);
+                self.remember(&e, &path);
+                self.reply_entry(&path, &e, reply)
+            }
+            Err(e) => reply.error(self.fail("mkdir", &path, e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = match self.child(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let pending = self.pending.lock().expect("pending lock").remove(&path);
+        let r = self.call(self.f.meta.remove(&path, false));
+        self.forget_attr(&path);
+        self.inodes.lock().expect("inodes lock").unlinked(&path);
+        match (pending, r) {
+            (Some(sp), Err(e)) if e.kind() == K::NotFound => {
+                // Written here and never uploaded: it goes with its spool.
+                sp.lock().expect("spool lock").unlinked = true;
+                reply.ok()
+            }
+            (Some(sp), Ok(_)) => {
+                sp.lock().expect("spool lock").unlinked = true;
+                reply.ok()
+            }
+            (_, Ok(_)) => reply.ok(),
+            (_, Err(e)) => reply.error(self.fail("unlink", &path, e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = match self.child(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        match self.entry("rmdir", &path) {
+            Ok(e) if !e.is_dir => return reply.error(Errno::ENOTDIR),
+            Ok(_) => {}
+            Err(e) => return reply.error(e),
+        }
+        let r = self.call(self.f.meta.remove(&path, false));
+        self.forget_tree(&path);
+        match r {
+            Ok(_) => {
+                self.inodes.lock().expect("inodes lock").unlinked(&path);
+                reply.ok()
+            }
+            Err(e) => reply.error(self.fail("rmdir", &path, e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (from, to) = match (self.child(parent, name), self.child(newparent, newname)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            return reply.error(Errno::EINVAL);
+        }
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            match self.call(self.f.meta.lookup(&to)) {
+                Ok(Some(_)) => return reply.error(Errno::EEXIST),
+                Ok(None) => {}
+                Err(e) => return reply.error(self.fail("rename", &to, e)),
+            }
+        }
+        let pending = self.pending.lock().expect("pending lock").remove(&from);
+        if let Some(sp) = pending {
+            // Not uploaded yet: it will be uploaded under its new name (and an older file
+            // there is replaced then).
+            let mut g = sp.lock().expect("spool lock");
+            if !g.dirty {
+                // Uploaded already by an earlier close: the grid entry moves too.
+                drop(g);
+                if let Err(e) = self.call(self.f.meta.rename(&from, &to)) {
+                    return reply.error(self.fail("rename", &from, e));
+                }
+                g = sp.lock().expect("spool lock");
+            }
+            g.grid_path = to.clone();
+            drop(g);
+            self.pending
+                .lock()
+                .expect("pending lock")
+                .insert(to.clone(), sp);
+        } else if let Err(e) = self.call(self.f.meta.rename(&from, &to)) {
+            return reply.error(self.fail("rename", &from, e));
+        }
+        self.forget_tree(&from);
+        self.forget_tree(&to);
+        self.inodes.lock().expect("inodes lock").renamed(&from, &to);
+        reply.ok()
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let writing = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
+        if let Some(sp) = self.pending(&path) {
+            // Written here and not closed by its writer (or not uploaded): share its spool.
+            if flags.0 & libc::O_TRUNC != 0 {
+                let mut g = sp.lock().expect("spool lock");
+                if let Err(e) = g.file.set_len(0) {
+                    return reply.error(errno::of_io(&e));
+                }
+                g.dirty = true;
+            }
+            return reply.opened(self.add_handle(Handle::Write(sp)), FopenFlags::empty());
+        }
+        let e = match self.entry("open", &path) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        if e.is_dir {
+            return reply.error(Errno::EISDIR);
+        }
+        if writing {
+            let trunc = flags.0 & libc::O_TRUNC != 0;
+            let mut sp = match self.new_spool(&path, e.mode & 0o7777, (!trunc).then_some(&e)) {
+                Ok(s) => s,
+                Err(err) => return reply.error(err),
+            };
+            sp.dirty = trunc;
+            let sp = Arc::new(Mutex::new(sp));
+            self.pending
+                .lock()
+                .expect("pending lock")
+                .insert(path, sp.clone());
+            return reply.opened(self.add_handle(Handle::Write(sp)), FopenFlags::empty());
+        }
+        if e.size == 0 {
+            return reply.opened(self.add_handle(Handle::Empty), FopenFlags::empty());
+        }
+        match self.f.rt.block_on(RemoteFile::open(&self.f, &path)) {
+            Ok(rf) => {
+                // The page cache may keep what was read while the file's version is the same.
+                let keep = if rf.size == e.size {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                reply.opened(self.add_handle(Handle::Read(rf)), keep)
+            }
+            Err(err) => reply.error(self.fail("open", &path, err)),
+        }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let path = match self.child(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        // The directory must exist and be one (the upload at close would make parents).
+        match self.entry("create", &parent_of(&path)) {
+            Ok(d) if !d.is_dir => return reply.error(Errno::ENOTDIR),
+            Ok(_) => {}
+            Err(e) => return reply.error(e),
+        }
+        let sp = match self.new_spool(&path, mode & !umask & 0o7777, None) {
+            Ok(s) => s,
+            Err(e) => return reply.error(e),
+        };
+        let ino = self.inodes.lock().expect("inodes lock").learn(&path);
+        let attr = match self.spool_attr(ino, &sp) {
+            Ok(a) => a,
+            Err(e) => return reply.error(e),
+        };
+        let sp = Arc::new(Mutex::new(sp));
+        self.pending
+            .lock()
+            .expect("pending lock")
+            .insert(path.clone(), sp.clone());
+        self.forget_attr(&path);
+        let fh = self.add_handle(Handle::Write(sp));
+        reply.created(
+            &self.s.attr_ttl,
+            &attr,
+            Generation(0),
+            fh,
+            FopenFlags::empty(),
+        );
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        enum H {
+            R(Arc<RemoteFile>),
+            W(Arc<Mutex<Spool>>),
+            Empty,
+        }
+        let h = match self.handles.lock().expect("handles lock").get(&fh.0) {
+            Some(Handle::Read(r)) => H::R(r.clone()),
+            Some(Handle::Write(w)) => H::W(w.clone()),
+            Some(Handle::Empty) => H::Empty,
+            _ => return reply.error(Errno::EBADF),
+        };
+        match h {
+            H::Empty => reply.data(&[]),
+            H::R(rf) => match rf.read(&self.f, offset, size) {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(self.fail("read", &rf.path, e)),
+            },
+            H::W(sp) => {
+                let sp = sp.lock().expect("spool lock");
+                let mut buf = vec![0u8; size as usize];
+                let mut n = 0;
+                while n < buf.len() {
+                    match sp.file.read_at(&mut buf[n..], offset + n as u64) {
+                        Ok(0) => break,
+                        Ok(k) => n += k,
+                        Err(e) => return reply.error(errno::of_io(&e)),
+                    }
+                }
+                reply.data(&buf[..n])
+            }
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(sp) = self.write_handle(fh) else {
+            return reply.error(Errno::EBADF);
+        };
+        let mut sp = sp.lock().expect("spool lock");
+        match sp.file.write_all_at(data, offset) {
+            Ok(()) => {
+                sp.dirty = true;
+                reply.written(data.len() as u32)
+            }
+            Err(e) => {
+                tracing::warn!(path = %sp.grid_path, error = %e, "cannot write the spool");
+                reply.error(errno::of_io(&e))
+            }
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        match self.write_handle(fh) {
+            Some(sp) => {
+                let mut g = sp.lock().expect("spool lock");
+                match self.upload(&mut g) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(e),
+                }
+            }
+            None => reply.ok(),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.flush(_req, ino, fh, LockOwner(0), reply)
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = self.handles.lock().expect("handles lock").remove(&fh.0);
+        if let Some(Handle::Write(sp)) = h {
+            // The last handle of the spool: whatever flush could not upload is dropped (its
+            // error went to close).
+            if Arc::strong_count(&sp) <= 2 {
+                let g = sp.lock().expect("spool lock");
+                let mut pending = self.pending.lock().expect("pending lock");
+                if pending
+                    .get(&g.grid_path)
+                    .is_some_and(|p| Arc::ptr_eq(p, &sp))
+                {
+                    pending.remove(&g.grid_path);
+                }
+                if g.dirty && !g.unlinked {
+                    tracing::warn!(path = %g.grid_path, "closed without its data reaching the grid; dropped");
+                }
+                let _ = std::fs::remove_file(&g.local);
+            }
+        }
+        reply.ok()
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        match self.entry("opendir", &path) {
+            Ok(e) if !e.is_dir => return reply.error(Errno::ENOTDIR),
+            Ok(_) => {}
+            Err(e) => return reply.error(e),
+        }
+        let mut d = DirList {
+            path,
+            entries: Vec::new(),
+            after: String::new(),
+            more: true,
+        };
+        // The first page now: a directory the user may not list is refused at opendir, as
+        // on a local file system.
+        if let Err(e) = self.open_dir_page(&mut d) {
+            return reply.error(e);
+        }
+        reply.opened(
+            self.add_handle(Handle::Dir(Arc::new(Mutex::new(d)))),
+            FopenFlags::empty(),
+        );
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let d = match self.handles.lock().expect("handles lock").get(&fh.0) {
+            Some(Handle::Dir(d)) => d.clone(),
+            _ => return reply.error(Errno::EBADF),
+        };
+        let mut d = d.lock().expect("dir lock");
+        // Offsets: 1 and 2 are "." and "..", then entry i is 3 + i.
+        let mut off = offset;
+        if off < 1 {
+            if reply.add(ino, 1, FileType::Directory, ".") {
+                return reply.ok();
+            }
+            off = 1;
+        }
+        if off < 2 {
+            if reply.add(INodeNo(ROOT), 2, FileType::Directory, "..") {
+                return reply.ok();
+            }
+            off = 2;
+        }
+        let mut i = (off - 2) as usize;
+        loop {
+            while i >= d.entries.len() && d.more {
+                if let Err(e) = self.open_dir_page(&mut d) {
+                    return reply.error(e);
+                }
+            }
+            let Some((name, kind, ino)) = d.entries.get(i) else {
+                return reply.ok();
+            };
+            if reply.add(INodeNo(*ino), 3 + i as u64, *kind, name) {
+                return reply.ok();
+            }
+            i += 1;
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.lock().expect("handles lock").remove(&fh.0);
+        reply.ok()
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.call(self.f.meta.df()) {
+            Ok(df) => {
+                let up = df.nodes.iter().filter(|n| n.up);
+                let (cap, free) = up.fold((0u64, 0u64), |(c, f), n| (c + n.capacity, f + n.free));
+                let b = BLKSIZE as u64;
+                reply.statfs(cap / b, free / b, free / b, 0, 0, BLKSIZE, 255, BLKSIZE)
+            }
+            Err(e) => reply.error(self.fail("statfs", &self.s.root, e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let name = name.to_string_lossy();
+        if name == WHERE_XATTR {
+            return reply.error(Errno::EACCES);
+        }
+        let Some(grid_name) = name.strip_prefix("user.") else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        match self.call(self.f.meta.xattr_set(&path, grid_name, value)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("setxattr", &path, e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let name = name.to_string_lossy();
+        if name == WHERE_XATTR {
+            return match self.call(self.f.meta.where_is(&path)) {
+                Ok(w) => {
+                    let mut s = String::new();
+                    for r in &w.replicas {
+                        s += &format!("{} {} {}\n", r.node, r.site, r.state);
+                    }
+                    Self::xattr_reply(s.as_bytes(), size, reply)
+                }
+                Err(e) => reply.error(self.fail("getxattr", &path, e)),
+            };
+        }
+        let Some(grid_name) = name.strip_prefix("user.") else {
+            return reply.error(Errno::ENODATA);
+        };
+        match self.call(self.f.meta.xattr_get(&path, grid_name)) {
+            Ok(Some(v)) => Self::xattr_reply(&v, size, reply),
+            Ok(None) => reply.error(Errno::ENODATA),
+            Err(e) => reply.error(self.fail("getxattr", &path, e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        match self.call(self.f.meta.xattr_list(&path)) {
+            Ok(list) => {
+                let mut out = Vec::new();
+                for x in list {
+                    out.extend_from_slice(format!("user.{}", x.name).as_bytes());
+                    out.push(0);
+                }
+                out.extend_from_slice(WHERE_XATTR.as_bytes());
+                out.push(0);
+                Self::xattr_reply(&out, size, reply)
+            }
+            Err(e) => reply.error(self.fail("listxattr", &path, e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let name = name.to_string_lossy();
+        let Some(grid_name) = name.strip_prefix("user.").filter(|_| name != WHERE_XATTR) else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        match self.call(self.f.meta.xattr_get(&path, grid_name)) {
+            Ok(None) => return reply.error(Errno::ENODATA),
+            Ok(Some(_)) => {}
+            Err(e) => return reply.error(self.fail("removexattr", &path, e)),
+        }
+        match self.call(self.f.meta.xattr_remove(&path, grid_name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("removexattr", &path, e)),
+        }
+    }
+
+    /// No ioctls (programs probe some, e.g. for reflinks): ENOTTY, as a plain file system.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY)
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // A courtesy answer from the mode bits; the metadata server decides every operation.
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        if self.pending(&path).is_some() || mask == AccessFlags::F_OK {
+            return reply.ok();
+        }
+        let e = match self.entry("access", &path) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        let bits = if e.owner == self.ids.me {
+            (e.mode >> 6) & 7
+        } else {
+            ((e.mode >> 3) | e.mode) & 7
+        };
+        let want = (mask.bits() & 7) as u32;
+        if want & !bits == 0 {
+            reply.ok()
+        } else {
+            reply.error(Errno::EACCES)
+        }
+    }
+}

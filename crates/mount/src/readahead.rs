@@ -1,0 +1,212 @@
+//! Which byte ranges of a grid file to fetch for a read: exactly what a random reader asks
+//! (aligned, plus a small bounded read-ahead), and for a sequential reader a window twice what
+//! it has read in a row, up to a bound, cut into extents so that several fetches overlap (each
+//! is a data session whose start-up costs round trips: overlapping hides them). Pure: the
+//! caller fetches, and says when an extent is gone (evicted, or its fetch failed).
+
+use std::collections::BTreeMap;
+
+/// How much to fetch.
+#[derive(Clone, Copy, Debug)]
+pub struct Tuning {
+    /// Fetches start and end on multiples of this (except at the end of the file).
+    pub align: u64,
+    /// Read-ahead of a random read, beyond what it asked.
+    pub random_ahead: u64,
+    /// Read-ahead of a sequential reader at its start.
+    pub first_window: u64,
+    /// Read-ahead of a sequential reader at most.
+    pub max_window: u64,
+    /// Bytes of one fetch at most.
+    pub max_extent: u64,
+}
+
+impl Tuning {
+    /// A window of at most `max_window` bytes, fetched in extents of a quarter of it (so up to
+    /// four fetches overlap), with 256 KiB alignment.
+    pub fn with_window(max_window: u64) -> Self {
+        let max_window = max_window.max(1 << 20);
+        Self {
+            align: 256 << 10,
+            random_ahead: 256 << 10,
+            first_window: (4 << 20).min(max_window),
+            max_window,
+            max_extent: (max_window / 4).max(1 << 20),
+        }
+    }
+}
+
+/// The fetch plan of one file.
+pub struct Planner {
+    size: u64,
+    tuning: Tuning,
+    /// Extents fetched or being fetched: start -> end. They never overlap.
+    covered: BTreeMap<u64, u64>,
+    /// Where a sequential reader reads next, and how much it has read in a row.
+    next: u64,
+    run: u64,
+}
+
+impl Planner {
+    pub fn new(size: u64, tuning: Tuning) -> Self {
+        Self {
+            size,
+            tuning,
+            covered: BTreeMap::new(),
+            next: 0,
+            run: 0,
+        }
+    }
+
+    /// The current read-ahead window of a sequential reader.
+    pub fn window(&self) -> u64 {
+        (2 * self.run).clamp(self.tuning.first_window, self.tuning.max_window)
+    }
+
+    /// A read of `len` bytes at `off`: the extents to fetch now (start, end), already counted
+    /// as covered.
+    pub fn read(&mut self, off: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = off.saturating_add(len).min(self.size);
+        if off >= end {
+            return Vec::new();
+        }
+        // Sequential: this read starts where the last ended, or overlaps its end (as a
+        // program re-reading a partial record does).
+        let prev = self.next;
+        let sequential = off == prev || (off < prev && end > prev);
+        if sequential {
+            self.run = (self.run + (end - off.max(prev))).min(self.size);
+        } else {
+            self.run = end - off;
+        }
+        self.next = end;
+        let a = self.tuning.align;
+        let start = off / a * a;
+        let ahead = if sequential {
+            self.window()
+        } else {
+            self.tuning.random_ahead
+        };
+        let want_end = end
+            .saturating_add(ahead)
+            .div_ceil(a)
+            .saturating_mul(a)
+            .min(self.size);
+        let need_end = end.div_ceil(a).saturating_mul(a).min(self.size);
+        let mut out = Vec::new();
+        for (s, e) in self.gaps(start, want_end) {
+            // A gap the read needs is fetched now; for a sequential reader one only ahead of
+            // it waits until it is worth a session (a quarter of the window, or the rest of
+            // the file).
+            let needed = s < need_end;
+            let worth = sequential && (e - s >= (ahead / 4).max(a) || e == self.size);
+            if !(needed || worth) {
+                continue;
+            }
+            let mut at = s;
+            while at < e {
+                let to = (at + self.tuning.max_extent).min(e);
+                out.push((at, to));
+                self.covered.insert(at, to);
+                at = to;
+            }
+        }
+        out
+    }
+
+    /// `[start, end)` is already there (the cache held it).
+    pub fn cover(&mut self, start: u64, end: u64) {
+        self.covered.insert(start, end);
+    }
+
+    /// The extent starting at `start` is gone (evicted, or its fetch failed): a later read
+    /// fetches it again.
+    pub fn uncover(&mut self, start: u64) {
+        self.covered.remove(&start);
+    }
+
+    /// The parts of `[from, to)` no extent covers.
+    fn gaps(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = from;
+        // The extent that starts before `from` may reach into it.
+        if let Some((_, &e)) = self.covered.range(..=from).next_back() {
+            at = at.max(e);
+        }
+        for (&s, &e) in self.covered.range(from..to) {
+            if s > at {
+                out.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < to {
+            out.push((at, to));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn tuning() -> Tuning {
+        Tuning::with_window(64 * MIB)
+    }
+
+    #[test]
+    fn a_random_read_fetches_what_it_asks_plus_a_bounded_read_ahead() {
+        let mut p = Planner::new(1 << 30, tuning());
+        // A netCDF chunk in the middle of a 1 GiB file.
+        let got = p.read(500 * MIB + 100, 4096);
+        assert_eq!(got, vec![(500 * MIB, 500 * MIB + 512 * 1024)]);
+        // Another read inside it fetches nothing.
+        assert!(p.read(500 * MIB + 300_000, 1000).is_empty());
+        // A read far away fetches only its own part.
+        let got = p.read(900 * MIB, 10);
+        assert_eq!(got, vec![(900 * MIB, 900 * MIB + 512 * 1024)]);
+        let total: u64 = p.covered.iter().map(|(s, e)| e - s).sum();
+        assert_eq!(total, 1 << 20, "no more than asked plus read-ahead");
+    }
+
+    #[test]
+    fn a_sequential_reader_gets_a_growing_window_in_overlapping_extents() {
+        let mut p = Planner::new(1 << 30, tuning());
+        let mut off = 0;
+        let mut fetched: Vec<(u64, u64)> = Vec::new();
+        while off < 256 * MIB {
+            let got = p.read(off, 128 * 1024);
+            // Everything the read needs is covered once it is planned.
+            assert!(p.gaps(off, off + 128 * 1024).is_empty(), "{off}");
+            fetched.extend(got);
+            off += 128 * 1024;
+        }
+        // Extents are contiguous, never overlap, and none exceeds a quarter of the window.
+        for w in fetched.windows(2) {
+            assert_eq!(w[0].1, w[1].0);
+        }
+        assert!(fetched.iter().all(|(s, e)| e - s <= 16 * MIB));
+        assert_eq!(p.window(), 64 * MIB);
+        // Read-ahead is bounded: at most the window beyond the reader.
+        let ahead = fetched.last().unwrap().1 - off;
+        assert!(ahead <= 64 * MIB + 256 * 1024, "{ahead}");
+        assert!(ahead >= 64 * MIB * 3 / 4 - 256 * 1024, "{ahead}");
+        // The window started small: the first fetch was a few MiB, not the whole window.
+        assert!(fetched[0].1 <= 5 * MIB, "{:?}", fetched[0]);
+    }
+
+    #[test]
+    fn a_fetch_stops_at_the_end_of_the_file_and_a_lost_extent_is_fetched_again() {
+        let mut p = Planner::new(3 * MIB + 5, tuning());
+        let got = p.read(0, 4096);
+        assert_eq!(got, vec![(0, 3 * MIB + 5)]);
+        assert!(p.read(3 * MIB, 100).is_empty());
+        p.uncover(0);
+        assert_eq!(p.read(3 * MIB, 100), vec![(3 * MIB, 3 * MIB + 5)]);
+        // Nothing past the end.
+        assert!(p.read(3 * MIB + 5, 100).is_empty());
+        assert!(p.read(10 * MIB, 100).is_empty());
+    }
+}

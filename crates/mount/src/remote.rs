@@ -1,0 +1,533 @@
+//! Reading a grid file through the mount: the planner (`readahead`) says which extents to
+//! fetch; each extent is fetched by a data session from the replica the metadata server chose
+//! first (site preference, health, load), into a file of the block cache (`cache`), and a read
+//! waits for the extents it needs and reads them from there. A node that fails, refuses, or
+//! sends a damaged replica is left for the next replica and the extent is fetched again there
+//! (resuming what arrived): the program sees an error only when no replica is left. An extent
+//! that is the whole file is read as a whole file, so the node checks it against the catalog's
+//! checksum before it finishes sending.
+
+use crate::cache::{Cache, FileKey};
+use crate::readahead::{Planner, Tuning};
+use grid::MetaClient;
+use grid::types::OpenReadRequest;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+use transfer::TransferError;
+use transfer::client::{AttemptContext, CopyOptions, Peer, SourceRequest};
+use transfer::progress::Event;
+use transfer::store::{Destination, Root};
+use wire::checksum::{Digest, parse_digests};
+use wire::control::{ListedFile, Protect};
+use wire::data::Timestamp;
+use wire::error::ErrorKind as K;
+use wire::grant::SignedGrant;
+
+/// What fetching needs, shared by every open file of the mount.
+pub struct Fetcher {
+    pub meta: MetaClient,
+    pub rt: tokio::runtime::Handle,
+    pub copy: CopyOptions,
+    pub site: Option<String>,
+    pub cache: Arc<Cache>,
+    pub tuning: Tuning,
+    /// Data sessions at once, all files together.
+    pub slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// A read capability for one node, and when to renew it.
+#[derive(Clone)]
+struct Grant {
+    grant: Option<SignedGrant>,
+    renew_at: Option<Instant>,
+}
+
+enum ExtState {
+    Fetching,
+    Ready,
+    Failed(TransferError),
+}
+
+struct Extent {
+    end: u64,
+    state: ExtState,
+    last_used: Instant,
+    /// Reads copying out of it right now: it is not evicted under them.
+    pins: u32,
+}
+
+struct State {
+    planner: Planner,
+    extents: BTreeMap<u64, Extent>,
+    /// Index into `replicas` of the replica in use.
+    replica: usize,
+    failed_nodes: HashSet<String>,
+    grants: HashMap<String, Grant>,
+}
+
+/// One version of a grid file (its id, size, mtime and checksum), open for reading.
+pub struct RemoteFile {
+    pub path: String,
+    pub key: FileKey,
+    pub size: u64,
+    id: i64,
+    mode: u32,
+    mtime_ns: i64,
+    private: bool,
+    expect: Vec<Digest>,
+    replicas: Vec<grid::types::ReplicaInfo>,
+    state: Mutex<State>,
+    changed: Condvar,
+    me: Weak<RemoteFile>,
+    cache: Arc<Cache>,
+}
+
+impl Drop for RemoteFile {
+    /// Closed by everyone: what it fetched stays in the cache, cold.
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let ready = st
+            .extents
+            .iter()
+            .filter(|(_, x)| matches!(x.state, ExtState::Ready))
+            .map(|(s, x)| (*s, x.end))
+            .collect();
+        self.cache.closed(&self.key, ready);
+    }
+}
+
+impl RemoteFile {
+    /// Opens `path` for reading: asks the metadata server for its replicas (best first for
+    /// `site`) and read capabilities, and adopts what the cache already holds of this version.
+    pub async fn open(f: &Fetcher, path: &str) -> Result<Arc<RemoteFile>, TransferError> {
+        let reply = f
+            .meta
+            .open_read(OpenReadRequest {
+                paths: vec![path.to_string()],
+                client_site: f.site.clone().unwrap_or_default(),
+                ..Default::default()
+            })
+            .await?;
+        if let Some(e) = reply.errors.first() {
+            return Err(grid::client::from_file_error(e));
+        }
+        let Some(src) = reply.files.into_iter().next() else {
+            return Err(TransferError::not_found(format!("{path}: not a file")));
+        };
+        let expect = parse_digests(&src.checksum).map_err(|e| {
+            TransferError::protocol(format!("{path}: bad checksum in the catalog: {e}"))
+        })?;
+        let now = Instant::now();
+        let grants = reply
+            .nodes
+            .iter()
+            .map(|n| {
+                let renew_at = n.capability.as_ref().filter(|c| c.ttl_ms > 0).map(|c| {
+                    let ttl = Duration::from_millis(c.ttl_ms);
+                    now + ttl - (ttl / 2).min(Duration::from_secs(60))
+                });
+                let grant = n.capability.as_ref().map(|c| SignedGrant {
+                    token: c.token.clone(),
+                    mac: c.mac.clone(),
+                });
+                (n.node.clone(), Grant { grant, renew_at })
+            })
+            .collect();
+        let key = FileKey::new(src.id, src.size, src.mtime_ns, &src.checksum);
+        let mut planner = Planner::new(src.size, f.tuning);
+        let mut extents = BTreeMap::new();
+        for (s, e) in f.cache.adopt(&key) {
+            planner.cover(s, e);
+            extents.insert(
+                s,
+                Extent {
+                    end: e,
+                    state: ExtState::Ready,
+                    last_used: now,
+                    pins: 0,
+                },
+            );
+        }
+        let file = Arc::new_cyclic(|me| RemoteFile {
+            path: path.to_string(),
+            key,
+            size: src.size,
+            id: src.id,
+            mode: src.mode,
+            mtime_ns: src.mtime_ns,
+            private: src.private,
+            expect,
+            replicas: src.replicas.clone(),
+            state: Mutex::new(State {
+                planner,
+                extents,
+                replica: 0,
+                failed_nodes: HashSet::new(),
+                grants,
+            }),
+            changed: Condvar::new(),
+            me: me.clone(),
+            cache: f.cache.clone(),
+        });
+        f.cache.register(&file);
+        Ok(file)
+    }
+
+    /// Reads up to `len` bytes at `off` (fewer only at the end of the file), fetching what the
+    /// cache lacks; blocks the calling (FUSE) thread until the data is there.
+    pub fn read(&self, f: &Arc<Fetcher>, off: u64, len: u32) -> Result<Vec<u8>, TransferError> {
+        let end = off.saturating_add(len as u64).min(self.size);
+        if off >= end {
+            return Ok(Vec::new());
+        }
+        let planned = self.lock().planner.read(off, end - off);
+        self.start(f, planned);
+        loop {
+            let mut st = self.lock();
+            // The extents covering [off, end), in order, or what stands in the way.
+            let mut pieces = Vec::new();
+            let mut at = off;
+            let mut missing = None;
+            let mut waiting = false;
+            while at < end {
+                let hit = st
+                    .extents
+                    .range(..=at)
+                    .next_back()
+                    .filter(|(_, x)| x.end > at)
+                    .map(|(s, x)| (*s, x.end));
+                let Some((s, e)) = hit else {
+                    missing = Some(at);
+                    break;
+                };
+                match &st.extents[&s].state {
+                    ExtState::Ready => pieces.push((s, e)),
+                    ExtState::Fetching => waiting = true,
+                    ExtState::Failed(err) => {
+                        let err = err.clone();
+                        st.extents.remove(&s);
+                        st.planner.uncover(s);
+                        return Err(err);
+                    }
+                }
+                at = e;
+            }
+            if let Some(at) = missing {
+                // Evicted since it was planned: plan it again.
+                let planned = st.planner.read(at, end - at);
+                drop(st);
+                self.start(f, planned);
+                continue;
+            }
+            if waiting {
+                let (st, _) = self
+                    .changed
+                    .wait_timeout(st, Duration::from_secs(1))
+                    .expect("remote file lock");
+                drop(st);
+                continue;
+            }
+            let now = Instant::now();
+            for (s, _) in &pieces {
+                if let Some(x) = st.extents.get_mut(s) {
+                    x.pins += 1;
+                    x.last_used = now;
+                }
+            }
+            drop(st);
+            let out = self.copy_out(f, &pieces, off, end);
+            let mut st = self.lock();
+            for (s, _) in &pieces {
+                if let Some(x) = st.extents.get_mut(s) {
+                    x.pins -= 1;
+                }
+            }
+            return out;
+        }
+    }
+
+    fn copy_out(
+        &self,
+        f: &Fetcher,
+        pieces: &[(u64, u64)],
+        off: u64,
+        end: u64,
+    ) -> Result<Vec<u8>, TransferError> {
+        let mut out = vec![0u8; (end - off) as usize];
+        for &(s, e) in pieces {
+            let from = off.max(s);
+            let to = end.min(e);
+            let path = f.cache.extent_path(&self.key, s, e);
+            let file = std::fs::File::open(&path)
+                .map_err(|err| TransferError::local(format!("cache {}: {err}", path.display())))?;
+            let buf = &mut out[(from - off) as usize..(to - off) as usize];
+            // A range fetched lands at its own offset in its (sparse) file.
+            file.read_exact_at(buf, from)
+                .map_err(|err| TransferError::local(format!("cache {}: {err}", path.display())))?;
+        }
+        Ok(out)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("remote file lock")
+    }
+
+    /// Marks `planned` extents as being fetched and starts their fetches.
+    fn start(&self, f: &Arc<Fetcher>, planned: Vec<(u64, u64)>) {
+        if planned.is_empty() {
+            return;
+        }
+        {
+            let mut st = self.lock();
+            for &(s, e) in &planned {
+                st.extents.insert(
+                    s,
+                    Extent {
+                        end: e,
+                        state: ExtState::Fetching,
+                        last_used: Instant::now(),
+                        pins: 0,
+                    },
+                );
+            }
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        for (s, e) in planned {
+            let (me, f2) = (me.clone(), f.clone());
+            f.rt.spawn(async move {
+                let r = me.fetch(&f2, s, e).await;
+                let mut st = me.lock();
+                if let Some(x) = st.extents.get_mut(&s) {
+                    x.state = match r {
+                        Ok(()) => ExtState::Ready,
+                        Err(err) => ExtState::Failed(err),
+                    };
+                }
+                drop(st);
+                me.changed.notify_all();
+            });
+        }
+    }
+
+    /// Fetches `[s, e)` into the cache, failing over between replicas.
+    async fn fetch(&self, f: &Fetcher, s: u64, e: u64) -> Result<(), TransferError> {
+        let _slot = f
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| TransferError::interrupted())?;
+        f.cache.admit(e - s);
+        let r = self.fetch_reserved(f, s, e).await;
+        if r.is_err() {
+            f.cache.release(e - s);
+        }
+        r
+    }
+
+    async fn fetch_reserved(&self, f: &Fetcher, s: u64, e: u64) -> Result<(), TransferError> {
+        let dest = f.cache.extent_path(&self.key, s, e);
+        let mut tries_here = 0;
+        let mut resume = false;
+        loop {
+            let (node, peer, grant) = self.pick(f).await?;
+            let r = self.fetch_from(f, &peer, grant, s, e, &dest, resume).await;
+            match r {
+                Ok(()) => return Ok(()),
+                Err(err) => {
+                    // Unreachable, refusing, or sending damaged data: the next replica.
+                    let switch = matches!(
+                        err.kind(),
+                        K::Connect
+                            | K::Unavailable
+                            | K::NotFound
+                            | K::PermissionDenied
+                            | K::Authentication
+                            | K::Unmapped
+                            | K::Integrity
+                            | K::SourceDamaged
+                    );
+                    resume = true;
+                    if !switch && err.retryable() && tries_here < 2 {
+                        tries_here += 1;
+                        tracing::info!(path = %self.path, node = %node, error = %err, "fetching again");
+                        continue;
+                    }
+                    tries_here = 0;
+                    let mut st = self.lock();
+                    st.failed_nodes.insert(node.clone());
+                    drop(st);
+                    tracing::warn!(path = %self.path, node = %node, error = %err, "reading from another replica");
+                }
+            }
+        }
+    }
+
+    /// The replica to read from now (the first not on a failed node), its address and a
+    /// fresh read capability.
+    async fn pick(
+        &self,
+        f: &Fetcher,
+    ) -> Result<(String, Peer, Option<SignedGrant>), TransferError> {
+        let (node, address, g) = {
+            let mut st = self.lock();
+            loop {
+                let Some(r) = self.replicas.get(st.replica) else {
+                    return Err(TransferError::source_damaged(format!(
+                        "{}: no healthy replica left to read",
+                        self.path
+                    )));
+                };
+                if st.failed_nodes.contains(&r.node) {
+                    st.replica += 1;
+                    continue;
+                }
+                break (
+                    r.node.clone(),
+                    r.address.clone(),
+                    st.grants.get(&r.node).cloned(),
+                );
+            }
+        };
+        let peer = Peer::parse(&address)?;
+        let grant = match g {
+            Some(g) if g.renew_at.is_some_and(|t| Instant::now() >= t) => {
+                let c = f.meta.renew(&node, "read", vec![self.id]).await?;
+                let ttl = Duration::from_millis(c.ttl_ms);
+                let fresh = Grant {
+                    grant: Some(SignedGrant {
+                        token: c.token,
+                        mac: c.mac,
+                    }),
+                    renew_at: (c.ttl_ms > 0)
+                        .then(|| Instant::now() + ttl - (ttl / 2).min(Duration::from_secs(60))),
+                };
+                self.lock().grants.insert(node.clone(), fresh.clone());
+                fresh.grant
+            }
+            Some(g) => g.grant,
+            None => None,
+        };
+        Ok((node, peer, grant))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch_from(
+        &self,
+        f: &Fetcher,
+        peer: &Peer,
+        grant: Option<SignedGrant>,
+        s: u64,
+        e: u64,
+        dest: &PathBuf,
+        resume: bool,
+    ) -> Result<(), TransferError> {
+        let whole = s == 0 && e == self.size;
+        let mut copy = f.copy.clone();
+        copy.range = (!whole).then_some((s, e - s));
+        let mut session = copy.session.clone();
+        session.resume = resume;
+        // A cache is not a durable copy: no syncs.
+        session.fsync = false;
+        if self.private {
+            session.protect = Protect::Private;
+        }
+        let listed = ListedFile {
+            locator: self.id.to_string(),
+            name: dest
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            size: self.size,
+            mode: self.mode,
+            mtime: Timestamp::from_unix_ns(self.mtime_ns),
+            expect: self.expect.clone(),
+        };
+        let naming = Arc::new(Destination {
+            base: dest.clone(),
+            into_dir: false,
+        });
+        let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+        let ctx = AttemptContext {
+            counters: Arc::new(transfer::progress::Counters::default()),
+            events: etx,
+            cancel: tokio_util::sync::CancellationToken::new(),
+        };
+        let r = transfer::client::download(
+            peer,
+            SourceRequest {
+                files: vec![listed],
+                grant,
+                ..Default::default()
+            },
+            Arc::new(Root::Ambient),
+            naming,
+            &copy,
+            session,
+            ctx,
+        )
+        .await;
+        let mut failed = None;
+        while let Ok(ev) = erx.try_recv() {
+            if let Event::FileFailed { error, .. } = ev {
+                failed = Some(TransferError::from(error));
+            }
+        }
+        r?;
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        match std::fs::metadata(dest) {
+            // The range lands at its own offset, in a file of the grid file's length (holes
+            // around it).
+            Ok(m) if m.len() >= e => Ok(()),
+            Ok(m) => Err(TransferError::integrity(format!(
+                "{}: fetching {}-{} left a file of {} bytes, expected at least {}",
+                self.path,
+                s,
+                e,
+                m.len(),
+                e
+            ))),
+            Err(err) => Err(TransferError::connect(format!(
+                "{}: the node did not send {s}-{e} ({err})",
+                self.path
+            ))),
+        }
+    }
+
+    /// The least recently used extent that may be evicted (ready, not being read), with when
+    /// it was last used.
+    pub fn coldest(&self) -> Option<(u64, u64, Instant)> {
+        let st = self.lock();
+        st.extents
+            .iter()
+            .filter(|(_, x)| matches!(x.state, ExtState::Ready) && x.pins == 0)
+            .min_by_key(|(_, x)| x.last_used)
+            .map(|(s, x)| (*s, x.end, x.last_used))
+    }
+
+    /// Drops the extent at `start` from this file (the cache removes its data); false when it
+    /// is in use after all.
+    pub fn evict(&self, start: u64) -> bool {
+        let mut st = self.lock();
+        match st.extents.get(&start) {
+            Some(x) if matches!(x.state, ExtState::Ready) && x.pins == 0 => {
+                st.extents.remove(&start);
+                st.planner.uncover(start);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Fetches of this file still running.
+    pub fn busy(&self) -> bool {
+        self.lock()
+            .extents
+            .values()
+            .any(|x| matches!(x.state, ExtState::Fetching))
+    }
+}
