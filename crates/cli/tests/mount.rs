@@ -27,7 +27,8 @@ impl Mounted {
         let mut args = vec!["mount", dir, at.to_str().unwrap()];
         args.extend_from_slice(extra);
         let mut cmd = g.cmd(user, &args);
-        cmd.env("HAUL_LOG", "info");
+        // Its private cache goes with the grid's directory, whatever happens to the mount.
+        cmd.env("HAUL_LOG", "info").env("TMPDIR", g.path());
         let n = std::fs::read_dir(g.path()).unwrap().count();
         let log = g.path().join(format!("mount{n}.log"));
         let (p, line) = harness::process::Proc::start(cmd, &log, START_TIMEOUT)
@@ -46,9 +47,23 @@ impl Mounted {
 }
 
 impl Drop for Mounted {
+    /// Unmounts; the mount then ends by itself (removing its private cache), or is killed
+    /// after 10 s.
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.at).status();
-        drop(self.proc.take());
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.at)
+            .stderr(std::process::Stdio::null())
+            .status();
+        if let Some(mut p) = self.proc.take() {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = p.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
 }
 
@@ -386,7 +401,25 @@ fn a_read_survives_a_node_killed_mid_file_and_a_dead_metadata_server_is_an_error
         "{e}"
     );
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
-    drop(m);
+
+    // SIGTERM (as Ctrl-C) unmounts and ends the command with status 0.
+    let mut m = m;
+    let mut p = m.proc.take().unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(p.child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "haul mount did not end on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!mount::is_mounted(&m.at), "still mounted after SIGTERM");
 }
 
 #[test]

@@ -128,6 +128,17 @@ impl Cache {
         out
     }
 
+    /// The file open now for this version, if any: every open shares it (its extents and
+    /// fetches).
+    pub fn find(&self, key: &FileKey) -> Option<Arc<RemoteFile>> {
+        // Let go of the others only after the lock (a last reference's drop takes it).
+        let open: Vec<Arc<RemoteFile>> = {
+            let st = self.lock();
+            st.files.iter().filter_map(|w| w.upgrade()).collect()
+        };
+        open.into_iter().find(|f| f.key == *key)
+    }
+
     /// A file opened for reading: its extents count among the warm ones.
     pub fn register(&self, f: &Arc<RemoteFile>) {
         let _ = std::fs::create_dir_all(self.dir(&f.key));
@@ -151,9 +162,12 @@ impl Cache {
 
     /// Reserves `bytes` for a fetch, evicting what it must to stay within the bound.
     pub fn admit(&self, bytes: u64) {
+        // Files looked at while the lock is held are let go only after it: the last
+        // reference to a file closing meanwhile runs its drop, which takes the lock.
+        let mut seen = Vec::new();
         let mut st = self.lock();
         while st.used + bytes > self.limit {
-            if !self.evict_one(&mut st) {
+            if !self.evict_one(&mut st, &mut seen) {
                 tracing::debug!(
                     used = st.used,
                     limit = self.limit,
@@ -163,6 +177,8 @@ impl Cache {
             }
         }
         st.used += bytes;
+        drop(st);
+        drop(seen);
     }
 
     /// A fetch that reserved `bytes` failed: its data is not kept.
@@ -171,7 +187,7 @@ impl Cache {
         st.used = st.used.saturating_sub(bytes);
     }
 
-    fn evict_one(&self, st: &mut State) -> bool {
+    fn evict_one(&self, st: &mut State, seen: &mut Vec<Arc<RemoteFile>>) -> bool {
         if let Some(i) = st
             .cold
             .iter()
@@ -184,10 +200,9 @@ impl Cache {
             st.used = st.used.saturating_sub(c.len);
             return true;
         }
-        let coldest = st
-            .files
+        seen.extend(st.files.iter().filter_map(|w| w.upgrade()));
+        let coldest = seen
             .iter()
-            .filter_map(|w| w.upgrade())
             .filter_map(|f| f.coldest().map(|c| (f, c)))
             .min_by_key(|(_, (_, _, used))| *used);
         if let Some((f, (s, e, _))) = coldest

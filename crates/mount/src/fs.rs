@@ -242,6 +242,17 @@ impl MountFs {
             .cloned()
     }
 
+    /// The spool that stands for `path` now: the one of the write handle `fh`, or one with
+    /// changes not uploaded yet. A spool already uploaded (closed, its release still on the
+    /// way) no longer does: what the grid holds is the file, and changes go there.
+    fn live_spool(&self, fh: Option<FileHandle>, path: &str) -> Option<Arc<Mutex<Spool>>> {
+        if let Some(sp) = fh.and_then(|fh| self.write_handle(fh)) {
+            return Some(sp);
+        }
+        self.pending(path)
+            .filter(|sp| sp.lock().expect("spool lock").dirty)
+    }
+
     fn add_handle(&self, h: Handle) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().expect("handles lock").insert(fh, h);
@@ -438,7 +449,7 @@ impl fuser::Filesystem for MountFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        if let Some(sp) = self.pending(&path) {
+        if let Some(sp) = self.live_spool(None, &path) {
             let ino = self.inodes.lock().expect("inodes lock").learn(&path);
             let sp = sp.lock().expect("spool lock");
             return match self.spool_attr(ino, &sp) {
@@ -464,9 +475,7 @@ impl fuser::Filesystem for MountFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        let spool = fh
-            .and_then(|fh| self.write_handle(fh))
-            .or_else(|| self.pending(&path));
+        let spool = self.live_spool(fh, &path);
         if let Some(sp) = spool {
             let sp = sp.lock().expect("spool lock");
             return match self.spool_attr(ino.0, &sp) {
@@ -502,11 +511,18 @@ impl fuser::Filesystem for MountFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        let spool = fh
-            .and_then(|fh| self.write_handle(fh))
-            .or_else(|| self.pending(&path));
+        // A file being written: its spool takes the change, its upload carries it. One
+        // uploaded already takes only a new size (which its close uploads); the rest goes to
+        // the grid.
+        // (The kernel truncates a file opened with O_TRUNC by a setattr without a handle,
+        // after the open: the spool of a handle still open takes it.)
+        let spool = if size.is_some() {
+            fh.and_then(|fh| self.write_handle(fh))
+                .or_else(|| self.pending(&path).filter(|sp| Arc::strong_count(sp) > 2))
+        } else {
+            self.live_spool(fh, &path)
+        };
         if let Some(sp) = spool {
-            // A file being written: its spool takes the change, the upload carries it.
             let mut sp = sp.lock().expect("spool lock");
             if let Some(m) = mode {
                 sp.mode = m & 0o7777;

@@ -103,6 +103,7 @@ pub async fn serve(
         cache: Arc::new(cache),
         tuning: readahead::Tuning::with_window(opts.read_ahead),
         slots: Arc::new(tokio::sync::Semaphore::new(opts.fetch_sessions.max(1))),
+        opening: tokio::sync::Mutex::new(()),
     });
     let mut grid_copy = opts.copy.clone();
     grid_copy.range = None;

@@ -36,6 +36,9 @@ pub struct Fetcher {
     pub tuning: Tuning,
     /// Data sessions at once, all files together.
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// Held while an open looks for the file among those open and registers it, so two
+    /// opens of one file share one.
+    pub opening: tokio::sync::Mutex<()>,
 }
 
 /// A read capability for one node, and when to renew it.
@@ -137,6 +140,10 @@ impl RemoteFile {
             })
             .collect();
         let key = FileKey::new(src.id, src.size, src.mtime_ns, &src.checksum);
+        let _opening = f.opening.lock().await;
+        if let Some(open) = f.cache.find(&key) {
+            return Ok(open);
+        }
         let mut planner = Planner::new(src.size, f.tuning);
         let mut extents = BTreeMap::new();
         for (s, e) in f.cache.adopt(&key) {
@@ -183,7 +190,7 @@ impl RemoteFile {
         if off >= end {
             return Ok(Vec::new());
         }
-        let planned = self.lock().planner.read(off, end - off);
+        let planned = self.plan(off, end - off);
         self.start(f, planned);
         loop {
             let mut st = self.lock();
@@ -217,8 +224,8 @@ impl RemoteFile {
             }
             if let Some(at) = missing {
                 // Evicted since it was planned: plan it again.
-                let planned = st.planner.read(at, end - at);
                 drop(st);
+                let planned = self.plan(at, end - at);
                 self.start(f, planned);
                 continue;
             }
@@ -275,24 +282,29 @@ impl RemoteFile {
         self.state.lock().expect("remote file lock")
     }
 
-    /// Marks `planned` extents as being fetched and starts their fetches.
+    /// Plans a read and marks the extents it needs fetched as being fetched, in one step
+    /// (no other reader sees them covered and not there).
+    fn plan(&self, off: u64, len: u64) -> Vec<(u64, u64)> {
+        let mut st = self.lock();
+        let planned = st.planner.read(off, len);
+        for &(s, e) in &planned {
+            st.extents.insert(
+                s,
+                Extent {
+                    end: e,
+                    state: ExtState::Fetching,
+                    last_used: Instant::now(),
+                    pins: 0,
+                },
+            );
+        }
+        planned
+    }
+
+    /// Starts the fetches of `planned` extents (marked by [`Self::plan`]).
     fn start(&self, f: &Arc<Fetcher>, planned: Vec<(u64, u64)>) {
         if planned.is_empty() {
             return;
-        }
-        {
-            let mut st = self.lock();
-            for &(s, e) in &planned {
-                st.extents.insert(
-                    s,
-                    Extent {
-                        end: e,
-                        state: ExtState::Fetching,
-                        last_used: Instant::now(),
-                        pins: 0,
-                    },
-                );
-            }
         }
         let Some(me) = self.me.upgrade() else { return };
         for (s, e) in planned {
