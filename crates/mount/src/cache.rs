@@ -1,6 +1,5 @@
 //! The mount's block cache: extents of grid files as files on local disk, under
-//! `DIR/files/KEY/START-END` (sparse: the extent's bytes at their own offset in a file of the
-//! grid file's length, as a ranged data session writes them), bounded in bytes. KEY names one version of a grid file (its id,
+//! `DIR/files/KEY/START-END` (the extent's bytes), bounded in bytes. KEY names one version of a grid file (its id,
 //! size, mtime and a hash of its catalog checksum), so a file changed in the grid never matches
 //! what was cached of the old version. Extents of files open now are evicted least recently
 //! used first, after those of files no longer open ("cold": closed since, or found at start in
@@ -64,11 +63,11 @@ impl Cache {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let m = e.metadata()?;
                 match parse_extent(&name) {
-                    Some((s, end)) if m.is_file() && m.len() >= end => {
-                        used += end - s;
+                    Some((s, end)) if m.is_file() && m.len() == end - s => {
+                        used += m.len();
                         cold.push(Cold {
                             path: e.path(),
-                            len: end - s,
+                            len: m.len(),
                             used: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                         });
                     }
@@ -235,7 +234,7 @@ mod tests {
         let kd = dir.path().join("files").join(key.as_str());
         std::fs::create_dir_all(&kd).unwrap();
         std::fs::write(kd.join("0-10"), [1u8; 10]).unwrap();
-        std::fs::write(kd.join("10-30"), [2u8; 25]).unwrap(); // short: not an extent
+        std::fs::write(kd.join("10-30"), [2u8; 5]).unwrap(); // short: not an extent
         std::fs::write(kd.join(".0-10.haul-part"), b"x").unwrap();
         let c = Cache::open(dir.path(), 1000).unwrap();
         assert_eq!(c.used(), 10);
@@ -253,7 +252,7 @@ mod tests {
         std::fs::create_dir_all(c.dir(&key)).unwrap();
         for (s, e) in [(0u64, 10u64), (10, 20)] {
             c.admit(e - s);
-            std::fs::write(c.extent_path(&key, s, e), vec![0u8; e as usize]).unwrap();
+            std::fs::write(c.extent_path(&key, s, e), vec![0u8; (e - s) as usize]).unwrap();
         }
         c.closed(&key, vec![(0, 10)]);
         std::thread::sleep(std::time::Duration::from_millis(5));

@@ -271,8 +271,7 @@ impl RemoteFile {
             let file = std::fs::File::open(&path)
                 .map_err(|err| TransferError::local(format!("cache {}: {err}", path.display())))?;
             let buf = &mut out[(from - off) as usize..(to - off) as usize];
-            // A range fetched lands at its own offset in its (sparse) file.
-            file.read_exact_at(buf, from)
+            file.read_exact_at(buf, from - s)
                 .map_err(|err| TransferError::local(format!("cache {}: {err}", path.display())))?;
         }
         Ok(out)
@@ -438,7 +437,8 @@ impl RemoteFile {
     ) -> Result<(), TransferError> {
         let whole = s == 0 && e == self.size;
         let mut copy = f.copy.clone();
-        copy.range = (!whole).then_some((s, e - s));
+        let range = (!whole).then_some((s, e - s));
+        copy.range = range;
         let mut session = copy.session.clone();
         session.resume = resume;
         // A cache is not a durable copy: no syncs.
@@ -472,6 +472,7 @@ impl RemoteFile {
             SourceRequest {
                 files: vec![listed],
                 grant,
+                range,
                 ..Default::default()
             },
             Arc::new(Root::Ambient),
@@ -492,11 +493,9 @@ impl RemoteFile {
             return Err(err);
         }
         match std::fs::metadata(dest) {
-            // The range lands at its own offset, in a file of the grid file's length (holes
-            // around it).
-            Ok(m) if m.len() >= e => Ok(()),
+            Ok(m) if m.len() == e - s => Ok(()),
             Ok(m) => Err(TransferError::integrity(format!(
-                "{}: fetching {}-{} left a file of {} bytes, expected at least {}",
+                "{}: fetching {}-{} left a file of {} bytes, expected {}",
                 self.path,
                 s,
                 e,
