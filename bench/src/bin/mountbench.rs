@@ -486,6 +486,20 @@ fn gfarm_rows(
     tarball: &Path,
     rtt: u64,
 ) -> Result<Vec<Row>> {
+    // gfarm2fs mounts as the Gfarm user through libfuse2, which opens /dev/fuse itself:
+    // distributions make it 0666, this VM 0600. Opened up for the run, put back after.
+    let fuse_mode = fs::metadata("/dev/fuse").map(|m| {
+        use std::os::unix::fs::PermissionsExt;
+        m.permissions().mode() & 0o7777
+    })?;
+    chmod(Path::new("/dev/fuse"), 0o666)?;
+    struct PutBack(u32);
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            let _ = chmod(Path::new("/dev/fuse"), self.0);
+        }
+    }
+    let _put_back = PutBack(fuse_mode);
     let gf = Gfarm::start(&dir.join("gfarm"), lab)?;
     let (a0, b0) = (lab.host("a", 0), lab.host("b", 0));
     let limit = Duration::from_secs(args.limit);

@@ -257,6 +257,7 @@ async fn grid_copy(
         site: a.site.clone(),
         overwrite: true,
         max_sessions: a.node_sessions.max(1),
+        dest_is_name: false,
     };
     grid::copy::copy(&meta, src, dst, &gopts, ctx).await
 }

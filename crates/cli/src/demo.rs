@@ -352,6 +352,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         site: Some("A".into()),
         overwrite: true,
         max_sessions: 4,
+        dest_is_name: false,
     };
     m.mkdir("/cmip", 0o755, false).await?;
     let up = grid_copy(&m, &data.to_string_lossy(), &url("/cmip"), &gopts).await?;

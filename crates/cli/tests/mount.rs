@@ -28,7 +28,11 @@ impl Mounted {
         args.extend_from_slice(extra);
         let mut cmd = g.cmd(user, &args);
         // Its private cache goes with the grid's directory, whatever happens to the mount.
-        cmd.env("HAUL_LOG", "info").env("TMPDIR", g.path());
+        cmd.env(
+            "HAUL_LOG",
+            std::env::var("HAUL_MOUNT_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .env("TMPDIR", g.path());
         let n = std::fs::read_dir(g.path()).unwrap().count();
         let log = g.path().join(format!("mount{n}.log"));
         let (p, line) = harness::process::Proc::start(cmd, &log, START_TIMEOUT)

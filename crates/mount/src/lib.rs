@@ -118,6 +118,7 @@ pub async fn serve(
             site: opts.site.clone(),
             overwrite: true,
             max_sessions: 1,
+            dest_is_name: true,
         },
     };
     let filesystem = fs::MountFs::new(fetcher, settings, who.user.clone());

@@ -42,6 +42,10 @@ pub struct GridOptions {
     pub overwrite: bool,
     /// Data sessions at once (each with its own node).
     pub max_sessions: usize,
+    /// An upload's destination is the new file's name, in a directory that exists (the
+    /// caller knows): it is not looked up first (`haul mount`'s close saves two round trips;
+    /// the metadata server still refuses a name that is a directory or has no parent).
+    pub dest_is_name: bool,
 }
 
 pub(crate) fn cap(c: &Option<pb::Capability>) -> Option<SignedGrant> {

@@ -591,6 +591,7 @@ mod tests {
             site: None,
             overwrite: false,
             max_sessions: 2,
+            dest_is_name: false,
         }
     }
 

@@ -113,7 +113,11 @@ pub(super) async fn upload_from(
     } = ctx;
     let (entries, unsendable_list) = origin.list(opts).await?;
     let source_is_dir = entries.first().is_some_and(|e| e.kind == EntryKind::Dir);
-    let (base, into_dir) = grid_destination(meta, dest, source_is_dir).await?;
+    let (base, into_dir) = if opts.dest_is_name && !source_is_dir {
+        (super::normalize(dest), false)
+    } else {
+        grid_destination(meta, dest, source_is_dir).await?
+    };
     let mut tally = Tally::new();
     let unsendable = unsendable_list.len() as u64;
     for (rel, error) in unsendable_list {
