@@ -46,11 +46,15 @@ pub struct Cache {
 }
 
 impl Cache {
-    /// A cache in `root` (created if missing) of at most `limit` bytes; extents already there
-    /// are counted, as cold.
+    /// A cache in `root` (created if missing, made private: mode 700) of at most `limit`
+    /// bytes; extents already there are counted, as cold.
     pub fn open(root: &Path, limit: u64) -> std::io::Result<Self> {
         let files = root.join("files");
         std::fs::create_dir_all(&files)?;
+        // Cached grid data and write spools are the user's alone: nobody else may read them
+        // or plant links in them.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
         let mut cold = Vec::new();
         let mut used = 0;
         for dir in std::fs::read_dir(&files)? {
@@ -238,6 +242,9 @@ mod tests {
         std::fs::write(kd.join(".0-10.haul-part"), b"x").unwrap();
         let c = Cache::open(dir.path(), 1000).unwrap();
         assert_eq!(c.used(), 10);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "the cache is private");
         assert!(!kd.join("10-30").exists() && !kd.join(".0-10.haul-part").exists());
         assert!(c.adopt(&other).is_empty());
         assert_eq!(c.adopt(&key), vec![(0, 10)]);
