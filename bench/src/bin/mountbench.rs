@@ -145,7 +145,7 @@ impl HaulMount {
         let mut c = host.command(&g.haul);
         c.args(["mount", &format!("{}/bench", g.meta_url)])
             .arg(&at)
-            .args(["--site", "A", "--cache-size", "1G", "--cache"])
+            .args(["--site", "A", "--cache-size", "2G", "--cache"])
             .arg(dir.join(format!("{name}-cache")))
             .env("HAUL_LOG", "info")
             .current_dir(&g.dir);

@@ -846,7 +846,7 @@ pub struct MountArgs {
     pub cache_size: u64,
     /// Read-ahead of a sequential reader at most: fetched in four overlapping extents, so
     /// make it at least four times the path's bandwidth-delay product.
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
     pub read_ahead: u64,
     /// How long names and attributes are believed before the metadata server is asked again.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]

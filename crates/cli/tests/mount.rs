@@ -496,6 +496,25 @@ fn a_random_read_fetches_only_its_part_of_the_file() {
     ));
     assert!(py.status.success(), "{}", stderr(&py));
     assert_eq!(py.stdout, body[at..at + 10]);
+    // Fetches still running (their part files) end first.
+    let files = cache.join("files");
+    let in_flight = || {
+        std::fs::read_dir(&files).unwrap().any(|d| {
+            std::fs::read_dir(d.unwrap().path())
+                .unwrap()
+                .any(|e| e.unwrap().file_name().to_string_lossy().starts_with('.'))
+        })
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let busy = in_flight();
+            if busy {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            !busy
+        }),
+        "fetches did not end"
+    );
     let mut cached = 0;
     for d in std::fs::read_dir(cache.join("files")).unwrap() {
         for e in std::fs::read_dir(d.unwrap().path()).unwrap() {
