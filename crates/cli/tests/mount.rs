@@ -238,6 +238,22 @@ fn programs_read_and_write_the_grid_through_the_mount() {
     sh_ok(&format!("truncate -s 7 {}", f.display()));
     assert_eq!(std::fs::read(&f).unwrap(), b"version");
 
+    // Truncated right after the close that uploaded it: the grid has the truncation.
+    sh_ok(&format!(
+        "echo hi > {0} && truncate -s 0 {0}",
+        m.p("t1").display()
+    ));
+    let st = g.json("alice", &["stat", "--json", "/alice/t1"]);
+    assert_eq!(st["entries"][0]["size"], 0, "{st}");
+    // A file open for writing moves with its directory; its close uploads it there.
+    sh_ok(&format!(
+        "mkdir {0}/od && exec 3>{0}/od/f && echo data >&3 && mv {0}/od {0}/nd && exec 3>&-",
+        m.at.display()
+    ));
+    let dl = g.path().join("moved-open");
+    assert_ok(&g.cp("alice", &[&g.url("/alice/nd/f"), dl.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&dl).unwrap(), b"data\n");
+
     // Metadata: mkdir, rename, chmod, rmdir, unlink, xattrs.
     std::fs::create_dir(m.p("d1")).unwrap();
     std::fs::write(m.p("d1/x"), b"x").unwrap();

@@ -91,6 +91,8 @@ pub struct MountFs {
     /// Files written through this mount and not yet uploaded, by grid path.
     pending: Mutex<HashMap<String, Arc<Mutex<Spool>>>>,
     spools: AtomicU64,
+    /// The file version each inode was last opened for reading at.
+    versions: Mutex<HashMap<u64, crate::cache::FileKey>>,
 }
 
 type Res<T> = Result<T, Errno>;
@@ -108,6 +110,7 @@ impl MountFs {
             next_fh: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
             spools: AtomicU64::new(0),
+            versions: Mutex::new(HashMap::new()),
         }
     }
 
@@ -279,14 +282,15 @@ impl MountFs {
                 tracing::warn!(path = grid_path, error = %e, "cannot make a write spool");
                 errno::of_io(&e)
             })?;
-        if let Some(e) = from.filter(|e| e.size > 0) {
+        if from.is_some_and(|e| e.size > 0) {
             let rf = self
                 .f
                 .rt
                 .block_on(RemoteFile::open(&self.f, grid_path))
                 .map_err(|err| self.fail("open", grid_path, err))?;
             let mut off = 0;
-            while off < e.size {
+            // To the size of the version opened (the cached entry may be older).
+            while off < rf.size {
                 let chunk = rf
                     .read(&self.f, off, 16 << 20)
                     .map_err(|err| self.fail("open", grid_path, err))?;
@@ -528,10 +532,19 @@ impl fuser::Filesystem for MountFs {
                 sp.mode = m & 0o7777;
             }
             if let Some(n) = size {
+                let was_uploaded = !sp.dirty;
                 if let Err(e) = sp.file.set_len(n) {
                     return reply.error(errno::of_io(&e));
                 }
                 sp.dirty = true;
+                // Truncated without a handle after its close uploaded it (`truncate f` right
+                // after writing f): the close that would upload it again may be past.
+                if fh.is_none()
+                    && was_uploaded
+                    && let Err(e) = self.upload(&mut sp)
+                {
+                    return reply.error(e);
+                }
             }
             if let Some(t) = mtime {
                 sp.mtime = Some(match t {
@@ -653,10 +666,18 @@ impl fuser::Filesystem for MountFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        let pending = self.pending.lock().expect("pending lock").remove(&path);
         let r = self.call(self.f.meta.remove(&path, false));
+        let gone = r.is_ok() || matches!(&r, Err(e) if e.kind() == K::NotFound);
+        // A spool stays pending (and its handles' closes upload it) unless the name went.
+        let pending = if gone {
+            self.pending.lock().expect("pending lock").remove(&path)
+        } else {
+            self.pending(&path)
+        };
         self.forget_attr(&path);
-        self.inodes.lock().expect("inodes lock").unlinked(&path);
+        if gone {
+            self.inodes.lock().expect("inodes lock").unlinked(&path);
+        }
         match (pending, r) {
             (Some(sp), Err(e)) if e.kind() == K::NotFound => {
                 // Written here and never uploaded: it goes with its spool.
@@ -717,27 +738,45 @@ impl fuser::Filesystem for MountFs {
                 Err(e) => return reply.error(self.fail("rename", &to, e)),
             }
         }
-        let pending = self.pending.lock().expect("pending lock").remove(&from);
-        if let Some(sp) = pending {
-            // Not uploaded yet: it will be uploaded under its new name (and an older file
-            // there is replaced then).
-            let mut g = sp.lock().expect("spool lock");
-            if !g.dirty {
-                // Uploaded already by an earlier close: the grid entry moves too.
-                drop(g);
-                if let Err(e) = self.call(self.f.meta.rename(&from, &to)) {
-                    return reply.error(self.fail("rename", &from, e));
+        // Files this mount writes at `from` or below it move with it (their closes upload
+        // under the new names); one pending at `to` is replaced and uploads nothing.
+        let below = format!("{from}/");
+        let has_pending = self
+            .pending
+            .lock()
+            .expect("pending lock")
+            .keys()
+            .any(|k| *k == from || k.starts_with(&below));
+        // The grid entry moves; a file never uploaded yet has none.
+        match self.call(self.f.meta.rename(&from, &to)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == K::NotFound && has_pending => {}
+            Err(e) => return reply.error(self.fail("rename", &from, e)),
+        }
+        let (displaced, moved) = {
+            let mut pending = self.pending.lock().expect("pending lock");
+            let displaced = pending.remove(&to);
+            let keys: Vec<String> = pending
+                .keys()
+                .filter(|k| **k == from || k.starts_with(&below))
+                .cloned()
+                .collect();
+            let mut moved = Vec::new();
+            for k in keys {
+                if let Some(sp) = pending.remove(&k) {
+                    let new = format!("{to}{}", &k[from.len()..]);
+                    pending.insert(new.clone(), sp.clone());
+                    moved.push((new, sp));
                 }
-                g = sp.lock().expect("spool lock");
             }
-            g.grid_path = to.clone();
-            drop(g);
-            self.pending
-                .lock()
-                .expect("pending lock")
-                .insert(to.clone(), sp);
-        } else if let Err(e) = self.call(self.f.meta.rename(&from, &to)) {
-            return reply.error(self.fail("rename", &from, e));
+            (displaced, moved)
+        };
+        // Spool locks only after the map's (release takes them the other way round).
+        if let Some(sp) = displaced {
+            sp.lock().expect("spool lock").unlinked = true;
+        }
+        for (new, sp) in moved {
+            sp.lock().expect("spool lock").grid_path = new;
         }
         self.forget_tree(&from);
         self.forget_tree(&to);
@@ -788,8 +827,16 @@ impl fuser::Filesystem for MountFs {
         }
         match self.f.rt.block_on(RemoteFile::open(&self.f, &path)) {
             Ok(rf) => {
-                // The page cache may keep what was read while the file's version is the same.
-                let keep = if rf.size == e.size {
+                // The kernel's page cache of this inode is kept only when the version opened
+                // is the one opened last time (a rewrite of the same size must not read old
+                // pages).
+                let same = self
+                    .versions
+                    .lock()
+                    .expect("versions lock")
+                    .insert(ino.0, rf.key.clone())
+                    .is_some_and(|k| k == rf.key);
+                let keep = if same {
                     FopenFlags::FOPEN_KEEP_CACHE
                 } else {
                     FopenFlags::empty()

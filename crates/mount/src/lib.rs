@@ -176,35 +176,36 @@ async fn wait_unmounted(mp: PathBuf) {
     }
 }
 
-/// Whether `/proc/self/mountinfo` lists `mp` as a mount point.
+/// Whether `/proc/self/mountinfo` lists `mp` as a mount point (paths compared as bytes: a
+/// name need not be UTF-8).
 pub fn is_mounted(mp: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
     let Ok(canon) = std::fs::canonicalize(mp) else {
         return false;
     };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
         return false;
     };
-    let want = canon.to_string_lossy();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
+    let want = canon.as_os_str().as_bytes();
+    info.split(|b| *b == b'\n')
+        .filter_map(|l| l.split(|b| *b == b' ').nth(4))
         .any(|p| unescape_mount_path(p) == want)
 }
 
-/// mountinfo writes space, tab, newline and backslash in paths as octal escapes.
-fn unescape_mount_path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    let b = p.as_bytes();
+/// mountinfo writes space, tab, newline and backslash in paths as octal escapes (`\040`).
+fn unescape_mount_path(p: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(p.len());
     let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 4 <= b.len()
-            && let Ok(v) = u8::from_str_radix(&p[i + 1..i + 4], 8)
+    while i < p.len() {
+        if p[i] == b'\\'
+            && let Some(d) = p.get(i + 1..i + 4)
+            && d.iter().all(|c| (b'0'..=b'7').contains(c))
         {
-            out.push(v as char);
+            out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
             i += 4;
             continue;
         }
-        out.push(b[i] as char);
+        out.push(p[i]);
         i += 1;
     }
     out
@@ -214,7 +215,11 @@ fn unescape_mount_path(p: &str) -> String {
 mod tests {
     #[test]
     fn mount_paths_are_unescaped() {
-        assert_eq!(super::unescape_mount_path("/a\\040b"), "/a b");
-        assert_eq!(super::unescape_mount_path("/plain"), "/plain");
+        assert_eq!(super::unescape_mount_path(b"/a\\040b"), b"/a b");
+        assert_eq!(super::unescape_mount_path(b"/plain"), b"/plain");
+        assert_eq!(
+            super::unescape_mount_path("/é\\134".as_bytes()),
+            "/é\\".as_bytes()
+        );
     }
 }

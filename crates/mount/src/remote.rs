@@ -88,6 +88,39 @@ pub struct RemoteFile {
     cache: Arc<Cache>,
 }
 
+/// When to renew a capability received at `at` valid for `ttl`: a minute before it ends, half
+/// its life for short ones (a bound the server sets, so no overflow: far-off times are capped).
+fn renew_time(at: Instant, ttl: Duration) -> Instant {
+    let ttl = ttl.min(Duration::from_secs(86_400));
+    at.checked_add(ttl - (ttl / 2).min(Duration::from_secs(60)))
+        .unwrap_or(at)
+}
+
+/// Sets an extent's state when its fetch task ends, also by a panic or cancellation.
+struct Settle {
+    file: Arc<RemoteFile>,
+    start: u64,
+    result: Option<Result<(), TransferError>>,
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        let r = self
+            .result
+            .take()
+            .unwrap_or_else(|| Err(TransferError::interrupted()));
+        let mut st = self.file.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(x) = st.extents.get_mut(&self.start) {
+            x.state = match r {
+                Ok(()) => ExtState::Ready,
+                Err(err) => ExtState::Failed(err),
+            };
+        }
+        drop(st);
+        self.file.changed.notify_all();
+    }
+}
+
 impl Drop for RemoteFile {
     /// Closed by everyone: what it fetched stays in the cache, cold.
     fn drop(&mut self) {
@@ -130,7 +163,7 @@ impl RemoteFile {
             .map(|n| {
                 let renew_at = n.capability.as_ref().filter(|c| c.ttl_ms > 0).map(|c| {
                     let ttl = Duration::from_millis(c.ttl_ms);
-                    now + ttl - (ttl / 2).min(Duration::from_secs(60))
+                    renew_time(now, ttl)
                 });
                 let grant = n.capability.as_ref().map(|c| SignedGrant {
                     token: c.token.clone(),
@@ -309,16 +342,14 @@ impl RemoteFile {
         for (s, e) in planned {
             let (me, f2) = (me.clone(), f.clone());
             f.rt.spawn(async move {
-                let r = me.fetch(&f2, s, e).await;
-                let mut st = me.lock();
-                if let Some(x) = st.extents.get_mut(&s) {
-                    x.state = match r {
-                        Ok(()) => ExtState::Ready,
-                        Err(err) => ExtState::Failed(err),
-                    };
-                }
-                drop(st);
-                me.changed.notify_all();
+                // Settles the extent however the task ends: a fetch that panicked or was
+                // cancelled fails it, so no reader waits for it forever.
+                let mut settle = Settle {
+                    file: me.clone(),
+                    start: s,
+                    result: None,
+                };
+                settle.result = Some(me.fetch(&f2, s, e).await);
             });
         }
     }
@@ -412,8 +443,7 @@ impl RemoteFile {
                         token: c.token,
                         mac: c.mac,
                     }),
-                    renew_at: (c.ttl_ms > 0)
-                        .then(|| Instant::now() + ttl - (ttl / 2).min(Duration::from_secs(60))),
+                    renew_at: (c.ttl_ms > 0).then(|| renew_time(Instant::now(), ttl)),
                 };
                 self.lock().grants.insert(node.clone(), fresh.clone());
                 fresh.grant
