@@ -48,6 +48,21 @@ impl Mounted {
     fn p(&self, rel: &str) -> PathBuf {
         self.at.join(rel)
     }
+
+    /// Waits up to `limit` for the mount command to end; its status, or `None` if it runs on.
+    fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let p = self.proc.as_mut()?;
+        let t = Instant::now();
+        loop {
+            if let Ok(Some(s)) = p.child.try_wait() {
+                return Some(s);
+            }
+            if t.elapsed() >= limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for Mounted {
@@ -59,15 +74,8 @@ impl Drop for Mounted {
             .arg(&self.at)
             .stderr(std::process::Stdio::null())
             .status();
-        if let Some(mut p) = self.proc.take() {
-            let t = Instant::now();
-            while t.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(_)) = p.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+        self.wait_exit(Duration::from_secs(10));
+        drop(self.proc.take());
     }
 }
 
@@ -93,18 +101,6 @@ fn python(script: &str) -> std::process::Output {
     let mut c = Command::new("python3");
     c.args(["-c", script]);
     run_bounded(c, CMD_TIMEOUT)
-}
-
-fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn can_mount() -> bool {
@@ -315,18 +311,9 @@ fn programs_read_and_write_the_grid_through_the_mount() {
     let at = m.at.clone();
     let mut m = m;
     sh_ok(&format!("umount {}", at.display()));
-    let mut p = m.proc.take().unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = p.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "haul mount did not end"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = m
+        .wait_exit(Duration::from_secs(20))
+        .expect("haul mount did not end");
     assert!(status.success(), "{status:?}");
     assert!(!mount::is_mounted(&at));
 }
@@ -339,7 +326,7 @@ fn a_read_survives_a_node_killed_mid_file_and_a_dead_metadata_server_is_an_error
     let mut g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
     let local = g.path().join("run042.nc");
-    let body = data(24 << 20, 42);
+    let body = data(42, 24 << 20);
     std::fs::write(&local, &body).unwrap();
     assert_ok(&g.cp(
         "alice",
@@ -424,20 +411,12 @@ fn a_read_survives_a_node_killed_mid_file_and_a_dead_metadata_server_is_an_error
 
     // SIGTERM (as Ctrl-C) unmounts and ends the command with status 0.
     let mut m = m;
-    let mut p = m.proc.take().unwrap();
+    let pid = m.proc.as_ref().unwrap().child.id();
     // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(p.child.id() as i32, libc::SIGTERM) };
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = p.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "haul mount did not end on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let status = m
+        .wait_exit(Duration::from_secs(20))
+        .expect("haul mount did not end on SIGTERM");
     assert!(status.success(), "{status:?}");
     assert!(!mount::is_mounted(&m.at), "still mounted after SIGTERM");
 }
@@ -495,7 +474,7 @@ fn a_random_read_fetches_only_its_part_of_the_file() {
     let g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
     let local = g.path().join("f.bin");
-    let body = data(32 << 20, 7);
+    let body = data(7, 32 << 20);
     std::fs::write(&local, &body).unwrap();
     assert_ok(&g.cp("alice", &[local.to_str().unwrap(), &g.url("/alice/f.bin")]));
     let cache = g.path().join("cachedir");

@@ -190,6 +190,14 @@ impl MountFs {
         Ok(e)
     }
 
+    /// The entry at `path`, which must be a directory (else ENOTDIR).
+    fn directory(&self, op: &str, path: &str) -> Res<Entry> {
+        match self.entry(op, path)? {
+            e if e.is_dir => Ok(e),
+            _ => Err(Errno::ENOTDIR),
+        }
+    }
+
     fn attr_of(&self, ino: u64, e: &Entry) -> FileAttr {
         let mtime = UNIX_EPOCH + Duration::from_nanos(e.mtime_ns.max(0) as u64);
         FileAttr {
@@ -698,10 +706,8 @@ impl fuser::Filesystem for MountFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        match self.entry("rmdir", &path) {
-            Ok(e) if !e.is_dir => return reply.error(Errno::ENOTDIR),
-            Ok(_) => {}
-            Err(e) => return reply.error(e),
+        if let Err(e) = self.directory("rmdir", &path) {
+            return reply.error(e);
         }
         let r = self.call(self.f.meta.remove(&path, false));
         self.forget_tree(&path);
@@ -862,10 +868,8 @@ impl fuser::Filesystem for MountFs {
             Err(e) => return reply.error(e),
         };
         // The directory must exist and be one (the upload at close would make parents).
-        match self.entry("create", &parent_of(&path)) {
-            Ok(d) if !d.is_dir => return reply.error(Errno::ENOTDIR),
-            Ok(_) => {}
-            Err(e) => return reply.error(e),
+        if let Err(e) = self.directory("create", &parent_of(&path)) {
+            return reply.error(e);
         }
         let sp = match self.new_spool(&path, mode & !umask & 0o7777, None) {
             Ok(s) => s,
@@ -1032,10 +1036,8 @@ impl fuser::Filesystem for MountFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        match self.entry("opendir", &path) {
-            Ok(e) if !e.is_dir => return reply.error(Errno::ENOTDIR),
-            Ok(_) => {}
-            Err(e) => return reply.error(e),
+        if let Err(e) = self.directory("opendir", &path) {
+            return reply.error(e);
         }
         let mut d = DirList {
             path,

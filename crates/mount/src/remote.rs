@@ -10,6 +10,7 @@
 use crate::cache::{Cache, FileKey};
 use crate::readahead::{Planner, Tuning};
 use grid::MetaClient;
+use grid::copy::Cap;
 use grid::types::OpenReadRequest;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::FileExt;
@@ -41,13 +42,6 @@ pub struct Fetcher {
     pub opening: tokio::sync::Mutex<()>,
 }
 
-/// A read capability for one node, and when to renew it.
-#[derive(Clone)]
-struct Grant {
-    grant: Option<SignedGrant>,
-    renew_at: Option<Instant>,
-}
-
 enum ExtState {
     Fetching,
     Ready,
@@ -68,7 +62,8 @@ struct State {
     /// Index into `replicas` of the replica in use.
     replica: usize,
     failed_nodes: HashSet<String>,
-    grants: HashMap<String, Grant>,
+    /// Read capabilities, by node.
+    grants: HashMap<String, Cap>,
 }
 
 /// One version of a grid file (its id, size, mtime and checksum), open for reading.
@@ -86,14 +81,6 @@ pub struct RemoteFile {
     changed: Condvar,
     me: Weak<RemoteFile>,
     cache: Arc<Cache>,
-}
-
-/// When to renew a capability received at `at` valid for `ttl`: a minute before it ends, half
-/// its life for short ones (a bound the server sets, so no overflow: far-off times are capped).
-fn renew_time(at: Instant, ttl: Duration) -> Instant {
-    let ttl = ttl.min(Duration::from_secs(86_400));
-    at.checked_add(ttl - (ttl / 2).min(Duration::from_secs(60)))
-        .unwrap_or(at)
 }
 
 /// Sets an extent's state when its fetch task ends, also by a panic or cancellation.
@@ -156,21 +143,10 @@ impl RemoteFile {
         let expect = parse_digests(&src.checksum).map_err(|e| {
             TransferError::protocol(format!("{path}: bad checksum in the catalog: {e}"))
         })?;
-        let now = Instant::now();
         let grants = reply
             .nodes
             .iter()
-            .map(|n| {
-                let renew_at = n.capability.as_ref().filter(|c| c.ttl_ms > 0).map(|c| {
-                    let ttl = Duration::from_millis(c.ttl_ms);
-                    renew_time(now, ttl)
-                });
-                let grant = n.capability.as_ref().map(|c| SignedGrant {
-                    token: c.token.clone(),
-                    mac: c.mac.clone(),
-                });
-                (n.node.clone(), Grant { grant, renew_at })
-            })
+            .map(|n| (n.node.clone(), Cap::of(&n.capability)))
             .collect();
         let key = FileKey::new(src.id, src.size, src.mtime_ns, &src.checksum);
         let _opening = f.opening.lock().await;
@@ -179,6 +155,7 @@ impl RemoteFile {
         }
         let mut planner = Planner::new(src.size, f.tuning);
         let mut extents = BTreeMap::new();
+        let now = Instant::now();
         for (s, e) in f.cache.adopt(&key) {
             planner.cover(s, e);
             extents.insert(
@@ -435,20 +412,11 @@ impl RemoteFile {
         };
         let peer = Peer::parse(&address)?;
         let grant = match g {
-            Some(g) if g.renew_at.is_some_and(|t| Instant::now() >= t) => {
-                let c = f.meta.renew(&node, "read", vec![self.id]).await?;
-                let ttl = Duration::from_millis(c.ttl_ms);
-                let fresh = Grant {
-                    grant: Some(SignedGrant {
-                        token: c.token,
-                        mac: c.mac,
-                    }),
-                    renew_at: (c.ttl_ms > 0).then(|| renew_time(Instant::now(), ttl)),
-                };
-                self.lock().grants.insert(node.clone(), fresh.clone());
-                fresh.grant
+            Some(g) => {
+                let g = g.renewed(&f.meta, &node, "read", vec![self.id]).await?;
+                self.lock().grants.insert(node.clone(), g.clone());
+                g.grant()
             }
-            Some(g) => g.grant,
             None => None,
         };
         Ok((node, peer, grant))

@@ -56,23 +56,25 @@ pub(crate) fn cap(c: &Option<pb::Capability>) -> Option<SignedGrant> {
 }
 
 /// A capability as received, and when to ask for a new one: capabilities are short-lived (5
-/// minutes by default), and a copy can outlast one (sessions that start late, retries).
+/// minutes by default), and a copy (or an open file of `haul mount`) can outlast one.
 #[derive(Clone)]
-pub(crate) struct Cap {
+pub struct Cap {
     grant: Option<SignedGrant>,
     /// On this host's clock: a minute before it ends (half its life for short ones).
     renew_at: Option<Instant>,
 }
 
 impl Cap {
-    pub(crate) fn of(c: &Option<pb::Capability>) -> Self {
+    pub fn of(c: &Option<pb::Capability>) -> Self {
         Self::received(c, Instant::now())
     }
 
     fn received(c: &Option<pb::Capability>, at: Instant) -> Self {
         let renew_at = c.as_ref().filter(|c| c.ttl_ms > 0).map(|c| {
-            let ttl = Duration::from_millis(c.ttl_ms);
-            at + ttl - (ttl / 2).min(Duration::from_secs(60))
+            // The server's figure: a day at most, so that no time overflows.
+            let ttl = Duration::from_millis(c.ttl_ms).min(Duration::from_secs(86_400));
+            at.checked_add(ttl - (ttl / 2).min(Duration::from_secs(60)))
+                .unwrap_or(at)
         });
         Self {
             grant: cap(c),
@@ -84,8 +86,30 @@ impl Cap {
         self.renew_at.is_some_and(|t| now >= t)
     }
 
-    /// The grant to present for `ids` on `node`: this one, or a renewed one (`op` "read" or
-    /// "write") when it is about to end. The metadata server checks permissions again.
+    /// The grant itself.
+    pub fn grant(&self) -> Option<SignedGrant> {
+        self.grant.clone()
+    }
+
+    /// This capability, or a renewed one (`op` "read" or "write" for `ids` on `node`) when it
+    /// is about to end. The metadata server checks permissions again.
+    pub async fn renewed(
+        &self,
+        meta: &MetaClient,
+        node: &str,
+        op: &str,
+        ids: Vec<i64>,
+    ) -> Result<Cap, TransferError> {
+        if !self.due(Instant::now()) {
+            return Ok(self.clone());
+        }
+        tracing::debug!(%node, op, files = ids.len(), "renewing a capability");
+        let c = meta.renew(node, op, ids).await?;
+        Ok(Cap::of(&Some(c)))
+    }
+
+    /// The grant to present for `ids` on `node`: this one, or a renewed one (see
+    /// [`Cap::renewed`]).
     async fn fresh(
         &self,
         meta: &MetaClient,
@@ -93,12 +117,7 @@ impl Cap {
         op: &str,
         ids: Vec<i64>,
     ) -> Result<Option<SignedGrant>, TransferError> {
-        if !self.due(Instant::now()) {
-            return Ok(self.grant.clone());
-        }
-        tracing::debug!(%node, op, files = ids.len(), "renewing a capability");
-        let c = meta.renew(node, op, ids).await?;
-        Ok(cap(&Some(c)))
+        Ok(self.renewed(meta, node, op, ids).await?.grant)
     }
 }
 
