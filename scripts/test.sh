@@ -59,6 +59,14 @@ if ! python3 -c "import netCDF4" 2>/dev/null; then
     echo "test: could not install netCDF4; the mount's netCDF test will say so"
 fi
 
+# The mount's POSIX test runs fsx, the File System eXerciser (crates.io), built once into
+# target/tools.
+if ! command -v fsx >/dev/null && [ ! -x target/tools/bin/fsx ]; then
+  echo "test: installing fsx (cargo install fsx into target/tools)"
+  cargo install -q --locked fsx --version 0.3.2 --root target/tools >/dev/null 2>&1 ||
+    echo "test: could not install fsx; the mount's fsx test will say so"
+fi
+
 if [ "$(id -u)" = 0 ] && [ -z "${HAUL_TEST_POSTGRES_URL:-}" ]; then
   # The catalog's conformance suite also runs against PostgreSQL.
   if url=$(bash scripts/pg-test.sh); then

@@ -532,3 +532,96 @@ fn a_random_read_fetches_only_its_part_of_the_file() {
         "{cached} bytes fetched for a 10-byte read"
     );
 }
+
+/// The File System eXerciser (`fsx`, from crates.io; scripts/test.sh installs it), or `None`.
+fn fsx() -> Option<PathBuf> {
+    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/bin/fsx");
+    let found = std::env::var_os("HAUL_FSX")
+        .map(PathBuf::from)
+        .or_else(|| local.exists().then_some(local))
+        .unwrap_or_else(|| PathBuf::from("fsx"));
+    let ok = Command::new(&found)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(found)
+}
+
+/// Runs fsx's seeded sequence of operations on `file`: reads and writes with pread/pwrite and
+/// through mmap, truncates, fsyncs, and closes and reopens (each close uploads the file, each
+/// reopen for writing reads it back from the grid); every read is checked against fsx's model.
+fn run_fsx(fsx: &Path, config: &Path, file: &Path, ops: u32) -> std::process::Output {
+    let art = file.with_extension("artifacts");
+    std::fs::create_dir_all(&art).ok();
+    let mut c = Command::new(fsx);
+    c.arg("-f")
+        .arg(config)
+        .args(["-S", "1717", "-N", &ops.to_string(), "-q", "-P"])
+        .arg(&art)
+        .arg(file);
+    run_bounded(c, Duration::from_secs(300))
+}
+
+/// fsx, the stress tool of the file systems' own test suites, finds the mount's file
+/// semantics those of a local file: the same seeded run on the mount and on a local file ends
+/// with the same bytes, read back through a fresh mount (the read path, not the spool).
+#[test]
+fn fsx_finds_the_mount_behaving_as_a_local_file() {
+    if !can_mount() {
+        return;
+    }
+    let Some(fsx) = fsx() else {
+        testkit::skip("fsx is not installed (scripts/test.sh installs it with cargo install)");
+        return;
+    };
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    // Files up to 4 MiB (extents of several sizes), operations up to 256 KiB; every kind of
+    // operation the mount claims: pread/pwrite, mmap reads and writes with msync, ftruncate,
+    // fsync, fdatasync, close-and-reopen. (fallocate and hole punching are not claimed.)
+    let config = g.path().join("fsx.toml");
+    std::fs::write(
+        &config,
+        "flen = 4194304
+[opsize]
+max = 262144
+[weights]
+close_open = 2
+read = 10
+write = 10
+mapread = 5
+mapwrite = 5
+invalidate = 1
+truncate = 2
+fsync = 1
+fdatasync = 1
+",
+    )
+    .unwrap();
+    let ops = 1500;
+    let local = g.path().join("fsx-local.bin");
+    let out = run_fsx(&fsx, &config, &local, ops);
+    assert!(
+        out.status.success(),
+        "fsx on a local file: {}",
+        stderr(&out)
+    );
+    let m = Mounted::start(&g, "alice", &g.url("/alice"), &[]);
+    let out = run_fsx(&fsx, &config, &m.p("fsx.bin"), ops);
+    assert!(
+        out.status.success(),
+        "fsx on the mount: {}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out),
+        std::fs::read_to_string(&m.log).unwrap_or_default()
+    );
+    drop(m);
+    let m = Mounted::start(&g, "alice", &g.url("/alice"), &[]);
+    let want = std::fs::read(&local).unwrap();
+    let got = std::fs::read(m.p("fsx.bin")).unwrap();
+    assert_eq!(got.len(), want.len(), "the size after fsx");
+    assert!(
+        got == want,
+        "the bytes after fsx differ from a local file's"
+    );
+}

@@ -54,6 +54,11 @@ struct Spool {
     unlinked: bool,
     /// Set by utimensat while open: the upload carries it.
     mtime: Option<SystemTime>,
+    /// Write handles open on it. Changed only under this spool's lock: the release that
+    /// takes it to zero retires the spool, and an open that finds it retired starts afresh.
+    opens: u32,
+    /// Closed by its last handle: out of `pending`, its local file gone.
+    retired: bool,
 }
 
 enum Handle {
@@ -318,6 +323,8 @@ impl MountFs {
             dirty: from.is_none(),
             unlinked: false,
             mtime: None,
+            opens: 1,
+            retired: false,
         })
     }
 
@@ -529,8 +536,10 @@ impl fuser::Filesystem for MountFs {
         // (The kernel truncates a file opened with O_TRUNC by a setattr without a handle,
         // after the open: the spool of a handle still open takes it.)
         let spool = if size.is_some() {
-            fh.and_then(|fh| self.write_handle(fh))
-                .or_else(|| self.pending(&path).filter(|sp| Arc::strong_count(sp) > 2))
+            fh.and_then(|fh| self.write_handle(fh)).or_else(|| {
+                self.pending(&path)
+                    .filter(|sp| sp.lock().expect("spool lock").opens > 0)
+            })
         } else {
             self.live_spool(fh, &path)
         };
@@ -797,15 +806,20 @@ impl fuser::Filesystem for MountFs {
         };
         let writing = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
         if let Some(sp) = self.pending(&path) {
-            // Written here and not closed by its writer (or not uploaded): share its spool.
-            if flags.0 & libc::O_TRUNC != 0 {
-                let mut g = sp.lock().expect("spool lock");
-                if let Err(e) = g.file.set_len(0) {
-                    return reply.error(errno::of_io(&e));
+            // Written here and not closed by its writer (or not uploaded): share its spool,
+            // unless its last handle closed it meanwhile.
+            let mut g = sp.lock().expect("spool lock");
+            if !g.retired {
+                if flags.0 & libc::O_TRUNC != 0 {
+                    if let Err(e) = g.file.set_len(0) {
+                        return reply.error(errno::of_io(&e));
+                    }
+                    g.dirty = true;
                 }
-                g.dirty = true;
+                g.opens += 1;
+                drop(g);
+                return reply.opened(self.add_handle(Handle::Write(sp)), FopenFlags::empty());
             }
-            return reply.opened(self.add_handle(Handle::Write(sp)), FopenFlags::empty());
         }
         let e = match self.entry("open", &path) {
             Ok(e) => e,
@@ -1013,8 +1027,10 @@ impl fuser::Filesystem for MountFs {
         if let Some(Handle::Write(sp)) = h {
             // The last handle of the spool: whatever flush could not upload is dropped (its
             // error went to close).
-            if Arc::strong_count(&sp) <= 2 {
-                let g = sp.lock().expect("spool lock");
+            let mut g = sp.lock().expect("spool lock");
+            g.opens = g.opens.saturating_sub(1);
+            if g.opens == 0 {
+                g.retired = true;
                 let mut pending = self.pending.lock().expect("pending lock");
                 if pending
                     .get(&g.grid_path)
