@@ -41,6 +41,13 @@ const WHERE_XATTR: &str = "user.haul.where";
 const LIST_PAGE: u32 = 2000;
 /// Block size reported by stat: programs size their buffers by it (`cat`, `cp`).
 const BLKSIZE: u32 = 1 << 20;
+/// Files from this size on are read with direct I/O (when the kernel allows mmap of such
+/// files): each read is copied once, from the block cache into the program's buffer, and
+/// not also into the kernel's page cache, which costs the mount more CPU than the network
+/// does (measured: 4.95 against 0.95-1.7 CPU s/GiB for a `cat` of a 2 GiB file). Smaller
+/// files keep the page cache, where programs that read them in small pieces are served
+/// without a request to the mount each time.
+const DIRECT_READ_FROM: u64 = 8 << 20;
 
 /// A file being written: its spool, where it goes, and whether it changed since the last
 /// upload.
@@ -98,6 +105,9 @@ pub struct MountFs {
     spools: AtomicU64,
     /// The file version each inode was last opened for reading at.
     versions: Mutex<HashMap<u64, crate::cache::FileKey>>,
+    /// The kernel maps files opened with direct I/O (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6),
+    /// so large reads and all writes use it.
+    direct: bool,
 }
 
 type Res<T> = Result<T, Errno>;
@@ -116,6 +126,18 @@ impl MountFs {
             pending: Mutex::new(HashMap::new()),
             spools: AtomicU64::new(0),
             versions: Mutex::new(HashMap::new()),
+            direct: false,
+        }
+    }
+
+    /// Open flags of a write handle: direct I/O where the kernel allows it (each write is a
+    /// request to the mount anyway, without writeback caching; this saves copying it into
+    /// the page cache too).
+    fn write_open_flags(&self) -> FopenFlags {
+        if self.direct {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
         }
     }
 
@@ -460,6 +482,14 @@ impl fuser::Filesystem for MountFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_write(1 << 20);
+        self.direct = config
+            .add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_ok();
+        if !self.direct {
+            tracing::info!(
+                "this kernel cannot map files opened with direct I/O (Linux 6.6 can): reads and writes go through its page cache"
+            );
+        }
         Ok(())
     }
 
@@ -818,7 +848,7 @@ impl fuser::Filesystem for MountFs {
                 }
                 g.opens += 1;
                 drop(g);
-                return reply.opened(self.add_handle(Handle::Write(sp)), FopenFlags::empty());
+                return reply.opened(self.add_handle(Handle::Write(sp)), self.write_open_flags());
             }
         }
         let e = match self.entry("open", &path) {
@@ -840,7 +870,7 @@ impl fuser::Filesystem for MountFs {
                 .lock()
                 .expect("pending lock")
                 .insert(path, sp.clone());
-            return reply.opened(self.add_handle(Handle::Write(sp)), FopenFlags::empty());
+            return reply.opened(self.add_handle(Handle::Write(sp)), self.write_open_flags());
         }
         if e.size == 0 {
             return reply.opened(self.add_handle(Handle::Empty), FopenFlags::empty());
@@ -856,7 +886,9 @@ impl fuser::Filesystem for MountFs {
                     .expect("versions lock")
                     .insert(ino.0, rf.key.clone())
                     .is_some_and(|k| k == rf.key);
-                let keep = if same {
+                let keep = if self.direct && rf.size >= DIRECT_READ_FROM {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else if same {
                     FopenFlags::FOPEN_KEEP_CACHE
                 } else {
                     FopenFlags::empty()
@@ -906,7 +938,7 @@ impl fuser::Filesystem for MountFs {
             &attr,
             Generation(0),
             fh,
-            FopenFlags::empty(),
+            self.write_open_flags(),
         );
     }
 
