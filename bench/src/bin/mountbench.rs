@@ -140,6 +140,16 @@ struct HaulMount {
 
 impl HaulMount {
     fn start(g: &Grid, host: &netlab::Host, dir: &Path, name: &str) -> Result<HaulMount> {
+        Self::start_with(g, host, dir, name, &[])
+    }
+
+    fn start_with(
+        g: &Grid,
+        host: &netlab::Host,
+        dir: &Path,
+        name: &str,
+        extra: &[&str],
+    ) -> Result<HaulMount> {
         let at = dir.join(name);
         fs::create_dir_all(&at)?;
         let mut c = host.command(&g.haul);
@@ -147,7 +157,11 @@ impl HaulMount {
             .arg(&at)
             .args(["--site", "A", "--cache-size", "2G", "--cache"])
             .arg(dir.join(format!("{name}-cache")))
-            .env("HAUL_LOG", "info")
+            .args(extra)
+            .env(
+                "HAUL_LOG",
+                std::env::var("HAUL_MOUNTBENCH_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .current_dir(&g.dir);
         g.pki.as_user(&mut c, "bench");
         let (p, line) = Proc::start(c, &dir.join(format!("{name}.log")), Duration::from_secs(60))
@@ -244,7 +258,6 @@ fn haul_data_rows(
     let rm = |p: &str| {
         let _ = g.run(&["rm", &format!("{}/bench/{p}", g.meta_url)], limit, "rm");
     };
-    rm("big");
     rows.push(match r {
         Ok(secs) => Row {
             rtt_ms: rtt,
@@ -259,6 +272,35 @@ fn haul_data_rows(
         },
         Err(e) => failed(rtt, "haul mount", "sequential read", e),
     });
+    // The same read through the kernel's page cache (no direct I/O), side by side.
+    {
+        let pc = HaulMount::start_with(g, b0, dir, "mnt-pc", &["--page-cache"])?;
+        let cpu0 = cpu_secs(pc.pid);
+        let r = sh_timed(
+            b0,
+            &format!("cat {}/big > /dev/null", pc.at.display()),
+            limit,
+            &dir.join("mount-cat-page-cache"),
+        );
+        let cpu = cpu_secs(pc.pid) - cpu0;
+        rows.push(match r {
+            Ok(secs) => Row {
+                rtt_ms: rtt,
+                tool: "haul mount --page-cache",
+                op: "sequential read".into(),
+                secs,
+                value: mb_per_s(bytes, secs),
+                unit: "MB/s",
+                cpu_per_gib: Some(cpu / (bytes as f64 / (1u64 << 30) as f64)),
+                ok: true,
+                note: String::new(),
+            },
+            Err(e) => failed(rtt, "haul mount --page-cache", "sequential read", e),
+        });
+        drop(pc);
+        let _ = fs::remove_dir_all(dir.join("mnt-pc-cache"));
+    }
+    rm("big");
     // haul mount: cp in (the close uploads).
     let cpu0 = cpu_secs(m.pid);
     let r = sh_timed(

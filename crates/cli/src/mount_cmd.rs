@@ -55,6 +55,7 @@ pub async fn run(a: MountArgs) -> Result<u8, TransferError> {
         fetch_sessions: a.fetch_sessions,
         copy,
         threads: a.threads,
+        page_cache: a.page_cache,
     };
     mount::serve(meta, opts, crate::serve::shutdown_signal()).await?;
     Ok(0)

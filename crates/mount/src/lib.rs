@@ -42,6 +42,8 @@ pub struct MountOptions {
     pub copy: CopyOptions,
     /// FUSE request threads.
     pub threads: usize,
+    /// Every file through the kernel's page cache (no direct I/O).
+    pub page_cache: bool,
 }
 
 /// Mounts `opts.root` at `opts.mountpoint` and serves it until it is unmounted (`umount`,
@@ -113,6 +115,7 @@ pub async fn serve(
         attr_ttl: opts.attr_ttl,
         meta_timeout: opts.meta_timeout,
         spool_dir: spool_dir.clone(),
+        page_cache: opts.page_cache,
         grid: grid::copy::GridOptions {
             copy: grid_copy,
             site: opts.site.clone(),

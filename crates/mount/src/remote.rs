@@ -339,7 +339,9 @@ impl RemoteFile {
             .await
             .map_err(|_| TransferError::interrupted())?;
         f.cache.admit(e - s);
+        let t = Instant::now();
         let r = self.fetch_reserved(f, s, e).await;
+        tracing::debug!(path = %self.path, start = s, end = e, ms = t.elapsed().as_millis() as u64, ok = r.is_ok(), "extent fetched");
         if r.is_err() {
             f.cache.release(e - s);
         }
