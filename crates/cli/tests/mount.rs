@@ -545,6 +545,75 @@ sys.stdout.buffer.write(m[{at}:{at}+10] + m[-10:])",
     );
 }
 
+/// A replica damaged on the node's disk (its size kept, so only a checksum can tell) and read
+/// through the mount in several extents: the program reading it through gets EIO (here `cat`
+/// fails), not a silent exit 0, and the damaged data does not stay in the cache; an intact file
+/// read the same way passes the same check.
+#[test]
+fn a_damaged_replica_read_in_extents_ends_in_eio_not_in_silence() {
+    if !can_mount() {
+        return;
+    }
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let local = g.path().join("tas.nc");
+    std::fs::write(&local, data(11, 24 << 20)).unwrap();
+    for name in ["tas.nc", "intact.nc"] {
+        assert_ok(&g.cp(
+            "alice",
+            &[
+                local.to_str().unwrap(),
+                &g.url(&format!("/alice/{name}")),
+                "--site",
+                "A",
+            ],
+        ));
+    }
+    let holders = g.replica_states("/alice/tas.nc");
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    g.damage_replica(&holders[0].0, "/alice/tas.nc");
+    let cache = g.path().join("cachedir");
+    let m = Mounted::start(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &["--cache", cache.to_str().unwrap()],
+    );
+    let ok = sh(&format!(
+        "cmp {} {}",
+        m.p("intact.nc").display(),
+        local.display()
+    ));
+    assert!(ok.status.success(), "intact file: {}", stderr(&ok));
+    let out = sh(&format!("cat {} > /dev/null", m.p("tas.nc").display()));
+    assert!(
+        !out.status.success(),
+        "cat of a damaged replica exited 0\n{}",
+        std::fs::read_to_string(&m.log).unwrap_or_default()
+    );
+    assert!(
+        stderr(&out).contains("Input/output error"),
+        "{}",
+        stderr(&out)
+    );
+    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+    assert!(
+        log.contains("does not match the catalog's checksum") && log.contains("/alice/tas.nc"),
+        "{log}"
+    );
+    // Nothing of the damaged file stays cached: only the intact file's extents remain.
+    let dirs: Vec<_> = std::fs::read_dir(cache.join("files"))
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .filter(|d| std::fs::read_dir(d).unwrap().next().is_some())
+        .collect();
+    assert_eq!(
+        dirs.len(),
+        1,
+        "cache holds more than the intact file: {dirs:?}"
+    );
+}
+
 /// The File System eXerciser (`fsx`, from crates.io; scripts/test.sh installs it), or `None`.
 fn fsx() -> Option<PathBuf> {
     let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/bin/fsx");

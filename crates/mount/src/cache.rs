@@ -184,6 +184,13 @@ impl Cache {
         drop(seen);
     }
 
+    /// An extent found damaged: its data goes.
+    pub fn discard(&self, key: &FileKey, start: u64, end: u64) {
+        let _ = std::fs::remove_file(self.extent_path(key, start, end));
+        let mut st = self.lock();
+        st.used = st.used.saturating_sub(end - start);
+    }
+
     /// A fetch that reserved `bytes` failed: its data is not kept.
     pub fn release(&self, bytes: u64) {
         let mut st = self.lock();

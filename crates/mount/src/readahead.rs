@@ -1,6 +1,6 @@
 //! Which byte ranges of a grid file to fetch for a read: exactly what a random reader asks
-//! (aligned, plus a small bounded read-ahead), and for a sequential reader a window twice what
-//! it has read in a row, up to a bound, cut into extents so that several fetches overlap (each
+//! (aligned, plus a small bounded read-ahead), and for a sequential reader a window four times
+//! what it has read in a row, from 4 MiB up to a bound, cut into extents so that several fetches overlap (each
 //! is a data session whose start-up costs round trips: overlapping hides them). Pure: the
 //! caller fetches, and says when an extent is gone (evicted, or its fetch failed).
 
@@ -22,14 +22,19 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// A window from 1 MiB up to `max_window` bytes, fetched in extents of a quarter of it (so
+    /// A window from 4 MiB up to `max_window` bytes, fetched in extents of a quarter of it (so
     /// up to four fetches overlap), with 256 KiB alignment.
+    ///
+    /// Each fetch is a data session, which on a long path costs about nine round trips for its
+    /// first megabytes (connections, hello, slow start: 0.94 s for 3 MiB at 100 ms, measured
+    /// in `bench/mount`), so the window must reach several times the bandwidth-delay product
+    /// in few steps: it starts at 4 MiB and grows fourfold per step (1 GiB after four).
     pub fn with_window(max_window: u64) -> Self {
         let max_window = max_window.max(1 << 20);
         Self {
             align: 256 << 10,
             random_ahead: 256 << 10,
-            first_window: (1 << 20).min(max_window),
+            first_window: (4 << 20).min(max_window),
             max_window,
             max_extent: (max_window / 4).max(1 << 20),
         }
@@ -60,7 +65,7 @@ impl Planner {
 
     /// The current read-ahead window of a sequential reader.
     pub fn window(&self) -> u64 {
-        (2 * self.run).clamp(self.tuning.first_window, self.tuning.max_window)
+        (4 * self.run).clamp(self.tuning.first_window, self.tuning.max_window)
     }
 
     /// A read of `len` bytes at `off`: the extents to fetch now (start, end), already counted
@@ -193,22 +198,28 @@ mod tests {
         let ahead = fetched.last().unwrap().1 - off;
         assert!(ahead <= 64 * MIB + 256 * 1024, "{ahead}");
         assert!(ahead >= 64 * MIB * 3 / 4 - 256 * 1024, "{ahead}");
-        // The window started small: the first fetch was about a MiB, not the whole window.
-        assert!(fetched[0].1 <= 2 * MIB, "{:?}", fetched[0]);
+        // The window started small: the first fetches were the first window (4 MiB), not the
+        // whole window.
+        let first: u64 = fetched
+            .iter()
+            .take_while(|(_, e)| *e <= 5 * MIB)
+            .map(|(s, e)| e - s)
+            .sum();
+        assert!(first > 0 && fetched[0].1 <= 5 * MIB, "{:?}", &fetched[..2]);
     }
 
     #[test]
     fn a_fetch_stops_at_the_end_of_the_file_and_a_lost_extent_is_fetched_again() {
-        let mut p = Planner::new(3 * MIB + 5, tuning());
-        // A sequential start: the first window, 1 MiB beyond the read, aligned.
-        assert_eq!(p.read(0, 4096), vec![(0, MIB + 256 * 1024)]);
+        let mut p = Planner::new(9 * MIB + 5, tuning());
+        // A sequential start: the first window, 4 MiB beyond the read, aligned.
+        assert_eq!(p.read(0, 4096), vec![(0, 4 * MIB + 256 * 1024)]);
         // The tail: up to the end of the file, not past it.
-        assert_eq!(p.read(3 * MIB, 100), vec![(3 * MIB, 3 * MIB + 5)]);
-        assert!(p.read(3 * MIB, 100).is_empty());
-        p.uncover(3 * MIB);
-        assert_eq!(p.read(3 * MIB, 100), vec![(3 * MIB, 3 * MIB + 5)]);
+        assert_eq!(p.read(9 * MIB, 100), vec![(9 * MIB, 9 * MIB + 5)]);
+        assert!(p.read(9 * MIB, 100).is_empty());
+        p.uncover(9 * MIB);
+        assert_eq!(p.read(9 * MIB, 100), vec![(9 * MIB, 9 * MIB + 5)]);
         // Nothing past the end.
-        assert!(p.read(3 * MIB + 5, 100).is_empty());
-        assert!(p.read(10 * MIB, 100).is_empty());
+        assert!(p.read(9 * MIB + 5, 100).is_empty());
+        assert!(p.read(20 * MIB, 100).is_empty());
     }
 }

@@ -5,7 +5,11 @@
 //! sends a damaged replica is left for the next replica and the extent is fetched again there
 //! (resuming what arrived): the program sees an error only when no replica is left. An extent
 //! that is the whole file is read as a whole file, so the node checks it against the catalog's
-//! checksum before it finishes sending.
+//! checksum before it finishes sending. A file read in several extents is checked here: each
+//! fetched extent's CRC32C is computed from the cache, and when the extents fetched cover the
+//! whole file their CRCs, combined, must equal the catalog's; the extent that completes the
+//! file is given to readers only then, so a reader that read the file through meets the damage
+//! as EIO (its data is dropped from the cache and the nodes it came from are not read again).
 
 use crate::cache::{Cache, FileKey};
 use crate::readahead::{Planner, Tuning};
@@ -51,6 +55,9 @@ enum ExtState {
 struct Extent {
     end: u64,
     state: ExtState,
+    /// CRC32C of its bytes, and the node they came from (fetched by this mount; not for
+    /// extents a kept cache held at open).
+    crc: Option<(u32, String)>,
     last_used: Instant,
     /// Reads copying out of it right now: it is not evicted under them.
     pins: u32,
@@ -64,6 +71,8 @@ struct State {
     failed_nodes: HashSet<String>,
     /// Read capabilities, by node.
     grants: HashMap<String, Cap>,
+    /// The fetched extents covered the whole file and matched the catalog's CRC32C.
+    verified: bool,
 }
 
 /// One version of a grid file (its id, size, mtime and checksum), open for reading.
@@ -76,6 +85,8 @@ pub struct RemoteFile {
     mtime_ns: i64,
     private: bool,
     expect: Vec<Digest>,
+    /// The catalog's CRC32C of the file, when it has one.
+    expect_crc: Option<u32>,
     replicas: Vec<grid::types::ReplicaInfo>,
     state: Mutex<State>,
     changed: Condvar,
@@ -87,7 +98,8 @@ pub struct RemoteFile {
 struct Settle {
     file: Arc<RemoteFile>,
     start: u64,
-    result: Option<Result<(), TransferError>>,
+    /// The extent's CRC32C and the node it came from, or why it failed.
+    result: Option<Result<(u32, String), TransferError>>,
 }
 
 impl Drop for Settle {
@@ -96,15 +108,26 @@ impl Drop for Settle {
             .result
             .take()
             .unwrap_or_else(|| Err(TransferError::interrupted()));
-        let mut st = self.file.state.lock().unwrap_or_else(|p| p.into_inner());
+        let f = &self.file;
+        let mut st = f.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut damaged = Vec::new();
         if let Some(x) = st.extents.get_mut(&self.start) {
-            x.state = match r {
-                Ok(()) => ExtState::Ready,
-                Err(err) => ExtState::Failed(err),
-            };
+            match r {
+                Ok(crc) => {
+                    x.crc = Some(crc);
+                    x.state = ExtState::Ready;
+                    damaged = f.check_whole(&mut st, self.start);
+                }
+                Err(err) => x.state = ExtState::Failed(err),
+            }
         }
         drop(st);
-        self.file.changed.notify_all();
+        // The cache's lock is taken only without the file's (eviction takes them the other
+        // way round).
+        for (s, e) in damaged {
+            f.cache.discard(&f.key, s, e);
+        }
+        f.changed.notify_all();
     }
 }
 
@@ -148,6 +171,11 @@ impl RemoteFile {
             .iter()
             .map(|n| (n.node.clone(), Cap::of(&n.capability)))
             .collect();
+        let expect_crc = expect
+            .iter()
+            .find(|d| d.algorithm == wire::checksum::Algorithm::Crc32c)
+            .and_then(|d| <[u8; 4]>::try_from(d.value.as_slice()).ok())
+            .map(u32::from_be_bytes);
         let key = FileKey::new(src.id, src.size, src.mtime_ns, &src.checksum);
         let _opening = f.opening.lock().await;
         if let Some(open) = f.cache.find(&key) {
@@ -163,6 +191,7 @@ impl RemoteFile {
                 Extent {
                     end: e,
                     state: ExtState::Ready,
+                    crc: None,
                     last_used: now,
                     pins: 0,
                 },
@@ -177,6 +206,7 @@ impl RemoteFile {
             mtime_ns: src.mtime_ns,
             private: src.private,
             expect,
+            expect_crc,
             replicas: src.replicas.clone(),
             state: Mutex::new(State {
                 planner,
@@ -184,6 +214,7 @@ impl RemoteFile {
                 replica: 0,
                 failed_nodes: HashSet::new(),
                 grants,
+                verified: false,
             }),
             changed: Condvar::new(),
             me: me.clone(),
@@ -302,6 +333,7 @@ impl RemoteFile {
                 Extent {
                     end: e,
                     state: ExtState::Fetching,
+                    crc: None,
                     last_used: Instant::now(),
                     pins: 0,
                 },
@@ -331,8 +363,9 @@ impl RemoteFile {
         }
     }
 
-    /// Fetches `[s, e)` into the cache, failing over between replicas.
-    async fn fetch(&self, f: &Fetcher, s: u64, e: u64) -> Result<(), TransferError> {
+    /// Fetches `[s, e)` into the cache, failing over between replicas; its CRC32C (read back
+    /// from the cache) and the node it came from.
+    async fn fetch(&self, f: &Fetcher, s: u64, e: u64) -> Result<(u32, String), TransferError> {
         let _slot = f
             .slots
             .acquire()
@@ -340,7 +373,17 @@ impl RemoteFile {
             .map_err(|_| TransferError::interrupted())?;
         f.cache.admit(e - s);
         let t = Instant::now();
-        let r = self.fetch_reserved(f, s, e).await;
+        let r = match self.fetch_reserved(f, s, e).await {
+            Ok(node) => {
+                let path = f.cache.extent_path(&self.key, s, e);
+                match tokio::task::spawn_blocking(move || crc_of(&path)).await {
+                    Ok(Ok(crc)) => Ok((crc, node)),
+                    Ok(Err(err)) => Err(err),
+                    Err(_) => Err(TransferError::interrupted()),
+                }
+            }
+            Err(err) => Err(err),
+        };
         tracing::debug!(path = %self.path, start = s, end = e, ms = t.elapsed().as_millis() as u64, ok = r.is_ok(), "extent fetched");
         if r.is_err() {
             f.cache.release(e - s);
@@ -348,7 +391,76 @@ impl RemoteFile {
         r
     }
 
-    async fn fetch_reserved(&self, f: &Fetcher, s: u64, e: u64) -> Result<(), TransferError> {
+    /// With the extent at `done` just fetched: when the extents fetched by this mount now
+    /// cover the whole file (in more than one extent; a whole-file extent was checked by the
+    /// node), their combined CRC32C must be the catalog's. On a mismatch every extent of the
+    /// file is dropped (returned, for the caller to discard from the cache once the state's
+    /// lock is let go), the one just fetched fails with an integrity error for its readers,
+    /// and the nodes the data came from are not read again by this file.
+    fn check_whole(&self, st: &mut State, done: u64) -> Vec<(u64, u64)> {
+        let Some(want) = self.expect_crc else {
+            return Vec::new();
+        };
+        if st.verified || st.extents.len() < 2 {
+            return Vec::new();
+        }
+        let mut crc = 0u32;
+        let mut at = 0;
+        let mut nodes = HashSet::new();
+        for (&s, x) in &st.extents {
+            match (&x.state, &x.crc) {
+                (ExtState::Ready, Some((c, node))) if s == at => {
+                    crc = wire::checksum::crc_combine(crc, *c, x.end - s);
+                    nodes.insert(node.clone());
+                    at = x.end;
+                }
+                _ => return Vec::new(),
+            }
+        }
+        if at != self.size {
+            return Vec::new();
+        }
+        if crc == want {
+            st.verified = true;
+            return Vec::new();
+        }
+        let mut from: Vec<String> = nodes.into_iter().collect();
+        from.sort();
+        tracing::error!(
+            path = %self.path,
+            nodes = %from.join(","),
+            crc32c = format!("{crc:08x}"),
+            catalog = format!("{want:08x}"),
+            "the file read does not match the catalog's checksum: a damaged replica; its data is dropped and those nodes are not read again"
+        );
+        st.failed_nodes.extend(from);
+        let err = TransferError::integrity(format!(
+            "{}: the data read does not match the catalog's CRC32C {want:08x} (got {crc:08x}): a damaged replica",
+            self.path
+        ));
+        let mut dropped = Vec::new();
+        let starts: Vec<u64> = st.extents.keys().copied().collect();
+        for s in starts {
+            if s == done {
+                if let Some(x) = st.extents.get_mut(&s) {
+                    dropped.push((s, x.end));
+                    x.state = ExtState::Failed(err.clone());
+                    x.crc = None;
+                }
+                continue;
+            }
+            if st.extents.get(&s).is_some_and(|x| x.pins == 0)
+                && let Some(x) = st.extents.remove(&s)
+            {
+                st.planner.uncover(s);
+                dropped.push((s, x.end));
+            }
+        }
+        dropped
+    }
+
+    /// Fetches `[s, e)` into the cache, failing over between replicas; the node it came from.
+    async fn fetch_reserved(&self, f: &Fetcher, s: u64, e: u64) -> Result<String, TransferError> {
         let dest = f.cache.extent_path(&self.key, s, e);
         let mut tries_here = 0;
         let mut resume = false;
@@ -356,7 +468,7 @@ impl RemoteFile {
             let (node, peer, grant) = self.pick(f).await?;
             let r = self.fetch_from(f, &peer, grant, s, e, &dest, resume).await;
             match r {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(node),
                 Err(err) => {
                     // Unreachable, refusing, or sending damaged data: the next replica.
                     let switch = matches!(
@@ -540,5 +652,22 @@ impl RemoteFile {
             .extents
             .values()
             .any(|x| matches!(x.state, ExtState::Fetching))
+    }
+}
+
+/// CRC32C of a cache file, read in 4 MiB pieces.
+fn crc_of(path: &std::path::Path) -> Result<u32, TransferError> {
+    use std::io::Read;
+    let fail =
+        |err: std::io::Error| TransferError::local(format!("cache {}: {err}", path.display()));
+    let mut file = std::fs::File::open(path).map_err(fail)?;
+    let mut buf = vec![0u8; 4 << 20];
+    let mut crc = 0u32;
+    loop {
+        let n = file.read(&mut buf).map_err(fail)?;
+        if n == 0 {
+            return Ok(crc);
+        }
+        crc = wire::checksum::crc32c_append(crc, &buf[..n]);
     }
 }
