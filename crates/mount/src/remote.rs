@@ -6,10 +6,12 @@
 //! (resuming what arrived): the program sees an error only when no replica is left. An extent
 //! that is the whole file is read as a whole file, so the node checks it against the catalog's
 //! checksum before it finishes sending. A file read in several extents is checked here: each
-//! fetched extent's CRC32C is computed from the cache, and when the extents fetched cover the
-//! whole file their CRCs, combined, must equal the catalog's; the extent that completes the
-//! file is given to readers only then, so a reader that read the file through meets the damage
-//! as EIO (its data is dropped from the cache and the nodes it came from are not read again).
+//! fetched extent's CRC32C is computed from the cache and combined, in file order, into the
+//! CRC of the prefix read so far (evicted extents still count), which at the end of the file
+//! must equal the catalog's; the extent that completes the file is given to readers only then,
+//! so a reader that read the file through meets the damage as EIO (its data is dropped from
+//! the cache and the nodes it came from are not read again). A reader that skips parts of a
+//! file, or extents a kept cache held at open, are not checked this way.
 
 use crate::cache::{Cache, FileKey};
 use crate::readahead::{Planner, Tuning};
@@ -71,7 +73,13 @@ struct State {
     failed_nodes: HashSet<String>,
     /// Read capabilities, by node.
     grants: HashMap<String, Cap>,
-    /// The fetched extents covered the whole file and matched the catalog's CRC32C.
+    /// The file's bytes checked so far, from its start: where they end, their CRC32C, and
+    /// the nodes they came from (extents are combined in as they arrive in order, so an
+    /// evicted one still counts).
+    prefix_end: u64,
+    prefix_crc: u32,
+    prefix_nodes: HashSet<String>,
+    /// The whole file matched the catalog's CRC32C.
     verified: bool,
 }
 
@@ -214,6 +222,9 @@ impl RemoteFile {
                 replica: 0,
                 failed_nodes: HashSet::new(),
                 grants,
+                prefix_end: 0,
+                prefix_crc: 0,
+                prefix_nodes: HashSet::new(),
                 verified: false,
             }),
             changed: Condvar::new(),
@@ -391,51 +402,50 @@ impl RemoteFile {
         r
     }
 
-    /// With the extent at `done` just fetched: when the extents fetched by this mount now
-    /// cover the whole file (in more than one extent; a whole-file extent was checked by the
-    /// node), their combined CRC32C must be the catalog's. On a mismatch every extent of the
-    /// file is dropped (returned, for the caller to discard from the cache once the state's
-    /// lock is let go), the one just fetched fails with an integrity error for its readers,
-    /// and the nodes the data came from are not read again by this file.
+    /// With the extent at `done` just fetched: extends the checked prefix of the file over
+    /// the extents now in order after it, and when it reaches the end of the file its CRC32C
+    /// must be the catalog's. On a mismatch every extent of the file is dropped (returned, for
+    /// the caller to discard from the cache once the state's lock is let go), the one just
+    /// fetched fails with an integrity error for its readers, and the nodes the data came from
+    /// are not read again by this file. (A sequential reader cannot have read past the extent
+    /// that completes the prefix, so it meets the error.)
     fn check_whole(&self, st: &mut State, done: u64) -> Vec<(u64, u64)> {
         let Some(want) = self.expect_crc else {
             return Vec::new();
         };
-        if st.verified || st.extents.len() < 2 {
+        if st.verified {
             return Vec::new();
         }
-        let mut crc = 0u32;
-        let mut at = 0;
-        let mut nodes = HashSet::new();
-        for (&s, x) in &st.extents {
-            match (&x.state, &x.crc) {
-                (ExtState::Ready, Some((c, node))) if s == at => {
-                    crc = wire::checksum::crc_combine(crc, *c, x.end - s);
-                    nodes.insert(node.clone());
-                    at = x.end;
-                }
-                _ => return Vec::new(),
-            }
+        while let Some(x) = st.extents.get(&st.prefix_end) {
+            let (ExtState::Ready, Some((c, node))) = (&x.state, &x.crc) else {
+                break;
+            };
+            let (c, node, end) = (*c, node.clone(), x.end);
+            st.prefix_crc = wire::checksum::crc_combine(st.prefix_crc, c, end - st.prefix_end);
+            st.prefix_nodes.insert(node);
+            st.prefix_end = end;
         }
-        if at != self.size {
+        if st.prefix_end != self.size {
             return Vec::new();
         }
-        if crc == want {
+        let got = st.prefix_crc;
+        if got == want {
             st.verified = true;
             return Vec::new();
         }
-        let mut from: Vec<String> = nodes.into_iter().collect();
+        let mut from: Vec<String> = st.prefix_nodes.drain().collect();
         from.sort();
+        (st.prefix_end, st.prefix_crc) = (0, 0);
         tracing::error!(
             path = %self.path,
             nodes = %from.join(","),
-            crc32c = format!("{crc:08x}"),
+            crc32c = format!("{got:08x}"),
             catalog = format!("{want:08x}"),
             "the file read does not match the catalog's checksum: a damaged replica; its data is dropped and those nodes are not read again"
         );
         st.failed_nodes.extend(from);
         let err = TransferError::integrity(format!(
-            "{}: the data read does not match the catalog's CRC32C {want:08x} (got {crc:08x}): a damaged replica",
+            "{}: the data read does not match the catalog's CRC32C {want:08x} (got {got:08x}): a damaged replica",
             self.path
         ));
         let mut dropped = Vec::new();
