@@ -133,27 +133,45 @@ impl Cache {
 
     /// The file open now for this version, if any: every open shares it (its extents and
     /// fetches).
+    ///
+    /// A file whose last reference is going (its drop has not yet handed its extents to the
+    /// cold list) is waited for, up to 100 ms: an open of the same version meanwhile would
+    /// fetch extents under the same names as the cold ones about to be listed, and a later
+    /// eviction of those would delete the new file's data.
     pub fn find(&self, key: &FileKey) -> Option<Arc<RemoteFile>> {
-        // Let go of the others only after the lock (a last reference's drop takes it).
-        let open: Vec<Arc<RemoteFile>> = {
-            let st = self.lock();
-            st.files.iter().filter_map(|w| w.upgrade()).collect()
-        };
-        open.into_iter().find(|f| f.key == *key)
+        for _ in 0..100 {
+            // Let go of the others only after the lock (a last reference's drop takes it).
+            let (open, closing) = {
+                let st = self.lock();
+                let open: Vec<Arc<RemoteFile>> =
+                    st.files.iter().filter_map(|w| w.upgrade()).collect();
+                (open, st.files.iter().any(|w| w.strong_count() == 0))
+            };
+            if let Some(f) = open.into_iter().find(|f| f.key == *key) {
+                return Some(f);
+            }
+            if !closing {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        None
     }
 
-    /// A file opened for reading: its extents count among the warm ones.
+    /// A file opened for reading: its extents count among the warm ones. (A file leaves the
+    /// list in its drop, by [`Self::closed`].)
     pub fn register(&self, f: &Arc<RemoteFile>) {
         let _ = std::fs::create_dir_all(self.dir(&f.key));
         let mut st = self.lock();
-        st.files.retain(|w| w.strong_count() > 0);
         st.files.push(Arc::downgrade(f));
     }
 
-    /// A file closed by everyone: its extents become cold (kept for the next open).
-    pub fn closed(&self, key: &FileKey, extents: Vec<(u64, u64)>) {
+    /// A file closed by everyone (`me`, in its drop): its extents become cold (kept for the
+    /// next open), and it leaves the list of open files.
+    pub fn closed(&self, me: &Weak<RemoteFile>, key: &FileKey, extents: Vec<(u64, u64)>) {
         let now = SystemTime::now();
         let mut st = self.lock();
+        st.files.retain(|w| !w.ptr_eq(me));
         for (s, e) in extents {
             st.cold.push(Cold {
                 path: self.extent_path(key, s, e),
@@ -268,9 +286,9 @@ mod tests {
             c.admit(e - s);
             std::fs::write(c.extent_path(&key, s, e), vec![0u8; (e - s) as usize]).unwrap();
         }
-        c.closed(&key, vec![(0, 10)]);
+        c.closed(&Weak::new(), &key, vec![(0, 10)]);
         std::thread::sleep(std::time::Duration::from_millis(5));
-        c.closed(&key, vec![(10, 20)]);
+        c.closed(&Weak::new(), &key, vec![(10, 20)]);
         assert_eq!(c.used(), 20);
         c.admit(10);
         assert_eq!(c.used(), 20, "one extent made room");

@@ -149,7 +149,7 @@ impl Drop for RemoteFile {
             .filter(|(_, x)| matches!(x.state, ExtState::Ready))
             .map(|(s, x)| (*s, x.end))
             .collect();
-        self.cache.closed(&self.key, ready);
+        self.cache.closed(&self.me, &self.key, ready);
     }
 }
 
