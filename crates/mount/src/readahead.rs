@@ -47,9 +47,11 @@ pub struct Planner {
     tuning: Tuning,
     /// Extents fetched or being fetched: start -> end. They never overlap.
     covered: BTreeMap<u64, u64>,
-    /// Where a sequential reader reads next, and how much it has read in a row.
+    /// Where a sequential reader reads next, how much it has read in a row, and where that
+    /// run began.
     next: u64,
     run: u64,
+    run_from: u64,
 }
 
 impl Planner {
@@ -60,12 +62,21 @@ impl Planner {
             covered: BTreeMap::new(),
             next: 0,
             run: 0,
+            run_from: 0,
         }
     }
 
-    /// The current read-ahead window of a sequential reader.
+    /// The current read-ahead window of a sequential reader: four times its run, at least the
+    /// first window for a reader that started at the beginning of the file (a program
+    /// reading it through), at least the random read-ahead for one that started elsewhere
+    /// (a chunk read in pieces).
     pub fn window(&self) -> u64 {
-        (4 * self.run).clamp(self.tuning.first_window, self.tuning.max_window)
+        let least = if self.run_from == 0 {
+            self.tuning.first_window
+        } else {
+            self.tuning.random_ahead
+        };
+        (4 * self.run).clamp(least.min(self.tuning.max_window), self.tuning.max_window)
     }
 
     /// A read of `len` bytes at `off`: the extents to fetch now (start, end), already counted
@@ -83,6 +94,7 @@ impl Planner {
             self.run = (self.run + (end - off.max(prev))).min(self.size);
         } else {
             self.run = end - off;
+            self.run_from = off;
         }
         self.next = end;
         let a = self.tuning.align;
@@ -206,6 +218,25 @@ mod tests {
             .map(|(s, e)| e - s)
             .sum();
         assert!(first > 0 && fetched[0].1 <= 5 * MIB, "{:?}", &fetched[..2]);
+    }
+
+    #[test]
+    fn a_chunk_read_in_pieces_mid_file_gets_a_small_window() {
+        let mut p = Planner::new(1 << 30, tuning());
+        // A 1 MiB chunk at 500 MiB that the kernel passes on in 128 KiB pieces.
+        let mut fetched: Vec<(u64, u64)> = Vec::new();
+        for i in 0..8 {
+            fetched.extend(p.read(500 * MIB + i * 128 * 1024, 128 * 1024));
+        }
+        // Its first pieces fetch little (not the 4 MiB first window of a reader from the start
+        // of the file); in all, at most four times what it read beyond it.
+        assert!(fetched[0].1 - fetched[0].0 <= 512 * 1024, "{fetched:?}");
+        assert!(fetched[1].1 <= 500 * MIB + 2 * MIB, "{fetched:?}");
+        let end = fetched.last().unwrap().1;
+        assert!(end <= 501 * MIB + 4 * MIB + 256 * 1024, "{fetched:?}");
+        // From the beginning of the file, the first window at once.
+        let mut q = Planner::new(1 << 30, tuning());
+        assert_eq!(q.read(0, 128 * 1024), vec![(0, 4 * MIB + 256 * 1024)]);
     }
 
     #[test]
