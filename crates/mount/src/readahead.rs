@@ -1,8 +1,10 @@
 //! Which byte ranges of a grid file to fetch for a read: exactly what a random reader asks
-//! (aligned, plus a small bounded read-ahead), and for a sequential reader a window four times
-//! what it has read in a row, from 4 MiB up to a bound, cut into extents so that several fetches overlap (each
-//! is a data session whose start-up costs round trips: overlapping hides them). Pure: the
-//! caller fetches, and says when an extent is gone (evicted, or its fetch failed).
+//! (aligned, plus a small bounded read-ahead), and for a sequential reader a window that grows
+//! with what it has read in a row (fourfold from 4 MiB for a reader from the start of the file,
+//! twofold for a run that began mid-file) up to a bound, cut into extents so that several
+//! fetches overlap (each is a data session whose start-up costs round trips: overlapping hides
+//! them). Pure: the caller fetches, and says when an extent is gone (evicted, or its fetch
+//! failed).
 
 use std::collections::BTreeMap;
 
@@ -36,7 +38,8 @@ impl Tuning {
             random_ahead: 256 << 10,
             first_window: (4 << 20).min(max_window),
             max_window,
-            max_extent: (max_window / 4).max(1 << 20),
+            // A multiple of the alignment, so every extent's bounds are (but the file's end).
+            max_extent: (max_window / 4).max(1 << 20) / (256 << 10) * (256 << 10),
         }
     }
 }
@@ -66,17 +69,17 @@ impl Planner {
         }
     }
 
-    /// The current read-ahead window of a sequential reader: four times its run, at least the
-    /// first window for a reader that started at the beginning of the file (a program
-    /// reading it through), at least the random read-ahead for one that started elsewhere
-    /// (a chunk read in pieces).
+    /// The current read-ahead window of a sequential reader: for one that started at the
+    /// beginning of the file (a program reading it through) four times its run and at least
+    /// the first window; for one that started elsewhere (chunks of a netCDF/HDF5 variable in
+    /// a row) twice its run and at least the random read-ahead.
     pub fn window(&self) -> u64 {
-        let least = if self.run_from == 0 {
-            self.tuning.first_window
+        let (grow, least) = if self.run_from == 0 {
+            (4, self.tuning.first_window)
         } else {
-            self.tuning.random_ahead
+            (2, self.tuning.random_ahead)
         };
-        (4 * self.run).clamp(least.min(self.tuning.max_window), self.tuning.max_window)
+        (grow * self.run).clamp(least.min(self.tuning.max_window), self.tuning.max_window)
     }
 
     /// A read of `len` bytes at `off`: the extents to fetch now (start, end), already counted
@@ -229,11 +232,11 @@ mod tests {
             fetched.extend(p.read(500 * MIB + i * 128 * 1024, 128 * 1024));
         }
         // Its first pieces fetch little (not the 4 MiB first window of a reader from the start
-        // of the file); in all, at most four times what it read beyond it.
+        // of the file); in all, at most twice what it read beyond it.
         assert!(fetched[0].1 - fetched[0].0 <= 512 * 1024, "{fetched:?}");
-        assert!(fetched[1].1 <= 500 * MIB + 2 * MIB, "{fetched:?}");
+        assert!(fetched[1].1 <= 500 * MIB + MIB, "{fetched:?}");
         let end = fetched.last().unwrap().1;
-        assert!(end <= 501 * MIB + 4 * MIB + 256 * 1024, "{fetched:?}");
+        assert!(end <= 501 * MIB + 2 * MIB + 256 * 1024, "{fetched:?}");
         // From the beginning of the file, the first window at once.
         let mut q = Planner::new(1 << 30, tuning());
         assert_eq!(q.read(0, 128 * 1024), vec![(0, 4 * MIB + 256 * 1024)]);

@@ -57,12 +57,15 @@ enum ExtState {
 struct Extent {
     end: u64,
     state: ExtState,
-    /// CRC32C of its bytes, and the node they came from (fetched by this mount; not for
-    /// extents a kept cache held at open).
-    crc: Option<(u32, String)>,
+    /// CRC32C of its bytes in blocks, and the node they came from (fetched by this mount;
+    /// not for extents a kept cache held at open).
+    crc: Option<(BlockCrcs, String)>,
     last_used: Instant,
     /// Reads copying out of it right now: it is not evicted under them.
     pins: u32,
+    /// Failed a whole-file check while being read: its data goes when the last read copying
+    /// out of it is done.
+    doomed: bool,
 }
 
 struct State {
@@ -102,12 +105,21 @@ pub struct RemoteFile {
     cache: Arc<Cache>,
 }
 
+/// Bytes per CRC of an extent's [`BlockCrcs`]: the planner's alignment, so that the checked
+/// prefix of a file can continue in an extent fetched with other bounds after an eviction.
+const CRC_BLOCK: u64 = 256 << 10;
+
+/// An extent's CRC32Cs: (start, CRC) of each piece between multiples of [`CRC_BLOCK`] (and the
+/// extent's own bounds), in order; a piece ends where the next starts, the last at the extent's
+/// end.
+type BlockCrcs = Vec<(u64, u32)>;
+
 /// Sets an extent's state when its fetch task ends, also by a panic or cancellation.
 struct Settle {
     file: Arc<RemoteFile>,
     start: u64,
-    /// The extent's CRC32C and the node it came from, or why it failed.
-    result: Option<Result<(u32, String), TransferError>>,
+    /// The extent's CRC32Cs and the node it came from, or why it failed.
+    result: Option<Result<(BlockCrcs, String), TransferError>>,
 }
 
 impl Drop for Settle {
@@ -149,6 +161,15 @@ impl Drop for RemoteFile {
             .filter(|(_, x)| matches!(x.state, ExtState::Ready))
             .map(|(s, x)| (*s, x.end))
             .collect();
+        let doomed: Vec<(u64, u64)> = st
+            .extents
+            .iter()
+            .filter(|(_, x)| x.doomed)
+            .map(|(s, x)| (*s, x.end))
+            .collect();
+        for (s, e) in doomed {
+            self.cache.discard(&self.key, s, e);
+        }
         self.cache.closed(&self.me, &self.key, ready);
     }
 }
@@ -202,6 +223,7 @@ impl RemoteFile {
                     crc: None,
                     last_used: now,
                     pins: 0,
+                    doomed: false,
                 },
             );
         }
@@ -267,8 +289,18 @@ impl RemoteFile {
                     ExtState::Fetching => waiting = true,
                     ExtState::Failed(err) => {
                         let err = err.clone();
+                        let x = &st.extents[&s];
+                        // A doomed extent still being read goes with its last read.
+                        if x.doomed && x.pins > 0 {
+                            return Err(err);
+                        }
+                        let doomed = x.doomed;
                         st.extents.remove(&s);
                         st.planner.uncover(s);
+                        drop(st);
+                        if doomed {
+                            self.cache.discard(&self.key, s, e);
+                        }
                         return Err(err);
                     }
                 }
@@ -299,10 +331,20 @@ impl RemoteFile {
             drop(st);
             let out = self.copy_out(f, &pieces, off, end);
             let mut st = self.lock();
-            for (s, _) in &pieces {
-                if let Some(x) = st.extents.get_mut(s) {
+            let mut gone = Vec::new();
+            for &(s, e) in &pieces {
+                if let Some(x) = st.extents.get_mut(&s) {
                     x.pins -= 1;
+                    if x.pins == 0 && x.doomed {
+                        st.extents.remove(&s);
+                        st.planner.uncover(s);
+                        gone.push((s, e));
+                    }
                 }
+            }
+            drop(st);
+            for (s, e) in gone {
+                self.cache.discard(&self.key, s, e);
             }
             return out;
         }
@@ -347,6 +389,7 @@ impl RemoteFile {
                     crc: None,
                     last_used: Instant::now(),
                     pins: 0,
+                    doomed: false,
                 },
             );
         }
@@ -376,7 +419,12 @@ impl RemoteFile {
 
     /// Fetches `[s, e)` into the cache, failing over between replicas; its CRC32C (read back
     /// from the cache) and the node it came from.
-    async fn fetch(&self, f: &Fetcher, s: u64, e: u64) -> Result<(u32, String), TransferError> {
+    async fn fetch(
+        &self,
+        f: &Fetcher,
+        s: u64,
+        e: u64,
+    ) -> Result<(BlockCrcs, String), TransferError> {
         let _slot = f
             .slots
             .acquire()
@@ -387,7 +435,7 @@ impl RemoteFile {
         let r = match self.fetch_reserved(f, s, e).await {
             Ok(node) => {
                 let path = f.cache.extent_path(&self.key, s, e);
-                match tokio::task::spawn_blocking(move || crc_of(&path)).await {
+                match tokio::task::spawn_blocking(move || block_crcs(&path, s)).await {
                     Ok(Ok(crc)) => Ok((crc, node)),
                     Ok(Err(err)) => Err(err),
                     Err(_) => Err(TransferError::interrupted()),
@@ -416,14 +464,29 @@ impl RemoteFile {
         if st.verified {
             return Vec::new();
         }
-        while let Some(x) = st.extents.get(&st.prefix_end) {
-            let (ExtState::Ready, Some((c, node))) = (&x.state, &x.crc) else {
+        // The extent holding the prefix's end, from the piece that starts there on.
+        while let Some((_, x)) = st
+            .extents
+            .range(..=st.prefix_end)
+            .next_back()
+            .filter(|(_, x)| x.end > st.prefix_end)
+        {
+            let (ExtState::Ready, Some((blocks, node))) = (&x.state, &x.crc) else {
                 break;
             };
-            let (c, node, end) = (*c, node.clone(), x.end);
-            st.prefix_crc = wire::checksum::crc_combine(st.prefix_crc, c, end - st.prefix_end);
+            let Some(i) = blocks.iter().position(|(b, _)| *b == st.prefix_end) else {
+                break;
+            };
+            let (mut crc, mut at) = (st.prefix_crc, st.prefix_end);
+            for (k, &(b, c)) in blocks.iter().enumerate().skip(i) {
+                let to = blocks.get(k + 1).map_or(x.end, |n| n.0);
+                debug_assert_eq!(b, at);
+                crc = wire::checksum::crc_combine(crc, c, to - b);
+                at = to;
+            }
+            let node = node.clone();
+            (st.prefix_crc, st.prefix_end) = (crc, at);
             st.prefix_nodes.insert(node);
-            st.prefix_end = end;
         }
         if st.prefix_end != self.size {
             return Vec::new();
@@ -459,9 +522,15 @@ impl RemoteFile {
                 }
                 continue;
             }
-            if st.extents.get(&s).is_some_and(|x| x.pins == 0)
-                && let Some(x) = st.extents.remove(&s)
-            {
+            let Some(x) = st.extents.get_mut(&s) else {
+                continue;
+            };
+            if x.pins > 0 {
+                // Being read: it goes with its last read, and fails the next ones.
+                x.doomed = true;
+                x.crc = None;
+                x.state = ExtState::Failed(err.clone());
+            } else if let Some(x) = st.extents.remove(&s) {
                 st.planner.uncover(s);
                 dropped.push((s, x.end));
             }
@@ -665,19 +734,32 @@ impl RemoteFile {
     }
 }
 
-/// CRC32C of a cache file, read in 4 MiB pieces.
-fn crc_of(path: &std::path::Path) -> Result<u32, TransferError> {
+/// The CRC32Cs of a cache file holding the extent that starts at `start`, piece by piece
+/// between multiples of [`CRC_BLOCK`] (see [`BlockCrcs`]).
+fn block_crcs(path: &std::path::Path, start: u64) -> Result<BlockCrcs, TransferError> {
     use std::io::Read;
     let fail =
         |err: std::io::Error| TransferError::local(format!("cache {}: {err}", path.display()));
     let mut file = std::fs::File::open(path).map_err(fail)?;
-    let mut buf = vec![0u8; 4 << 20];
-    let mut crc = 0u32;
+    let mut buf = vec![0u8; CRC_BLOCK as usize];
+    let mut out = Vec::new();
+    let mut at = start;
     loop {
-        let n = file.read(&mut buf).map_err(fail)?;
-        if n == 0 {
-            return Ok(crc);
+        let want = ((at / CRC_BLOCK + 1) * CRC_BLOCK - at) as usize;
+        let mut n = 0;
+        while n < want {
+            match file.read(&mut buf[n..want]).map_err(fail)? {
+                0 => break,
+                k => n += k,
+            }
         }
-        crc = wire::checksum::crc32c_append(crc, &buf[..n]);
+        if n == 0 {
+            return Ok(out);
+        }
+        out.push((at, wire::checksum::block_crc(&buf[..n])));
+        at += n as u64;
+        if n < want {
+            return Ok(out);
+        }
     }
 }
