@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -66,6 +66,20 @@ struct Spool {
     opens: u32,
     /// Closed by its last handle: out of `pending`, its local file gone.
     retired: bool,
+    /// Counts changes (data, size, mode, time): an upload that ran while it moved leaves the
+    /// spool dirty, for the next close.
+    generation: u64,
+    /// Held through an upload, so one spool's uploads do not overlap; the spool's own lock
+    /// is not (a lookup, stat or write meanwhile does not wait for the upload).
+    uploading: Arc<Mutex<()>>,
+}
+
+impl Spool {
+    /// Its data or size changed: the next close uploads it.
+    fn changed(&mut self) {
+        self.dirty = true;
+        self.generation += 1;
+    }
 }
 
 enum Handle {
@@ -349,22 +363,68 @@ impl MountFs {
             mtime: None,
             opens: 1,
             retired: false,
+            generation: 0,
+            uploading: Arc::new(Mutex::new(())),
         })
     }
 
-    /// Uploads a spool that changed: it becomes the grid file at its path (a new version,
-    /// replacing the old at once), with its checksums recorded.
+    /// Uploads a spool that changed (its lock held throughout): it becomes the grid file at
+    /// its path (a new version, replacing the old at once), with its checksums recorded.
     fn upload(&self, sp: &mut Spool) -> Res<()> {
         if !sp.dirty || sp.unlinked {
             return Ok(());
         }
-        let path = sp.grid_path.clone();
+        let (local, path) = Self::ready_to_upload(sp);
+        self.send_spool(&local, &path)?;
+        sp.dirty = false;
+        self.forget_attr(&path);
+        Ok(())
+    }
+
+    /// Uploads a spool that changed for a close or fsync, holding its lock only around the
+    /// upload, not through it: a lookup or stat of the file meanwhile is answered from the
+    /// spool. A change made while the upload ran (another process's chmod, a write through
+    /// another handle, a rename) is uploaded again before the close returns (up to three
+    /// times; then the spool stays dirty for the next close). A concurrent upload of the same
+    /// spool waits for this one.
+    fn flush_spool(&self, sp: &Mutex<Spool>) -> Res<()> {
+        let uploading = sp.lock().expect("spool lock").uploading.clone();
+        let _one = uploading.lock().expect("upload lock");
+        for _ in 0..3 {
+            let (local, path, generation) = {
+                let mut g = sp.lock().expect("spool lock");
+                if !g.dirty || g.unlinked {
+                    return Ok(());
+                }
+                let (local, path) = Self::ready_to_upload(&mut g);
+                (local, path, g.generation)
+            };
+            self.send_spool(&local, &path)?;
+            self.forget_attr(&path);
+            let mut g = sp.lock().expect("spool lock");
+            if g.generation == generation && g.grid_path == path {
+                g.dirty = false;
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts the spool's mode and time on its local file (the upload carries them): its local
+    /// path and grid path.
+    fn ready_to_upload(sp: &mut Spool) -> (PathBuf, String) {
         let _ = std::fs::set_permissions(&sp.local, std::fs::Permissions::from_mode(sp.mode));
         if let Some(t) = sp.mtime {
             let _ = sp.file.set_times(std::fs::FileTimes::new().set_modified(t));
         }
+        (sp.local.clone(), sp.grid_path.clone())
+    }
+
+    /// Uploads the local file `local` to the grid path `path` (see [`Self::upload`]).
+    fn send_spool(&self, local: &Path, path: &str) -> Res<()> {
+        let path = path.to_string();
         let meta = &self.f.meta;
-        let src = Location::Local(sp.local.clone());
+        let src = Location::Local(local.to_path_buf());
         let dst = Location::Remote {
             host: meta.addr.host.clone(),
             port: meta.addr.port,
@@ -390,10 +450,7 @@ impl MountFs {
             },
             Err(e) => Err(e),
         };
-        r.map_err(|e| self.fail("close", &path, e))?;
-        sp.dirty = false;
-        self.forget_attr(&path);
-        Ok(())
+        r.map_err(|e| self.fail("close", &path, e))
     }
 
     fn reply_entry(&self, path: &str, e: &Entry, reply: ReplyEntry) {
@@ -582,13 +639,14 @@ impl fuser::Filesystem for MountFs {
             let mut sp = sp.lock().expect("spool lock");
             if let Some(m) = mode {
                 sp.mode = m & 0o7777;
+                sp.generation += 1;
             }
             if let Some(n) = size {
                 let was_uploaded = !sp.dirty;
                 if let Err(e) = sp.file.set_len(n) {
                     return reply.error(errno::of_io(&e));
                 }
-                sp.dirty = true;
+                sp.changed();
                 // Truncated without a handle after its close uploaded it (`truncate f` right
                 // after writing f): the close that would upload it again may be past.
                 if fh.is_none()
@@ -599,6 +657,7 @@ impl fuser::Filesystem for MountFs {
                 }
             }
             if let Some(t) = mtime {
+                sp.generation += 1;
                 sp.mtime = Some(match t {
                     TimeOrNow::SpecificTime(t) => t,
                     TimeOrNow::Now => SystemTime::now(),
@@ -849,7 +908,7 @@ impl fuser::Filesystem for MountFs {
                     if let Err(e) = g.file.set_len(0) {
                         return reply.error(errno::of_io(&e));
                     }
-                    g.dirty = true;
+                    g.changed();
                 }
                 g.opens += 1;
                 drop(g);
@@ -1009,7 +1068,7 @@ impl fuser::Filesystem for MountFs {
         let mut sp = sp.lock().expect("spool lock");
         match sp.file.write_all_at(data, offset) {
             Ok(()) => {
-                sp.dirty = true;
+                sp.changed();
                 reply.written(data.len() as u32)
             }
             Err(e) => {
@@ -1028,13 +1087,10 @@ impl fuser::Filesystem for MountFs {
         reply: ReplyEmpty,
     ) {
         match self.write_handle(fh) {
-            Some(sp) => {
-                let mut g = sp.lock().expect("spool lock");
-                match self.upload(&mut g) {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(e),
-                }
-            }
+            Some(sp) => match self.flush_spool(&sp) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            },
             None => reply.ok(),
         }
     }
