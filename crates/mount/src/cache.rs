@@ -6,7 +6,7 @@
 //! a `--cache` directory kept from an earlier mount). A fetch reserves its bytes before it
 //! starts; with everything in use the bound is overshot rather than a read refused.
 
-use crate::remote::RemoteFile;
+use crate::remote::{Checked, RemoteFile};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
@@ -30,6 +30,9 @@ struct Cold {
     path: PathBuf,
     len: u64,
     used: SystemTime,
+    /// Its CRC32Cs, for the whole-file check of the next open (`None`: left by an earlier
+    /// mount).
+    crc: Option<crate::remote::Checked>,
 }
 
 struct State {
@@ -73,6 +76,7 @@ impl Cache {
                             path: e.path(),
                             len: m.len(),
                             used: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                            crc: None,
                         });
                     }
                     // A fetch cut short (its part file and ledger) or anything else.
@@ -114,20 +118,22 @@ impl Cache {
 
     /// The extents of `key` the cache holds, taken over from the cold ones by the file
     /// opening it.
-    pub fn adopt(&self, key: &FileKey) -> Vec<(u64, u64)> {
+    pub fn adopt(&self, key: &FileKey) -> Vec<(u64, u64, Option<Checked>)> {
         let dir = self.dir(key);
         let mut st = self.lock();
         let mut out = Vec::new();
-        st.cold.retain(|c| {
+        let mut keep = Vec::with_capacity(st.cold.len());
+        for c in st.cold.drain(..) {
             if c.path.parent() != Some(dir.as_path()) {
-                return true;
+                keep.push(c);
+                continue;
             }
             let name = c.path.file_name().unwrap_or_default().to_string_lossy();
-            if let Some(r) = parse_extent(&name) {
-                out.push(r);
+            if let Some((s, e)) = parse_extent(&name) {
+                out.push((s, e, c.crc));
             }
-            false
-        });
+        }
+        st.cold = keep;
         out
     }
 
@@ -168,15 +174,21 @@ impl Cache {
 
     /// A file closed by everyone (`me`, in its drop): its extents become cold (kept for the
     /// next open), and it leaves the list of open files.
-    pub fn closed(&self, me: &Weak<RemoteFile>, key: &FileKey, extents: Vec<(u64, u64)>) {
+    pub fn closed(
+        &self,
+        me: &Weak<RemoteFile>,
+        key: &FileKey,
+        extents: Vec<(u64, u64, Option<Checked>)>,
+    ) {
         let now = SystemTime::now();
         let mut st = self.lock();
         st.files.retain(|w| !w.ptr_eq(me));
-        for (s, e) in extents {
+        for (s, e, crc) in extents {
             st.cold.push(Cold {
                 path: self.extent_path(key, s, e),
                 len: e - s,
                 used: now,
+                crc,
             });
         }
     }
@@ -272,7 +284,7 @@ mod tests {
         assert_eq!(mode & 0o777, 0o700, "the cache is private");
         assert!(!kd.join("10-30").exists() && !kd.join(".0-10.haul-part").exists());
         assert!(c.adopt(&other).is_empty());
-        assert_eq!(c.adopt(&key), vec![(0, 10)]);
+        assert_eq!(c.adopt(&key), vec![(0, 10, None)]);
         assert!(c.adopt(&key).is_empty(), "adopted once");
     }
 
@@ -286,9 +298,9 @@ mod tests {
             c.admit(e - s);
             std::fs::write(c.extent_path(&key, s, e), vec![0u8; (e - s) as usize]).unwrap();
         }
-        c.closed(&Weak::new(), &key, vec![(0, 10)]);
+        c.closed(&Weak::new(), &key, vec![(0, 10, None)]);
         std::thread::sleep(std::time::Duration::from_millis(5));
-        c.closed(&Weak::new(), &key, vec![(10, 20)]);
+        c.closed(&Weak::new(), &key, vec![(10, 20, None)]);
         assert_eq!(c.used(), 20);
         c.admit(10);
         assert_eq!(c.used(), 20, "one extent made room");

@@ -385,11 +385,12 @@ impl MountFs {
     /// upload, not through it: a lookup or stat of the file meanwhile is answered from the
     /// spool. A change made while the upload ran (another process's chmod, a write through
     /// another handle, a rename) is uploaded again before the close returns (up to three
-    /// times; then the spool stays dirty for the next close). A concurrent upload of the same
-    /// spool waits for this one.
+    /// times; then the close fails with EIO and the spool stays dirty). A concurrent upload of
+    /// the same spool waits for this one.
     fn flush_spool(&self, sp: &Mutex<Spool>) -> Res<()> {
         let uploading = sp.lock().expect("spool lock").uploading.clone();
         let _one = uploading.lock().expect("upload lock");
+        let mut last = String::new();
         for _ in 0..3 {
             let (local, path, generation) = {
                 let mut g = sp.lock().expect("spool lock");
@@ -399,15 +400,26 @@ impl MountFs {
                 let (local, path) = Self::ready_to_upload(&mut g);
                 (local, path, g.generation)
             };
-            self.send_spool(&local, &path)?;
+            let r = self.send_spool(&local, &path);
             self.forget_attr(&path);
             let mut g = sp.lock().expect("spool lock");
-            if g.generation == generation && g.grid_path == path {
-                g.dirty = false;
-                return Ok(());
+            let moved = g.generation != generation || g.grid_path != path;
+            match r {
+                // Changed while it was sent (the node refuses a file that changed under
+                // it): sent again.
+                Err(_) if moved => {}
+                Err(e) => return Err(e),
+                Ok(()) if moved => {}
+                Ok(()) => {
+                    g.dirty = false;
+                    return Ok(());
+                }
             }
+            last = path;
         }
-        Ok(())
+        // Still changing after three uploads: the close says its data may not be in the grid.
+        tracing::warn!(path = %last, "the file kept changing while it was uploaded; the close reports EIO (close it again once the writers are done)");
+        Err(Errno::EIO)
     }
 
     /// Puts the spool's mode and time on its local file (the upload carries them): its local

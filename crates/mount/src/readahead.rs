@@ -1,6 +1,6 @@
 //! Which byte ranges of a grid file to fetch for a read: exactly what a random reader asks
 //! (aligned, plus a small bounded read-ahead), and for a sequential reader a window that grows
-//! with what it has read in a row (fourfold from 4 MiB for a reader from the start of the file,
+//! with what it has read in a row (fourfold from 1 MiB for a reader from the start of the file,
 //! twofold for a run that began mid-file) up to a bound, cut into extents so that several
 //! fetches overlap (each is a data session whose start-up costs round trips: overlapping hides
 //! them). Pure: the caller fetches, and says when an extent is gone (evicted, or its fetch
@@ -24,19 +24,20 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// A window from 4 MiB up to `max_window` bytes, fetched in extents of a quarter of it (so
+    /// A window from 1 MiB up to `max_window` bytes, fetched in extents of a quarter of it (so
     /// up to four fetches overlap), with 256 KiB alignment.
     ///
     /// Each fetch is a data session, which on a long path costs about nine round trips for its
     /// first megabytes (connections, hello, slow start: 0.94 s for 3 MiB at 100 ms, measured
     /// in `bench/mount`), so the window must reach several times the bandwidth-delay product
-    /// in few steps: it starts at 4 MiB and grows fourfold per step (1 GiB after four).
+    /// in few steps: it grows fourfold per step (1 GiB after five). It starts at 1 MiB, so a
+    /// program that reads only a file's header (`file`, `ncdump -h`) fetches little.
     pub fn with_window(max_window: u64) -> Self {
         let max_window = max_window.max(1 << 20);
         Self {
             align: 256 << 10,
             random_ahead: 256 << 10,
-            first_window: (4 << 20).min(max_window),
+            first_window: (1 << 20).min(max_window),
             max_window,
             // A multiple of the alignment, so every extent's bounds are (but the file's end).
             max_extent: (max_window / 4).max(1 << 20) / (256 << 10) * (256 << 10),
@@ -213,14 +214,14 @@ mod tests {
         let ahead = fetched.last().unwrap().1 - off;
         assert!(ahead <= 64 * MIB + 256 * 1024, "{ahead}");
         assert!(ahead >= 64 * MIB * 3 / 4 - 256 * 1024, "{ahead}");
-        // The window started small: the first fetches were the first window (4 MiB), not the
+        // The window started small: the first fetches were the first window (1 MiB), not the
         // whole window.
         let first: u64 = fetched
             .iter()
-            .take_while(|(_, e)| *e <= 5 * MIB)
+            .take_while(|(_, e)| *e <= 2 * MIB)
             .map(|(s, e)| e - s)
             .sum();
-        assert!(first > 0 && fetched[0].1 <= 5 * MIB, "{:?}", &fetched[..2]);
+        assert!(first > 0 && fetched[0].1 <= 2 * MIB, "{:?}", &fetched[..2]);
     }
 
     #[test]
@@ -231,7 +232,7 @@ mod tests {
         for i in 0..8 {
             fetched.extend(p.read(500 * MIB + i * 128 * 1024, 128 * 1024));
         }
-        // Its first pieces fetch little (not the 4 MiB first window of a reader from the start
+        // Its first pieces fetch little (not the window of a reader from the start
         // of the file); in all, at most twice what it read beyond it.
         assert!(fetched[0].1 - fetched[0].0 <= 512 * 1024, "{fetched:?}");
         assert!(fetched[1].1 <= 500 * MIB + MIB, "{fetched:?}");
@@ -239,14 +240,14 @@ mod tests {
         assert!(end <= 501 * MIB + 2 * MIB + 256 * 1024, "{fetched:?}");
         // From the beginning of the file, the first window at once.
         let mut q = Planner::new(1 << 30, tuning());
-        assert_eq!(q.read(0, 128 * 1024), vec![(0, 4 * MIB + 256 * 1024)]);
+        assert_eq!(q.read(0, 128 * 1024), vec![(0, MIB + 256 * 1024)]);
     }
 
     #[test]
     fn a_fetch_stops_at_the_end_of_the_file_and_a_lost_extent_is_fetched_again() {
         let mut p = Planner::new(9 * MIB + 5, tuning());
-        // A sequential start: the first window, 4 MiB beyond the read, aligned.
-        assert_eq!(p.read(0, 4096), vec![(0, 4 * MIB + 256 * 1024)]);
+        // A sequential start: the first window, 1 MiB beyond the read, aligned.
+        assert_eq!(p.read(0, 4096), vec![(0, MIB + 256 * 1024)]);
         // The tail: up to the end of the file, not past it.
         assert_eq!(p.read(9 * MIB, 100), vec![(9 * MIB, 9 * MIB + 5)]);
         assert!(p.read(9 * MIB, 100).is_empty());

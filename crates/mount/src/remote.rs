@@ -11,7 +11,8 @@
 //! must equal the catalog's; the extent that completes the file is given to readers only then,
 //! so a reader that read the file through meets the damage as EIO (its data is dropped from
 //! the cache and the nodes it came from are not read again). A reader that skips parts of a
-//! file, or extents a kept cache held at open, are not checked this way.
+//! file, or extents a kept `--cache` held from an earlier mount, are not checked this way
+//! (extents of a file closed and opened again in this mount keep their CRCs in the cold list).
 
 use crate::cache::{Cache, FileKey};
 use crate::readahead::{Planner, Tuning};
@@ -58,8 +59,9 @@ struct Extent {
     end: u64,
     state: ExtState,
     /// CRC32C of its bytes in blocks, and the node they came from (fetched by this mount;
-    /// not for extents a kept cache held at open).
-    crc: Option<(BlockCrcs, String)>,
+    /// kept in the cold list across closes; not for extents a kept `--cache` held from an
+    /// earlier mount).
+    crc: Option<Checked>,
     last_used: Instant,
     /// Reads copying out of it right now: it is not evicted under them.
     pins: u32,
@@ -112,14 +114,17 @@ const CRC_BLOCK: u64 = 256 << 10;
 /// An extent's CRC32Cs: (start, CRC) of each piece between multiples of [`CRC_BLOCK`] (and the
 /// extent's own bounds), in order; a piece ends where the next starts, the last at the extent's
 /// end.
-type BlockCrcs = Vec<(u64, u32)>;
+pub type BlockCrcs = Vec<(u64, u32)>;
+
+/// An extent's CRC32Cs and the node its data came from.
+pub type Checked = (BlockCrcs, String);
 
 /// Sets an extent's state when its fetch task ends, also by a panic or cancellation.
 struct Settle {
     file: Arc<RemoteFile>,
     start: u64,
     /// The extent's CRC32Cs and the node it came from, or why it failed.
-    result: Option<Result<(BlockCrcs, String), TransferError>>,
+    result: Option<Result<Checked, TransferError>>,
 }
 
 impl Drop for Settle {
@@ -157,9 +162,9 @@ impl Drop for RemoteFile {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         let ready = st
             .extents
-            .iter()
+            .iter_mut()
             .filter(|(_, x)| matches!(x.state, ExtState::Ready))
-            .map(|(s, x)| (*s, x.end))
+            .map(|(s, x)| (*s, x.end, x.crc.take()))
             .collect();
         let doomed: Vec<(u64, u64)> = st
             .extents
@@ -213,14 +218,14 @@ impl RemoteFile {
         let mut planner = Planner::new(src.size, f.tuning);
         let mut extents = BTreeMap::new();
         let now = Instant::now();
-        for (s, e) in f.cache.adopt(&key) {
+        for (s, e, crc) in f.cache.adopt(&key) {
             planner.cover(s, e);
             extents.insert(
                 s,
                 Extent {
                     end: e,
                     state: ExtState::Ready,
-                    crc: None,
+                    crc,
                     last_used: now,
                     pins: 0,
                     doomed: false,
@@ -419,12 +424,7 @@ impl RemoteFile {
 
     /// Fetches `[s, e)` into the cache, failing over between replicas; its CRC32C (read back
     /// from the cache) and the node it came from.
-    async fn fetch(
-        &self,
-        f: &Fetcher,
-        s: u64,
-        e: u64,
-    ) -> Result<(BlockCrcs, String), TransferError> {
+    async fn fetch(&self, f: &Fetcher, s: u64, e: u64) -> Result<Checked, TransferError> {
         let _slot = f
             .slots
             .acquire()
@@ -435,10 +435,18 @@ impl RemoteFile {
         let r = match self.fetch_reserved(f, s, e).await {
             Ok(node) => {
                 let path = f.cache.extent_path(&self.key, s, e);
-                match tokio::task::spawn_blocking(move || block_crcs(&path, s)).await {
+                let p2 = path.clone();
+                match tokio::task::spawn_blocking(move || block_crcs(&p2, s)).await {
                     Ok(Ok(crc)) => Ok((crc, node)),
-                    Ok(Err(err)) => Err(err),
-                    Err(_) => Err(TransferError::interrupted()),
+                    // Not kept: its reservation is released below.
+                    Ok(Err(err)) => {
+                        let _ = std::fs::remove_file(&path);
+                        Err(err)
+                    }
+                    Err(_) => {
+                        let _ = std::fs::remove_file(&path);
+                        Err(TransferError::interrupted())
+                    }
                 }
             }
             Err(err) => Err(err),
@@ -525,6 +533,11 @@ impl RemoteFile {
             let Some(x) = st.extents.get_mut(&s) else {
                 continue;
             };
+            // Only data that arrived: a fetch still running is checked when the prefix comes
+            // round to it again (it restarts from 0), a failed one was never counted.
+            if !matches!(x.state, ExtState::Ready) {
+                continue;
+            }
             if x.pins > 0 {
                 // Being read: it goes with its last read, and fails the next ones.
                 x.doomed = true;
