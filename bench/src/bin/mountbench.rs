@@ -247,83 +247,44 @@ fn haul_data_rows(
     let _ = fs::remove_file(&dl);
     // haul mount: cat.
     let m = HaulMount::start(g, b0, dir, "mnt-read")?;
-    let cpu0 = cpu_secs(m.pid);
-    let r = sh_timed(
-        b0,
-        &format!("cat {}/big > /dev/null", m.at.display()),
-        limit,
-        &dir.join("mount-cat"),
-    );
-    let cpu = cpu_secs(m.pid) - cpu0;
     let rm = |p: &str| {
         let _ = g.run(&["rm", &format!("{}/bench/{p}", g.meta_url)], limit, "rm");
     };
-    rows.push(match r {
-        Ok(secs) => Row {
-            rtt_ms: rtt,
-            tool: "haul mount",
-            op: "sequential read".into(),
-            secs,
-            value: mb_per_s(bytes, secs),
-            unit: "MB/s",
-            cpu_per_gib: Some(cpu / (bytes as f64 / (1u64 << 30) as f64)),
-            ok: true,
-            note: String::new(),
-        },
-        Err(e) => failed(rtt, "haul mount", "sequential read", e),
-    });
+    rows.push(mount_data_row(
+        b0,
+        &m,
+        &format!("cat {}/big > /dev/null", m.at.display()),
+        &dir.join("mount-cat"),
+        limit,
+        bytes,
+        (rtt, "haul mount", "sequential read", ""),
+    ));
     // The same read through the kernel's page cache (no direct I/O), side by side.
     {
         let pc = HaulMount::start_with(g, b0, dir, "mnt-pc", &["--page-cache"])?;
-        let cpu0 = cpu_secs(pc.pid);
-        let r = sh_timed(
+        rows.push(mount_data_row(
             b0,
+            &pc,
             &format!("cat {}/big > /dev/null", pc.at.display()),
-            limit,
             &dir.join("mount-cat-page-cache"),
-        );
-        let cpu = cpu_secs(pc.pid) - cpu0;
-        rows.push(match r {
-            Ok(secs) => Row {
-                rtt_ms: rtt,
-                tool: "haul mount --page-cache",
-                op: "sequential read".into(),
-                secs,
-                value: mb_per_s(bytes, secs),
-                unit: "MB/s",
-                cpu_per_gib: Some(cpu / (bytes as f64 / (1u64 << 30) as f64)),
-                ok: true,
-                note: String::new(),
-            },
-            Err(e) => failed(rtt, "haul mount --page-cache", "sequential read", e),
-        });
+            limit,
+            bytes,
+            (rtt, "haul mount --page-cache", "sequential read", ""),
+        ));
         drop(pc);
         let _ = fs::remove_dir_all(dir.join("mnt-pc-cache"));
     }
     rm("big");
     // haul mount: cp in (the close uploads).
-    let cpu0 = cpu_secs(m.pid);
-    let r = sh_timed(
+    rows.push(mount_data_row(
         b0,
+        &m,
         &format!("cp {} {}/written", file.display(), m.at.display()),
-        limit,
         &dir.join("mount-write"),
-    );
-    let cpu = cpu_secs(m.pid) - cpu0;
-    rows.push(match r {
-        Ok(secs) => Row {
-            rtt_ms: rtt,
-            tool: "haul mount",
-            op: "sequential write".into(),
-            secs,
-            value: mb_per_s(bytes, secs),
-            unit: "MB/s",
-            cpu_per_gib: Some(cpu / (bytes as f64 / (1u64 << 30) as f64)),
-            ok: true,
-            note: "the close uploads".into(),
-        },
-        Err(e) => failed(rtt, "haul mount", "sequential write", e),
-    });
+        limit,
+        bytes,
+        (rtt, "haul mount", "sequential write", "the close uploads"),
+    ));
     drop(m);
     let _ = fs::remove_dir_all(dir.join("mnt-read-cache"));
     rm("written");
@@ -361,6 +322,37 @@ fn failed(rtt: u64, tool: &'static str, op: &str, e: anyhow::Error) -> Row {
         cpu_per_gib: None,
         ok: false,
         note: format!("{e:#}"),
+    }
+}
+
+/// What moving `bytes` through a mount in `host` gives: `script` timed (with `log`), the rate
+/// and the CPU seconds per GiB of the mount's process.
+#[allow(clippy::too_many_arguments)]
+fn mount_data_row(
+    host: &netlab::Host,
+    m: &HaulMount,
+    script: &str,
+    log: &Path,
+    limit: Duration,
+    bytes: u64,
+    (rtt, tool, op, note): (u64, &'static str, &str, &str),
+) -> Row {
+    let cpu0 = cpu_secs(m.pid);
+    let r = sh_timed(host, script, limit, log);
+    let cpu = cpu_secs(m.pid) - cpu0;
+    match r {
+        Ok(secs) => Row {
+            rtt_ms: rtt,
+            tool,
+            op: op.into(),
+            secs,
+            value: mb_per_s(bytes, secs),
+            unit: "MB/s",
+            cpu_per_gib: Some(cpu / (bytes as f64 / (1u64 << 30) as f64)),
+            ok: true,
+            note: note.into(),
+        },
+        Err(e) => failed(rtt, tool, op, e),
     }
 }
 

@@ -216,9 +216,8 @@ impl Cache {
 
     /// An extent found damaged: its data goes.
     pub fn discard(&self, key: &FileKey, start: u64, end: u64) {
-        let _ = std::fs::remove_file(self.extent_path(key, start, end));
-        let mut st = self.lock();
-        st.used = st.used.saturating_sub(end - start);
+        let path = self.extent_path(key, start, end);
+        remove_extent(&mut self.lock(), &path, end - start);
     }
 
     /// A fetch that reserved `bytes` failed: its data is not kept.
@@ -236,8 +235,7 @@ impl Cache {
             .map(|(i, _)| i)
         {
             let c = st.cold.swap_remove(i);
-            let _ = std::fs::remove_file(&c.path);
-            st.used = st.used.saturating_sub(c.len);
+            remove_extent(st, &c.path, c.len);
             return true;
         }
         seen.extend(st.files.iter().filter_map(|w| w.upgrade()));
@@ -248,12 +246,17 @@ impl Cache {
         if let Some((f, (s, e, _))) = coldest
             && f.evict(s)
         {
-            let _ = std::fs::remove_file(self.extent_path(&f.key, s, e));
-            st.used = st.used.saturating_sub(e - s);
+            remove_extent(st, &self.extent_path(&f.key, s, e), e - s);
             return true;
         }
         false
     }
+}
+
+/// Deletes an extent's file and stops counting its `len` bytes.
+fn remove_extent(st: &mut State, path: &Path, len: u64) {
+    let _ = std::fs::remove_file(path);
+    st.used = st.used.saturating_sub(len);
 }
 
 fn parse_extent(name: &str) -> Option<(u64, u64)> {
