@@ -120,8 +120,9 @@ struct Shared {
     /// The session loop waits here (with its timer): finished, failed, a stream lost, or the
     /// state machine's timer moved earlier than the one armed.
     changed: Notify,
-    /// The state machine's deadline the session loop sleeps until (`None`: no timer).
-    armed: Mutex<Option<Instant>>,
+    /// The state machine's deadline the session loop sleeps until, and the earliest it
+    /// re-arms to (see [`Armed`]).
+    armed: Mutex<Armed>,
     locators: Vec<PathBuf>,
     /// Per file: checksums it must have (from a catalog), checked when it has been read.
     expects: Vec<Vec<Digest>>,
@@ -197,7 +198,7 @@ impl Shared {
         // An acknowledgement can bring a stream's loss deadline forward (another stream
         // progressed): the session loop re-arms its timer.
         if let Some(t) = st.poll_timeout()
-            && self.armed.lock().expect("armed lock").is_none_or(|a| t < a)
+            && self.armed.lock().expect("armed lock").moved_earlier(t)
         {
             self.changed.notify_waiters();
         }
@@ -819,7 +820,7 @@ pub async fn run_source(
         readers_cv: Condvar::new(),
         work: Notify::new(),
         changed: Notify::new(),
-        armed: Mutex::new(None),
+        armed: Mutex::new(Armed::default()),
         locators,
         expects,
         root: spec.root.clone(),
@@ -902,6 +903,7 @@ pub async fn run_source(
             if st.poll_timeout().is_some_and(|t| t <= now) {
                 st.handle_timeout(now);
                 handled_at = Some(now);
+                sh.armed.lock().expect("armed lock").floor = Some(now + TIMER_SLACK);
                 // Streams the state machine declared lost are stopped here; idle writers
                 // poll again (the end game may have frames for them).
                 sh.after_change(&mut st);
@@ -915,7 +917,7 @@ pub async fn run_source(
             let timer = st
                 .poll_timeout()
                 .map(|t| handled_at.map_or(t, |h| t.max(h + TIMER_SLACK)));
-            *sh.armed.lock().expect("armed lock") = timer;
+            sh.armed.lock().expect("armed lock").at = timer;
             timer
         };
         if detector.poll_timeout().is_some_and(|t| t <= Instant::now())
@@ -1081,6 +1083,28 @@ async fn sample_trace(sh: Arc<Shared>, file: Arc<TraceFile>, stop: CancellationT
 /// Timers of the session loop closer together than this are handled as one.
 const TIMER_SLACK: Duration = Duration::from_millis(10);
 
+/// The session loop's timer, as other tasks see it to decide whether to wake the loop.
+#[derive(Clone, Copy, Debug, Default)]
+struct Armed {
+    /// The deadline the loop sleeps until (`None`: no timer).
+    at: Option<Instant>,
+    /// The earliest the loop re-arms to: [`TIMER_SLACK`] after it last handled the state
+    /// machine's timeout.
+    floor: Option<Instant>,
+}
+
+impl Armed {
+    /// Whether the state machine's deadline `t` calls for waking the loop to re-arm earlier.
+    /// The loop would re-arm to no earlier than the floor, so a deadline already past (a
+    /// hedge waiting for idle streams to take a stuck stream's frames over) wakes it only
+    /// once per slack: waking it at once, every time, made it spin at full CPU (seen on a
+    /// storage node serving a mount whose streams had stalled).
+    fn moved_earlier(&self, t: Instant) -> bool {
+        let t = self.floor.map_or(t, |f| t.max(f));
+        self.at.is_none_or(|a| t < a)
+    }
+}
+
 async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
     for h in handles {
         let _ = h.await;
@@ -1201,5 +1225,39 @@ impl LossDetector {
         );
         sh.decisions.lock().expect("decisions lock").push(decision);
         Some(note)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_already_past_wakes_the_session_loop_once_per_slack_not_at_once() {
+        let now = Instant::now();
+        let idle = Armed::default();
+        assert!(
+            idle.moved_earlier(now),
+            "no timer armed: any deadline wakes it"
+        );
+        // The loop handled a timeout now and re-armed to the floor; the hedge deadline
+        // stays in the past: no wake-up until the floor (the loop spun here before).
+        let handled = Armed {
+            at: Some(now + TIMER_SLACK),
+            floor: Some(now + TIMER_SLACK),
+        };
+        assert!(!handled.moved_earlier(now - Duration::from_secs(1)));
+        assert!(!handled.moved_earlier(now + TIMER_SLACK));
+        // A loss deadline brought forward by an acknowledgement still re-arms the loop.
+        let far = Armed {
+            at: Some(now + Duration::from_secs(30)),
+            floor: Some(now + TIMER_SLACK),
+        };
+        assert!(far.moved_earlier(now + Duration::from_secs(5)));
+        assert!(
+            far.moved_earlier(now - Duration::from_secs(1)),
+            "to the floor"
+        );
+        assert!(!far.moved_earlier(now + Duration::from_secs(31)));
     }
 }
