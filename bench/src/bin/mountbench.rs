@@ -155,8 +155,7 @@ impl HaulMount {
         let mut c = host.command(&g.haul);
         c.args(["mount", &format!("{}/bench", g.meta_url)])
             .arg(&at)
-            .args(["--site", "A", "--cache-size", "2G", "--cache"])
-            .arg(dir.join(format!("{name}-cache")))
+            .args(["--site", "A"])
             .args(extra)
             .env(
                 "HAUL_LOG",
@@ -259,21 +258,35 @@ fn haul_data_rows(
         bytes,
         (rtt, "haul mount", "sequential read", ""),
     ));
-    // The same read through the kernel's page cache (no direct I/O), side by side.
-    {
-        let pc = HaulMount::start_with(g, b0, dir, "mnt-pc", &["--page-cache"])?;
+    // The same read through the kernel's page cache (no direct I/O), and through a block
+    // cache on disk (tmpfs here) instead of memory, side by side.
+    let disk_cache = dir.join("mnt-disk-cache");
+    let variants: [(&'static str, &str, Vec<&str>); 2] = [
+        ("haul mount --page-cache", "mnt-pc", vec!["--page-cache"]),
+        (
+            "haul mount --cache DIR",
+            "mnt-disk",
+            vec![
+                "--cache",
+                disk_cache.to_str().unwrap_or_default(),
+                "--cache-size",
+                "2G",
+            ],
+        ),
+    ];
+    for (tool, name, extra) in variants {
+        let v = HaulMount::start_with(g, b0, dir, name, &extra)?;
         rows.push(mount_data_row(
             b0,
-            &pc,
-            &format!("cat {}/big > /dev/null", pc.at.display()),
-            &dir.join("mount-cat-page-cache"),
+            &v,
+            &format!("cat {}/big > /dev/null", v.at.display()),
+            &dir.join(format!("mount-cat-{name}")),
             limit,
             bytes,
-            (rtt, "haul mount --page-cache", "sequential read", ""),
+            (rtt, tool, "sequential read", ""),
         ));
-        drop(pc);
-        let _ = fs::remove_dir_all(dir.join("mnt-pc-cache"));
     }
+    let _ = fs::remove_dir_all(&disk_cache);
     rm("big");
     // haul mount: cp in (the close uploads).
     rows.push(mount_data_row(
@@ -286,7 +299,6 @@ fn haul_data_rows(
         (rtt, "haul mount", "sequential write", "the close uploads"),
     ));
     drop(m);
-    let _ = fs::remove_dir_all(dir.join("mnt-read-cache"));
     rm("written");
     // haul cp upload, b0 -> a0.
     let mut c = b0.command(&g.haul);

@@ -837,13 +837,14 @@ pub struct MountArgs {
     /// This client's grid site: reads prefer its replicas, new files go to its nodes.
     #[arg(long, env = "HAUL_SITE", value_name = "NAME")]
     pub site: Option<String>,
-    /// Keep the block cache in DIR across mounts (checked against each file's size, mtime
-    /// and checksum in the catalog) [default: a private directory removed at unmount].
+    /// Keep the block cache on disk in DIR, across mounts (checked against each file's size,
+    /// mtime and checksum in the catalog) [default: in memory, for this mount only].
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
-    /// Bytes the block cache may hold (read-ahead included).
-    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = parse_size)]
-    pub cache_size: u64,
+    /// Bytes the block cache may hold (read-ahead included) [default: 4G on disk with
+    /// --cache, 2G in memory].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub cache_size: Option<u64>,
     /// Read-ahead of a sequential reader at most: fetched in four overlapping extents, so
     /// make it at least four times the path's bandwidth-delay product.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]

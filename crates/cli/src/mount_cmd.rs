@@ -15,10 +15,14 @@ pub async fn run(a: MountArgs) -> Result<u8, TransferError> {
             "--stall-timeout and --meta-timeout must be positive",
         ));
     }
-    if a.cache_size < a.read_ahead {
+    let cache_size = a.cache_size.unwrap_or(match a.cache {
+        Some(_) => 4 << 30,
+        None => 2 << 30,
+    });
+    if cache_size < a.read_ahead {
         return Err(TransferError::usage(format!(
-            "--cache-size ({}) must hold at least the read-ahead ({})",
-            a.cache_size, a.read_ahead
+            "--cache-size ({cache_size}) must hold at least the read-ahead ({})",
+            a.read_ahead
         )));
     }
     let (peer, path) = crate::grid_cmd::target(&a.path)?;
@@ -48,7 +52,7 @@ pub async fn run(a: MountArgs) -> Result<u8, TransferError> {
         mountpoint: a.mountpoint,
         site: a.site,
         cache_dir: a.cache,
-        cache_size: a.cache_size,
+        cache_size,
         read_ahead: a.read_ahead,
         attr_ttl: a.attr_ttl,
         meta_timeout: a.meta_timeout,

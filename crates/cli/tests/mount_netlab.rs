@@ -111,8 +111,7 @@ fn programs_work_on_a_mount_over_a_long_path() {
     let mut c = b0.command(haul);
     c.args(["mount", &format!("{meta}/bench")])
         .arg(&at)
-        .args(["--site", "B", "--cache"])
-        .arg(dir.path().join("cache"))
+        .args(["--site", "B"])
         .env("HAUL_LOG", "info")
         .current_dir(&g.dir);
     g.pki.as_user(&mut c, "bench");

@@ -1,11 +1,13 @@
-//! The mount's block cache: extents of grid files as files on local disk, under
-//! `DIR/files/KEY/START-END` (the extent's bytes), bounded in bytes. KEY names one version of a grid file (its id,
+//! The mount's block cache: extents of grid files, bounded in bytes, as files on local disk
+//! under `DIR/files/KEY/START-END` (the extent's bytes) with `--cache DIR`, or else in memory
+//! (`memstore`) under the same names. KEY names one version of a grid file (its id,
 //! size, mtime and a hash of its catalog checksum), so a file changed in the grid never matches
 //! what was cached of the old version. Extents of files open now are evicted least recently
 //! used first, after those of files no longer open ("cold": closed since, or found at start in
 //! a `--cache` directory kept from an earlier mount). A fetch reserves its bytes before it
 //! starts; with everything in use the bound is overshot rather than a read refused.
 
+use crate::memstore::MemStore;
 use crate::remote::{Checked, RemoteFile};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -46,6 +48,8 @@ pub struct Cache {
     root: PathBuf,
     limit: u64,
     state: Mutex<State>,
+    /// Extents held in memory rather than in files under `root`.
+    mem: Option<Arc<MemStore>>,
 }
 
 impl Cache {
@@ -94,9 +98,25 @@ impl Cache {
                 files: Vec::new(),
                 cold,
             }),
+            mem: None,
         };
         c.lock().used = used;
         Ok(c)
+    }
+
+    /// A cache of at most `limit` bytes whose extents are held in memory (named as if under
+    /// `root`, where nothing is written).
+    pub fn in_memory(root: &Path, limit: u64) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            limit,
+            state: Mutex::new(State {
+                used: 0,
+                files: Vec::new(),
+                cold: Vec::new(),
+            }),
+            mem: Some(Arc::new(MemStore::new(limit))),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -109,6 +129,37 @@ impl Cache {
 
     pub fn extent_path(&self, key: &FileKey, start: u64, end: u64) -> PathBuf {
         self.dir(key).join(format!("{start}-{end}"))
+    }
+
+    /// Where extents are held, when in memory.
+    pub fn memory(&self) -> Option<&Arc<MemStore>> {
+        self.mem.as_ref()
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of the extent stored under `path`.
+    pub fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        match &self.mem {
+            Some(m) => match m.get(path) {
+                Some(x) => x.read_at(offset, buf),
+                None => Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "extent not in memory",
+                )),
+            },
+            None => std::fs::File::open(path)?.read_exact_at(buf, offset),
+        }
+    }
+
+    /// Drops an extent's data without counting it (it was never counted, or is uncounted by
+    /// the caller).
+    pub fn delete(&self, path: &Path) {
+        match &self.mem {
+            Some(m) => m.remove(path),
+            None => {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
 
     /// Bytes in the cache now (with fetches' reservations).
@@ -167,7 +218,9 @@ impl Cache {
     /// A file opened for reading: its extents count among the warm ones. (A file leaves the
     /// list in its drop, by [`Self::closed`].)
     pub fn register(&self, f: &Arc<RemoteFile>) {
-        let _ = std::fs::create_dir_all(self.dir(&f.key));
+        if self.mem.is_none() {
+            let _ = std::fs::create_dir_all(self.dir(&f.key));
+        }
         let mut st = self.lock();
         st.files.push(Arc::downgrade(f));
     }
@@ -217,7 +270,7 @@ impl Cache {
     /// An extent found damaged: its data goes.
     pub fn discard(&self, key: &FileKey, start: u64, end: u64) {
         let path = self.extent_path(key, start, end);
-        remove_extent(&mut self.lock(), &path, end - start);
+        self.remove_extent(&mut self.lock(), &path, end - start);
     }
 
     /// A fetch that reserved `bytes` failed: its data is not kept.
@@ -235,7 +288,7 @@ impl Cache {
             .map(|(i, _)| i)
         {
             let c = st.cold.swap_remove(i);
-            remove_extent(st, &c.path, c.len);
+            self.remove_extent(st, &c.path, c.len);
             return true;
         }
         seen.extend(st.files.iter().filter_map(|w| w.upgrade()));
@@ -246,17 +299,17 @@ impl Cache {
         if let Some((f, (s, e, _))) = coldest
             && f.evict(s)
         {
-            remove_extent(st, &self.extent_path(&f.key, s, e), e - s);
+            self.remove_extent(st, &self.extent_path(&f.key, s, e), e - s);
             return true;
         }
         false
     }
-}
 
-/// Deletes an extent's file and stops counting its `len` bytes.
-fn remove_extent(st: &mut State, path: &Path, len: u64) {
-    let _ = std::fs::remove_file(path);
-    st.used = st.used.saturating_sub(len);
+    /// Deletes an extent's data and stops counting its `len` bytes.
+    fn remove_extent(&self, st: &mut State, path: &Path, len: u64) {
+        self.delete(path);
+        st.used = st.used.saturating_sub(len);
+    }
 }
 
 fn parse_extent(name: &str) -> Option<(u64, u64)> {

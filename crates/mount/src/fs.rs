@@ -1042,10 +1042,17 @@ impl fuser::Filesystem for MountFs {
         };
         match h {
             H::Empty => reply.data(&[]),
-            H::R(rf) => match rf.read(&self.f, offset, size) {
-                Ok(d) => reply.data(&d),
-                Err(e) => reply.error(self.fail("read", &rf.path, e)),
-            },
+            H::R(rf) => {
+                let mut reply = Some(reply);
+                let read = rf.read_with(&self.f, offset, size, |d| {
+                    if let Some(r) = reply.take() {
+                        r.data(d)
+                    }
+                });
+                if let (Err(e), Some(r)) = (read, reply.take()) {
+                    r.error(self.fail("read", &rf.path, e))
+                }
+            }
             H::W(sp) => {
                 let sp = sp.lock().expect("spool lock");
                 let mut buf = vec![0u8; size as usize];

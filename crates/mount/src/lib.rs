@@ -1,7 +1,7 @@
 //! `haul mount`: a grid directory as a local file system (FUSE), for programs that only know
 //! POSIX files. Names and attributes come from the metadata server (`fs`), file data from the
 //! storage nodes in extents fetched ahead of a sequential reader (`readahead`, `remote`) into
-//! a bounded block cache (`cache`); files written are spooled locally and become grid files
+//! a bounded block cache (`cache`: in memory, `memstore`, or on disk); files written are spooled locally and become grid files
 //! when closed. Every call acts as the mounting user's certificate: the metadata server checks
 //! each operation, and only the mounting user (and root) can enter the mount.
 
@@ -10,6 +10,7 @@ pub mod errno;
 mod fs;
 pub mod ids;
 pub mod inodes;
+pub mod memstore;
 pub mod readahead;
 pub mod remote;
 
@@ -27,7 +28,8 @@ pub struct MountOptions {
     pub mountpoint: PathBuf,
     /// Reads prefer this site's replicas; new files go to its nodes.
     pub site: Option<String>,
-    /// A block cache kept across mounts; `None`: a private one, removed at unmount.
+    /// A block cache on disk, kept across mounts; `None`: extents are held in memory (and
+    /// write spools go to a private directory removed at unmount).
     pub cache_dir: Option<PathBuf>,
     pub cache_size: u64,
     /// Read-ahead of a sequential reader at most.
@@ -90,8 +92,12 @@ pub async fn serve(
             private.path().to_path_buf()
         }
     };
-    let cache = cache::Cache::open(&cache_root, opts.cache_size)
-        .map_err(|e| TransferError::local(format!("cache {}: {e}", cache_root.display())))?;
+    let cache = match &opts.cache_dir {
+        Some(_) => cache::Cache::open(&cache_root, opts.cache_size)
+            .map_err(|e| TransferError::local(format!("cache {}: {e}", cache_root.display())))?,
+        // Extents in memory; the private directory holds only write spools.
+        None => cache::Cache::in_memory(&cache_root, opts.cache_size),
+    };
     let spool_dir = cache_root.join("spool");
     // Spools of an earlier mount that ended abruptly are not resumed.
     let _ = std::fs::remove_dir_all(&spool_dir);

@@ -20,7 +20,6 @@ use grid::MetaClient;
 use grid::copy::Cap;
 use grid::types::OpenReadRequest;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -63,6 +62,8 @@ struct Extent {
     /// earlier mount).
     crc: Option<Checked>,
     last_used: Instant,
+    /// Read at least once (else read-ahead still to be read, evicted last).
+    read: bool,
     /// Reads copying out of it right now: it is not evicted under them.
     pins: u32,
     /// Failed a whole-file check while being read: its data goes when the last read copying
@@ -227,6 +228,7 @@ impl RemoteFile {
                     state: ExtState::Ready,
                     crc,
                     last_used: now,
+                    read: false,
                     pins: 0,
                     doomed: false,
                 },
@@ -265,9 +267,21 @@ impl RemoteFile {
     /// Reads up to `len` bytes at `off` (fewer only at the end of the file), fetching what the
     /// cache lacks; blocks the calling (FUSE) thread until the data is there.
     pub fn read(&self, f: &Arc<Fetcher>, off: u64, len: u32) -> Result<Vec<u8>, TransferError> {
+        self.read_with(f, off, len, |b| b.to_vec())
+    }
+
+    /// As [`Self::read`], handing the bytes to `give` (a FUSE reply) where they lie when they
+    /// can: a read within one 256 KiB chunk of an extent in memory is not copied here at all.
+    pub fn read_with<R>(
+        &self,
+        f: &Arc<Fetcher>,
+        off: u64,
+        len: u32,
+        give: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, TransferError> {
         let end = off.saturating_add(len as u64).min(self.size);
         if off >= end {
-            return Ok(Vec::new());
+            return Ok(give(&[]));
         }
         let planned = self.plan(off, end - off);
         self.start(f, planned);
@@ -331,10 +345,11 @@ impl RemoteFile {
                 if let Some(x) = st.extents.get_mut(s) {
                     x.pins += 1;
                     x.last_used = now;
+                    x.read = true;
                 }
             }
             drop(st);
-            let out = self.copy_out(f, &pieces, off, end);
+            let out = self.deliver(f, &pieces, off, end, give);
             let mut st = self.lock();
             let mut gone = Vec::new();
             for &(s, e) in &pieces {
@@ -355,6 +370,25 @@ impl RemoteFile {
         }
     }
 
+    /// Hands `[off, end)` of the (pinned) extents `pieces` to `give`: straight from memory
+    /// when it lies in one chunk, else copied together.
+    fn deliver<R>(
+        &self,
+        f: &Fetcher,
+        pieces: &[(u64, u64)],
+        off: u64,
+        end: u64,
+        give: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, TransferError> {
+        if let ([(s, e)], Some(m)) = (pieces, f.cache.memory())
+            && let Some(x) = m.get(&f.cache.extent_path(&self.key, *s, *e))
+            && let Some(b) = x.slice(off - s, end - off)
+        {
+            return Ok(give(b));
+        }
+        self.copy_out(f, pieces, off, end).map(|b| give(&b))
+    }
+
     fn copy_out(
         &self,
         f: &Fetcher,
@@ -367,10 +401,9 @@ impl RemoteFile {
             let from = off.max(s);
             let to = end.min(e);
             let path = f.cache.extent_path(&self.key, s, e);
-            let file = std::fs::File::open(&path)
-                .map_err(|err| TransferError::local(format!("cache {}: {err}", path.display())))?;
             let buf = &mut out[(from - off) as usize..(to - off) as usize];
-            file.read_exact_at(buf, from - s)
+            f.cache
+                .read_at(&path, from - s, buf)
                 .map_err(|err| TransferError::local(format!("cache {}: {err}", path.display())))?;
         }
         Ok(out)
@@ -393,6 +426,7 @@ impl RemoteFile {
                     state: ExtState::Fetching,
                     crc: None,
                     last_used: Instant::now(),
+                    read: false,
                     pins: 0,
                     doomed: false,
                 },
@@ -436,15 +470,26 @@ impl RemoteFile {
             Ok(node) => {
                 let path = f.cache.extent_path(&self.key, s, e);
                 let p2 = path.clone();
-                match tokio::task::spawn_blocking(move || block_crcs(&p2, s)).await {
+                let mem = f.cache.memory().cloned();
+                let crcs = tokio::task::spawn_blocking(move || match mem {
+                    Some(m) => match m.get(&p2) {
+                        Some(x) => Ok(x.block_crcs(s, CRC_BLOCK)),
+                        None => Err(TransferError::local(format!(
+                            "cache {}: not in memory",
+                            p2.display()
+                        ))),
+                    },
+                    None => block_crcs(&p2, s),
+                });
+                match crcs.await {
                     Ok(Ok(crc)) => Ok((crc, node)),
                     // Not kept: its reservation is released below.
                     Ok(Err(err)) => {
-                        let _ = std::fs::remove_file(&path);
+                        f.cache.delete(&path);
                         Err(err)
                     }
                     Err(_) => {
-                        let _ = std::fs::remove_file(&path);
+                        f.cache.delete(&path);
                         Err(TransferError::interrupted())
                     }
                 }
@@ -661,10 +706,13 @@ impl RemoteFile {
             mtime: Timestamp::from_unix_ns(self.mtime_ns),
             expect: self.expect.clone(),
         };
-        let naming = Arc::new(Destination {
-            base: dest.clone(),
-            into_dir: false,
-        });
+        let naming: Arc<dyn transfer::service::SinkNaming> = match f.cache.memory() {
+            Some(m) => m.naming(dest),
+            None => Arc::new(Destination {
+                base: dest.clone(),
+                into_dir: false,
+            }),
+        };
         let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
         let ctx = AttemptContext {
             counters: Arc::new(transfer::progress::Counters::default()),
@@ -696,15 +744,22 @@ impl RemoteFile {
         if let Some(err) = failed {
             return Err(err);
         }
-        match std::fs::metadata(dest) {
-            Ok(m) if m.len() == e - s => Ok(()),
-            Ok(m) => Err(TransferError::integrity(format!(
-                "{}: fetching {}-{} left a file of {} bytes, expected {}",
+        let held = match f.cache.memory() {
+            Some(m) => m
+                .get(dest)
+                .map(|x| x.len())
+                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
+            None => std::fs::metadata(dest).map(|m| m.len()),
+        };
+        match held {
+            Ok(n) if n == e - s => Ok(()),
+            Ok(n) => Err(TransferError::integrity(format!(
+                "{}: fetching {}-{} left {} bytes, expected {}",
                 self.path,
                 s,
                 e,
-                m.len(),
-                e
+                n,
+                e - s
             ))),
             Err(err) => Err(TransferError::connect(format!(
                 "{}: the node did not send {s}-{e} ({err})",
@@ -713,15 +768,16 @@ impl RemoteFile {
         }
     }
 
-    /// The least recently used extent that may be evicted (ready, not being read), with when
-    /// it was last used.
-    pub fn coldest(&self) -> Option<(u64, u64, Instant)> {
+    /// The extent to evict first (ready, not being read): the least recently used of those
+    /// read already, else of the read-ahead not read yet (a reader far behind its read-ahead
+    /// must not lose it to the data it has read); with its eviction order.
+    pub fn coldest(&self) -> Option<(u64, u64, (bool, Instant))> {
         let st = self.lock();
         st.extents
             .iter()
             .filter(|(_, x)| matches!(x.state, ExtState::Ready) && x.pins == 0)
-            .min_by_key(|(_, x)| x.last_used)
-            .map(|(s, x)| (*s, x.end, x.last_used))
+            .map(|(s, x)| (*s, x.end, (!x.read, x.last_used)))
+            .min_by_key(|(_, _, order)| *order)
     }
 
     /// Drops the extent at `start` from this file (the cache removes its data); false when it

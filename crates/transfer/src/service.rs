@@ -177,6 +177,35 @@ pub trait SinkNaming: Send + Sync {
         let _ = (announced, shown);
         e
     }
+
+    /// Where received files go when not to files under the root: a memory target takes
+    /// their verified blocks instead (no temporary file, ledger, claim or rename; a file
+    /// given up is not resumed). By default files are written to the root.
+    fn memory(&self) -> Option<&dyn MemoryTarget> {
+        None
+    }
+}
+
+/// Received files kept in memory rather than written to disk (see [`SinkNaming::memory`]): a
+/// client that consumes what it receives at once (a mount's block cache) spares the copy into
+/// the page cache and the reading back.
+pub trait MemoryTarget: Send + Sync {
+    /// File `announced` of `size` bytes starts arriving.
+    fn open(&self, announced: &str, size: u64) -> Result<Arc<dyn MemoryFile>, ErrorInfo>;
+}
+
+/// One file being received into memory. Blocks arrive verified (their CRC32C checked), in
+/// any order, perhaps more than once (a resend after a lost acknowledgement); the blocks of
+/// one file are written by one thread at a time.
+pub trait MemoryFile: Send + Sync {
+    /// Stores `data` at `offset` (offsets count from the start of what is sent).
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()>;
+    /// Reads back `buf.len()` bytes at `offset` (for checksums computed in file order).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()>;
+    /// Every byte arrived and was verified.
+    fn commit(&self) -> Result<(), ErrorInfo>;
+    /// Given up: its data goes.
+    fn discard(&self);
 }
 
 /// `cp` semantics below a destination path.

@@ -13,7 +13,7 @@ use crate::error::{TransferError, io_info};
 use crate::faults;
 use crate::pool::{BufPool, MemoryBudget, PooledBuf, SharedSlice};
 use crate::progress::{Counters, Event, EventSender, file_done, file_failed};
-use crate::service::SinkNaming;
+use crate::service::{MemoryFile, SinkNaming};
 use crate::store::{self, Opened, Root};
 use crate::sys;
 use crate::timer;
@@ -78,8 +78,31 @@ impl SinkOutcome {
     }
 }
 
+/// Where an open file's bytes go: a temporary file under the root, or a memory target (see
+/// [`crate::service::MemoryTarget`]).
+enum Target {
+    Disk(std::fs::File),
+    Memory(Arc<dyn MemoryFile>),
+}
+
+impl Target {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            Target::Disk(f) => f.write_all_at(buf, offset),
+            Target::Memory(m) => m.write_at(offset, buf),
+        }
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            Target::Disk(f) => f.read_exact_at(buf, offset),
+            Target::Memory(m) => m.read_at(offset, buf),
+        }
+    }
+}
+
 struct OpenFile {
-    file: std::fs::File,
+    file: Target,
     final_path: PathBuf,
     begin: FileBegin,
     digest: Mutex<Option<InOrderDigest<SharedSlice>>>,
@@ -431,6 +454,11 @@ impl Shared {
                 file,
                 attempt,
                 begin,
+            } if self.naming.memory().is_some() => self.open_in_memory(file, attempt, begin),
+            SinkAction::Open {
+                file,
+                attempt,
+                begin,
             } => {
                 let claimed = self
                     .naming
@@ -473,7 +501,7 @@ impl Shared {
                             digest.offer(r.start, r.end - r.start, None, None);
                         }
                         let of = Arc::new(OpenFile {
-                            file: f,
+                            file: Target::Disk(f),
                             final_path,
                             begin,
                             digest: Mutex::new(Some(digest)),
@@ -586,15 +614,18 @@ impl Shared {
                         let mut life = of.life.lock().expect("file life lock");
                         let claim = OpenFile::close(&mut life);
                         let committing = Instant::now();
-                        let r = store::commit(
-                            &self.root,
-                            &of.final_path,
-                            &of.file,
-                            begin.mode,
-                            begin.mtime,
-                            self.fsync,
-                            self.naming.may_replace(&begin.path),
-                        );
+                        let r = match &of.file {
+                            Target::Disk(f) => store::commit(
+                                &self.root,
+                                &of.final_path,
+                                f,
+                                begin.mode,
+                                begin.mtime,
+                                self.fsync,
+                                self.naming.may_replace(&begin.path),
+                            ),
+                            Target::Memory(m) => m.commit(),
+                        };
                         self.store_ns
                             .fetch_add(committing.elapsed().as_nanos() as u64, Ordering::Relaxed);
                         (r, claim)
@@ -629,6 +660,7 @@ impl Shared {
                 let announced = begin.path.clone();
                 let settled = Box::new(move |r: Result<(), ErrorInfo>| {
                     if r.is_err()
+                        && sh.naming.memory().is_none()
                         && let Ok(p) = sh.naming.map(&announced)
                     {
                         let _ = sh.root.remove_file(&p);
@@ -660,7 +692,7 @@ impl Shared {
                     } else {
                         let mut life = of.life.lock().expect("file life lock");
                         let _claim = OpenFile::close(&mut life);
-                        store::discard(&self.root, &of.final_path, false);
+                        self.discard(&of, false);
                     }
                 }
             }
@@ -678,15 +710,78 @@ impl Shared {
         self.write_ledger(of, ranges)
     }
 
+    /// Records `ranges` in the file's restart ledger (a file in memory has none: it is not
+    /// resumed).
     fn write_ledger(&self, of: &OpenFile, ranges: &RangeSet) -> std::io::Result<()> {
+        let Target::Disk(f) = &of.file else {
+            return Ok(());
+        };
         store::checkpoint(
             &self.root,
             &of.final_path,
-            &of.file,
+            f,
             of.begin.size,
             of.begin.mtime,
             ranges,
         )
+    }
+
+    /// Drops what was received of a file not finished (a temporary file on disk is kept
+    /// when `keep_partial`, for a resume).
+    fn discard(&self, of: &OpenFile, keep_partial: bool) {
+        match &of.file {
+            Target::Disk(_) => store::discard(&self.root, &of.final_path, keep_partial),
+            Target::Memory(m) => m.discard(),
+        }
+    }
+
+    /// Opens a file received into the naming's memory target: nothing on disk, so no claim,
+    /// no ledger and nothing to resume.
+    fn open_in_memory(self: &Arc<Self>, file: FileId, attempt: u32, begin: FileBegin) {
+        let now = Instant::now();
+        let opened = match self.naming.memory() {
+            Some(m) => m.open(&begin.path, begin.size),
+            None => Err(ErrorInfo::new(ErrorKind::Io, "no memory target")),
+        };
+        let target = match opened {
+            Ok(t) => t,
+            Err(e) => {
+                let mut st = self.lock();
+                st.on_opened(file, attempt, Err(e), now);
+                self.dispatch(&mut st);
+                return;
+            }
+        };
+        let of = Arc::new(OpenFile {
+            file: Target::Memory(target),
+            final_path: PathBuf::from(&begin.path),
+            digest: Mutex::new(Some(InOrderDigest::new(
+                &self.algos,
+                begin.size,
+                self.digest_budget,
+            ))),
+            begin,
+            life: Mutex::new(Life {
+                closed: false,
+                claim: None,
+            }),
+        });
+        let mut st = self.lock();
+        if !st.is_opening(file, attempt) {
+            drop(st);
+            OpenFile::close(&mut of.life.lock().expect("file life lock"));
+            self.discard(&of, false);
+            return;
+        }
+        self.files
+            .lock()
+            .expect("files lock")
+            .insert((file, attempt), of.clone());
+        let verdicts = st.on_opened(file, attempt, Ok(RangeSet::new()), now);
+        self.dispatch(&mut st);
+        drop(st);
+        self.write_verdicts(verdicts);
+        self.catch_up(&of, file, attempt);
     }
 
     /// Keeps an unfinished file's data for a resume by writing its restart ledger, and closes
@@ -708,8 +803,8 @@ impl Shared {
                     false
                 }
             };
-        if !kept {
-            store::discard(&self.root, &of.final_path, false);
+        if !kept || matches!(of.file, Target::Memory(_)) {
+            self.discard(of, false);
         }
         let _claim = OpenFile::close(&mut life);
     }
