@@ -157,6 +157,8 @@ impl HaulMount {
             .arg(&at)
             .args(["--site", "A"])
             .args(extra)
+            // Write spools in the scratch directory (tmpfs), as the other tools' files.
+            .env("TMPDIR", dir)
             .env(
                 "HAUL_LOG",
                 std::env::var("HAUL_MOUNTBENCH_LOG").unwrap_or_else(|_| "info".into()),
