@@ -2,9 +2,10 @@
 //! under `DIR/files/KEY/START-END` (the extent's bytes) with `--cache DIR`, or else in memory
 //! (`memstore`) under the same names. KEY names one version of a grid file (its id,
 //! size, mtime and a hash of its catalog checksum), so a file changed in the grid never matches
-//! what was cached of the old version. Extents of files open now are evicted least recently
-//! used first, after those of files no longer open ("cold": closed since, or found at start in
-//! a `--cache` directory kept from an earlier mount). A fetch reserves its bytes before it
+//! what was cached of the old version. Eviction takes first the extents of files no longer
+//! open ("cold": closed since, or found at start in a `--cache` directory kept from an earlier
+//! mount), then those of open files read to their end, least recently used first, and the
+//! read-ahead not read yet last. A fetch reserves its bytes before it
 //! starts; with everything in use the bound is overshot rather than a read refused.
 
 use crate::memstore::MemStore;

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use transfer::service::{MemoryFile, MemoryTarget, SinkNaming};
-use transfer::store::Destination;
+use transfer::store::{Destination, Root};
 use wire::error::{ErrorInfo, ErrorKind};
 use wire::ranges::RangeSet;
 
@@ -137,7 +137,7 @@ pub struct MemStore {
 }
 
 impl MemStore {
-    /// A store whose pool keeps up to `limit` bytes of free chunks.
+    /// A store whose pool keeps about `limit` bytes of free chunks at most.
     pub fn new(limit: u64) -> Self {
         Self {
             extents: Mutex::new(HashMap::new()),
@@ -165,7 +165,9 @@ impl MemStore {
 
     /// The naming of a data session fetching the extent to be stored under `path`: it
     /// receives into memory, and the extent is stored when the session commits it.
-    pub fn naming(self: &Arc<Self>, path: &Path) -> Arc<dyn SinkNaming> {
+    /// `len` is the extent's size: a node announcing another is refused before anything is
+    /// allocated.
+    pub fn naming(self: &Arc<Self>, path: &Path, len: u64) -> Arc<dyn SinkNaming> {
         Arc::new(MemNaming {
             dest: Destination {
                 base: path.to_path_buf(),
@@ -174,6 +176,7 @@ impl MemStore {
             target: MemTarget {
                 store: self.clone(),
                 path: path.to_path_buf(),
+                len,
             },
         })
     }
@@ -196,15 +199,36 @@ impl SinkNaming for MemNaming {
     fn memory(&self) -> Option<&dyn MemoryTarget> {
         Some(&self.target)
     }
+
+    /// An extent is a file: a node announcing a directory is refused (nothing is created).
+    fn make_dir(&self, _root: &Root, announced: &str, _mode: u32) -> Result<(), ErrorInfo> {
+        Err(ErrorInfo::new(
+            ErrorKind::Integrity,
+            format!("{announced}: a directory where a file's bytes were asked for"),
+        )
+        .retryable(false))
+    }
 }
 
 struct MemTarget {
     store: Arc<MemStore>,
     path: PathBuf,
+    /// The extent's size, as asked of the node.
+    len: u64,
 }
 
 impl MemoryTarget for MemTarget {
-    fn open(&self, _announced: &str, size: u64) -> Result<Arc<dyn MemoryFile>, ErrorInfo> {
+    fn open(&self, announced: &str, size: u64) -> Result<Arc<dyn MemoryFile>, ErrorInfo> {
+        if size != self.len {
+            return Err(ErrorInfo::new(
+                ErrorKind::Integrity,
+                format!(
+                    "{announced}: the node announced {size} bytes for an extent of {}",
+                    self.len
+                ),
+            )
+            .retryable(false));
+        }
         let n = (size as usize).div_ceil(CHUNK);
         Ok(Arc::new(Receiving {
             store: self.store.clone(),
@@ -234,9 +258,20 @@ struct Chunks {
 }
 
 impl Chunks {
-    /// Takes every chunk out (for the pool, or for the stored extent).
+    /// Takes every chunk out (for the pool, or for the stored extent); later writes and
+    /// reads fail (a write still queued when the sink discards the file).
     fn take(&mut self) -> std::vec::IntoIter<Option<Chunk>> {
+        self.written = RangeSet::new();
         std::mem::take(&mut self.chunks).into_iter()
+    }
+}
+
+impl Receiving {
+    /// Its chunks (a writer that panicked holding them left them as they were).
+    fn chunks(&self) -> std::sync::MutexGuard<'_, Chunks> {
+        self.chunks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -248,14 +283,19 @@ impl MemoryFile for Receiving {
                 "a block beyond the end of the extent",
             ));
         }
-        let mut chunks = self.chunks.lock().expect("extent chunks");
+        let mut chunks = self.chunks();
         let mut done = 0;
         while done < data.len() {
             let at = offset as usize + done;
             let (i, o) = (at / CHUNK, at % CHUNK);
             let n = (CHUNK - o).min(data.len() - done);
             let size = CHUNK.min(self.len as usize - i * CHUNK);
-            let c = chunks.chunks[i].get_or_insert_with(|| self.store.pool.get(size));
+            let Some(slot) = chunks.chunks.get_mut(i) else {
+                return Err(std::io::Error::other(
+                    "a block for an extent already committed or given up",
+                ));
+            };
+            let c = slot.get_or_insert_with(|| self.store.pool.get(size));
             c[o..o + n].copy_from_slice(&data[done..done + n]);
             done += n;
         }
@@ -264,7 +304,7 @@ impl MemoryFile for Receiving {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        let chunks = self.chunks.lock().expect("extent chunks");
+        let chunks = self.chunks();
         if !chunks
             .written
             .contains_range(offset..offset + buf.len() as u64)
@@ -292,7 +332,7 @@ impl MemoryFile for Receiving {
     }
 
     fn commit(&self) -> Result<(), ErrorInfo> {
-        let mut chunks = self.chunks.lock().expect("extent chunks");
+        let mut chunks = self.chunks();
         let whole = chunks.written.contains_range(0..self.len);
         let taken: Vec<Option<Chunk>> = chunks.take().collect();
         drop(chunks);
@@ -321,14 +361,18 @@ impl MemoryFile for Receiving {
     }
 
     fn discard(&self) {
-        let taken = self.chunks.lock().expect("extent chunks").take();
+        let taken = self.chunks().take();
         self.store.pool.put(taken.flatten());
     }
 }
 
 impl Drop for Receiving {
     fn drop(&mut self) {
-        let taken = self.chunks.get_mut().expect("extent chunks").take();
+        let taken = self
+            .chunks
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         self.store.pool.put(taken.flatten());
     }
 }
@@ -338,7 +382,11 @@ mod tests {
     use super::*;
 
     fn receive(store: &Arc<MemStore>, path: &Path, data: &[u8], block: usize) {
-        let naming = store.naming(path);
+        let naming = store.naming(path, data.len() as u64);
+        assert!(
+            naming.memory().unwrap().open("x", 1 << 40).is_err(),
+            "a size other than the extent's is refused"
+        );
         let f = naming
             .memory()
             .unwrap()
@@ -412,7 +460,7 @@ mod tests {
         let store = Arc::new(MemStore::new(64 << 20));
         let len = CHUNK as u64 + 600_000;
         let path = Path::new("/mem/files/k/0-2697152");
-        let naming = store.naming(path);
+        let naming = store.naming(path, len);
         let f = naming.memory().unwrap().open("x", len).unwrap();
         f.write_at(0, &[1u8; 1000]).unwrap();
         f.write_at(CHUNK as u64, &[1u8; 600_000]).unwrap();
@@ -426,6 +474,11 @@ mod tests {
         let g = naming.memory().unwrap().open("x", len).unwrap();
         g.write_at(0, &[1u8; 1000]).unwrap();
         g.discard();
+        assert!(
+            g.write_at(CHUNK as u64, &[1u8; 1000]).is_err(),
+            "a write queued behind the discard fails, it does not panic"
+        );
+        assert!(g.read_at(0, &mut [0u8; 10]).is_err());
         drop((f, g));
         assert_eq!(
             store.pool.free.lock().unwrap().len(),

@@ -62,7 +62,8 @@ struct Extent {
     /// earlier mount).
     crc: Option<Checked>,
     last_used: Instant,
-    /// Read at least once (else read-ahead still to be read, evicted last).
+    /// Read to its end (else read-ahead still to be read, or an extent a reader is in the
+    /// middle of: evicted last).
     read: bool,
     /// Reads copying out of it right now: it is not evicted under them.
     pins: u32,
@@ -271,7 +272,7 @@ impl RemoteFile {
     }
 
     /// As [`Self::read`], handing the bytes to `give` (a FUSE reply) where they lie when they
-    /// can: a read within one 256 KiB chunk of an extent in memory is not copied here at all.
+    /// can: a read within one chunk of an extent in memory (`memstore`) is not copied here.
     pub fn read_with<R>(
         &self,
         f: &Arc<Fetcher>,
@@ -345,7 +346,7 @@ impl RemoteFile {
                 if let Some(x) = st.extents.get_mut(s) {
                     x.pins += 1;
                     x.last_used = now;
-                    x.read = true;
+                    x.read |= end >= x.end;
                 }
             }
             drop(st);
@@ -498,6 +499,8 @@ impl RemoteFile {
         };
         tracing::debug!(path = %self.path, start = s, end = e, ms = t.elapsed().as_millis() as u64, ok = r.is_ok(), "extent fetched");
         if r.is_err() {
+            // What a failed fetch may have stored (a node sent the wrong length) goes too.
+            f.cache.delete(&f.cache.extent_path(&self.key, s, e));
             f.cache.release(e - s);
         }
         r
@@ -707,7 +710,7 @@ impl RemoteFile {
             expect: self.expect.clone(),
         };
         let naming: Arc<dyn transfer::service::SinkNaming> = match f.cache.memory() {
-            Some(m) => m.naming(dest),
+            Some(m) => m.naming(dest, e - s),
             None => Arc::new(Destination {
                 base: dest.clone(),
                 into_dir: false,

@@ -180,7 +180,8 @@ pub trait SinkNaming: Send + Sync {
 
     /// Where received files go when not to files under the root: a memory target takes
     /// their verified blocks instead (no temporary file, ledger, claim or rename; a file
-    /// given up is not resumed). By default files are written to the root.
+    /// given up is not resumed). Its `committed_then` must settle `Ok`: the sink does not
+    /// undo a commit to memory. By default files are written to the root.
     fn memory(&self) -> Option<&dyn MemoryTarget> {
         None
     }
