@@ -21,6 +21,22 @@ use wire::ranges::RangeSet;
 /// Bytes per chunk: a transparent huge page.
 pub const CHUNK: usize = 2 << 20;
 
+/// `len` bytes at `offset` of an extent, chunk by chunk: (chunk index, offset in the chunk,
+/// offset in the bytes, length) of each piece.
+fn spans(offset: u64, len: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        (done < len).then(|| {
+            let at = offset as usize + done;
+            let (i, o) = (at / CHUNK, at % CHUNK);
+            let n = (CHUNK - o).min(len - done);
+            let span = (i, o, done, n);
+            done += n;
+            span
+        })
+    })
+}
+
 /// A chunk of an extent's bytes: [`CHUNK`] of them, or for an extent's last piece exactly
 /// its size.
 type Chunk = Box<[u8]>;
@@ -90,13 +106,8 @@ impl MemExtent {
                 "read beyond the end of the extent",
             ));
         }
-        let mut done = 0;
-        while done < buf.len() {
-            let at = offset as usize + done;
-            let (i, o) = (at / CHUNK, at % CHUNK);
-            let n = (CHUNK - o).min(buf.len() - done);
-            buf[done..done + n].copy_from_slice(&self.chunks[i][o..o + n]);
-            done += n;
+        for (i, o, d, n) in spans(offset, buf.len()) {
+            buf[d..d + n].copy_from_slice(&self.chunks[i][o..o + n]);
         }
         Ok(())
     }
@@ -110,12 +121,8 @@ impl MemExtent {
         while at < end {
             let to = ((at / piece + 1) * piece).min(end);
             let mut crc = 0;
-            let mut o = at - start;
-            while o < to - start {
-                let (i, k) = ((o as usize) / CHUNK, (o as usize) % CHUNK);
-                let n = (CHUNK - k).min((to - start - o) as usize);
-                crc = wire::checksum::crc32c_append(crc, &self.chunks[i][k..k + n]);
-                o += n as u64;
+            for (i, o, _, n) in spans(at - start, (to - at) as usize) {
+                crc = wire::checksum::crc32c_append(crc, &self.chunks[i][o..o + n]);
             }
             out.push((at, crc));
             at = to;
@@ -284,11 +291,7 @@ impl MemoryFile for Receiving {
             ));
         }
         let mut chunks = self.chunks();
-        let mut done = 0;
-        while done < data.len() {
-            let at = offset as usize + done;
-            let (i, o) = (at / CHUNK, at % CHUNK);
-            let n = (CHUNK - o).min(data.len() - done);
+        for (i, o, d, n) in spans(offset, data.len()) {
             let size = CHUNK.min(self.len as usize - i * CHUNK);
             let Some(slot) = chunks.chunks.get_mut(i) else {
                 return Err(std::io::Error::other(
@@ -296,8 +299,7 @@ impl MemoryFile for Receiving {
                 ));
             };
             let c = slot.get_or_insert_with(|| self.store.pool.get(size));
-            c[o..o + n].copy_from_slice(&data[done..done + n]);
-            done += n;
+            c[o..o + n].copy_from_slice(&data[d..d + n]);
         }
         chunks.written.insert(offset..offset + data.len() as u64);
         Ok(())
@@ -314,19 +316,14 @@ impl MemoryFile for Receiving {
                 "read of bytes not received",
             ));
         }
-        let mut done = 0;
-        while done < buf.len() {
-            let at = offset as usize + done;
-            let (i, o) = (at / CHUNK, at % CHUNK);
-            let n = (CHUNK - o).min(buf.len() - done);
+        for (i, o, d, n) in spans(offset, buf.len()) {
             let Some(Some(c)) = chunks.chunks.get(i) else {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
                     "read of bytes not received",
                 ));
             };
-            buf[done..done + n].copy_from_slice(&c[o..o + n]);
-            done += n;
+            buf[d..d + n].copy_from_slice(&c[o..o + n]);
         }
         Ok(())
     }

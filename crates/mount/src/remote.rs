@@ -470,36 +470,29 @@ impl RemoteFile {
         let r = match self.fetch_reserved(f, s, e).await {
             Ok(node) => {
                 let path = f.cache.extent_path(&self.key, s, e);
-                let p2 = path.clone();
                 let mem = f.cache.memory().cloned();
                 let crcs = tokio::task::spawn_blocking(move || match mem {
-                    Some(m) => match m.get(&p2) {
+                    Some(m) => match m.get(&path) {
                         Some(x) => Ok(x.block_crcs(s, CRC_BLOCK)),
                         None => Err(TransferError::local(format!(
                             "cache {}: not in memory",
-                            p2.display()
+                            path.display()
                         ))),
                     },
-                    None => block_crcs(&p2, s),
+                    None => block_crcs(&path, s),
                 });
                 match crcs.await {
                     Ok(Ok(crc)) => Ok((crc, node)),
-                    // Not kept: its reservation is released below.
-                    Ok(Err(err)) => {
-                        f.cache.delete(&path);
-                        Err(err)
-                    }
-                    Err(_) => {
-                        f.cache.delete(&path);
-                        Err(TransferError::interrupted())
-                    }
+                    Ok(Err(err)) => Err(err),
+                    Err(_) => Err(TransferError::interrupted()),
                 }
             }
             Err(err) => Err(err),
         };
         tracing::debug!(path = %self.path, start = s, end = e, ms = t.elapsed().as_millis() as u64, ok = r.is_ok(), "extent fetched");
         if r.is_err() {
-            // What a failed fetch may have stored (a node sent the wrong length) goes too.
+            // Not kept: what the fetch stored (its CRCs unreadable, or a node sent the wrong
+            // length) goes, and its reservation is released.
             f.cache.delete(&f.cache.extent_path(&self.key, s, e));
             f.cache.release(e - s);
         }

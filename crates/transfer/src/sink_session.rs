@@ -495,43 +495,8 @@ impl Shared {
                 let opened = opened.map_err(|e| self.naming.public_error(&begin.path, &shown, e));
                 match opened {
                     Ok(Opened::Partial { file: f, have }) => {
-                        let mut digest =
-                            InOrderDigest::new(&self.algos, begin.size, self.digest_budget);
-                        for r in have.iter() {
-                            digest.offer(r.start, r.end - r.start, None, None);
-                        }
-                        let of = Arc::new(OpenFile {
-                            file: Target::Disk(f),
-                            final_path,
-                            begin,
-                            digest: Mutex::new(Some(digest)),
-                            life: Mutex::new(Life {
-                                closed: false,
-                                claim: Some(claim),
-                            }),
-                        });
-                        // Under the state lock: the file is still wanted (not given up or
-                        // aborted while it was being opened) and becomes known to the rest of
-                        // the session in one step, so nothing can miss it.
-                        let mut st = self.lock();
-                        if !st.is_opening(file, attempt) {
-                            drop(st);
-                            let mut life = of.life.lock().expect("file life lock");
-                            let _claim = OpenFile::close(&mut life);
-                            // What was there before stays for a resume; a new empty
-                            // temporary file goes.
-                            store::discard(&self.root, &of.final_path, !have.is_empty());
-                            return;
-                        }
-                        self.files
-                            .lock()
-                            .expect("files lock")
-                            .insert((file, attempt), of.clone());
-                        let verdicts = st.on_opened(file, attempt, Ok(have), now);
-                        self.dispatch(&mut st);
-                        drop(st);
-                        self.write_verdicts(verdicts);
-                        self.catch_up(&of, file, attempt);
+                        let of = self.open_file(Target::Disk(f), final_path, begin, Some(claim));
+                        self.publish_opened(file, attempt, of, have, now);
                     }
                     Ok(Opened::Complete) => {
                         // A storage node reports such a file again before it is done: it may
@@ -752,32 +717,64 @@ impl Shared {
                 return;
             }
         };
-        let of = Arc::new(OpenFile {
-            file: Target::Memory(target),
-            final_path: PathBuf::from(&begin.path),
-            digest: Mutex::new(Some(InOrderDigest::new(
-                &self.algos,
-                begin.size,
-                self.digest_budget,
-            ))),
+        let path = PathBuf::from(&begin.path);
+        let of = self.open_file(Target::Memory(target), path, begin, None);
+        self.publish_opened(file, attempt, of, RangeSet::new(), now);
+    }
+
+    /// A file opened for receiving (on disk, with the destination claimed; or in memory).
+    fn open_file(
+        &self,
+        file: Target,
+        final_path: PathBuf,
+        begin: FileBegin,
+        claim: Option<Claim>,
+    ) -> Arc<OpenFile> {
+        let digest = InOrderDigest::new(&self.algos, begin.size, self.digest_budget);
+        Arc::new(OpenFile {
+            file,
+            final_path,
             begin,
+            digest: Mutex::new(Some(digest)),
             life: Mutex::new(Life {
                 closed: false,
-                claim: None,
+                claim,
             }),
-        });
+        })
+    }
+
+    /// Makes a file just opened, holding `have` already (a resume), known to the session
+    /// and lets its blocks be written; unless it was given up or aborted while it was being
+    /// opened: then it is closed, and only what it held before is kept (for a resume).
+    fn publish_opened(
+        &self,
+        file: FileId,
+        attempt: u32,
+        of: Arc<OpenFile>,
+        have: RangeSet,
+        now: Instant,
+    ) {
+        if let Some(d) = of.digest.lock().expect("digest lock").as_mut() {
+            for r in have.iter() {
+                d.offer(r.start, r.end - r.start, None, None);
+            }
+        }
+        // Under the state lock: the file is still wanted and becomes known to the rest of
+        // the session in one step, so nothing can miss it.
         let mut st = self.lock();
         if !st.is_opening(file, attempt) {
             drop(st);
-            OpenFile::close(&mut of.life.lock().expect("file life lock"));
-            self.discard(&of, false);
+            let mut life = of.life.lock().expect("file life lock");
+            let _claim = OpenFile::close(&mut life);
+            // What was there before stays for a resume; a new empty temporary file goes.
+            self.discard(&of, !have.is_empty());
             return;
         }
         self.files
             .lock()
             .expect("files lock")
             .insert((file, attempt), of.clone());
-        let verdicts = st.on_opened(file, attempt, Ok(RangeSet::new()), now);
+        let verdicts = st.on_opened(file, attempt, Ok(have), now);
         self.dispatch(&mut st);
         drop(st);
         self.write_verdicts(verdicts);
