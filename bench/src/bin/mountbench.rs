@@ -5,7 +5,7 @@
 //! with `--site A`), the client in b0. Measured in b0, each in the same run:
 //!
 //! - sequential read of one file (`cat FILE > /dev/null` on the mount; `haul cp` of the same
-//!   file to tmpfs beside it), and the mount process's CPU seconds per GiB read;
+//!   file to tmpfs beside it), and the CPU seconds per GiB of the mount process and of `haul cp`;
 //! - sequential write of one file (`cp` into the mount, the close included, which uploads;
 //!   `haul cp` upload beside it), and CPU per GiB;
 //! - on the first scenario only: `ls -lR` and `stat` of every entry of a tree of
@@ -87,7 +87,8 @@ struct Row {
     /// The figure: MB/s, entries/s, files/s, or seconds.
     value: f64,
     unit: &'static str,
-    /// CPU seconds of the mount process per GiB moved (data rows of mounts).
+    /// CPU seconds per GiB moved of the client: the mount process (data rows of mounts) or
+    /// `haul cp`.
     cpu_per_gib: Option<f64>,
     ok: bool,
     note: String,
@@ -115,6 +116,23 @@ fn cpu_secs(pid: u32) -> f64 {
     // SAFETY: sysconf has no memory effects.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     ticks / hz.max(1.0)
+}
+
+/// User + system CPU seconds of this process's children that were waited for. `haul cp` runs
+/// as a direct child (`ip netns exec` execs it), so the difference around one run is its CPU:
+/// no other child of the bench ends meanwhile.
+fn children_cpu_secs() -> f64 {
+    // SAFETY: getrusage writes one rusage into the zeroed value passed.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
+fn per_gib(cpu: f64, bytes: u64) -> f64 {
+    cpu / (bytes as f64 / (1u64 << 30) as f64)
 }
 
 /// Runs a shell script in `host`, timed; fails with its output when it fails.
@@ -233,7 +251,9 @@ fn haul_data_rows(
         .arg(&dl)
         .current_dir(&g.dir);
     g.pki.as_user(&mut c, "bench");
+    let cpu0 = children_cpu_secs();
     let o = run_bounded(c, limit, &dir.join("cp-download"))?;
+    let cpu = children_cpu_secs() - cpu0;
     rows.push(Row {
         rtt_ms: rtt,
         tool: "haul cp",
@@ -241,7 +261,7 @@ fn haul_data_rows(
         secs: o.secs,
         value: mb_per_s(bytes, o.secs),
         unit: "MB/s",
-        cpu_per_gib: None,
+        cpu_per_gib: Some(per_gib(cpu, bytes)),
         ok: o.ok() && fs::metadata(&dl).map(|m| m.len() == bytes).unwrap_or(false),
         note: if o.ok() { String::new() } else { o.why() },
     });
@@ -309,7 +329,9 @@ fn haul_data_rows(
         .arg(format!("{}/bench/uploaded", g.meta_url))
         .current_dir(&g.dir);
     g.pki.as_user(&mut c, "bench");
+    let cpu0 = children_cpu_secs();
     let o = run_bounded(c, limit, &dir.join("cp-upload"))?;
+    let cpu = children_cpu_secs() - cpu0;
     rows.push(Row {
         rtt_ms: rtt,
         tool: "haul cp",
@@ -317,7 +339,7 @@ fn haul_data_rows(
         secs: o.secs,
         value: mb_per_s(bytes, o.secs),
         unit: "MB/s",
-        cpu_per_gib: None,
+        cpu_per_gib: Some(per_gib(cpu, bytes)),
         ok: o.ok(),
         note: if o.ok() { String::new() } else { o.why() },
     });
@@ -362,7 +384,7 @@ fn mount_data_row(
             secs,
             value: mb_per_s(bytes, secs),
             unit: "MB/s",
-            cpu_per_gib: Some(cpu / (bytes as f64 / (1u64 << 30) as f64)),
+            cpu_per_gib: Some(per_gib(cpu, bytes)),
             ok: true,
             note: note.into(),
         },
@@ -825,7 +847,7 @@ fn report(args: &Args, rows: &[Row], took: Duration) -> Result<()> {
         .unwrap_or_else(|_| "now".into());
     fs::create_dir_all(&args.out)?;
     let mut md = format!(
-        "# haul mount against haul cp and gfarm2fs (bench/mount)\n\nnetlab, two hosts (a0: metadata server and node / gfmd and gfsd; b0: the client), one 1 Gbit/s link, MTU 9000, tuned, cubic; a file of {} MiB; this 2-core VM; {:.0} s in all. Mounts read with `--site A`; one run of each row, side by side.\n\n| RTT | operation | tool | seconds | figure | CPU s/GiB of the mount | note |\n|---|---|---|---|---|---|---|\n",
+        "# haul mount against haul cp and gfarm2fs (bench/mount)\n\nnetlab, two hosts (a0: metadata server and node / gfmd and gfsd; b0: the client), one 1 Gbit/s link, MTU 9000, tuned, cubic; a file of {} MiB; this 2-core VM; {:.0} s in all. Mounts read with `--site A`; one run of each row, side by side.\n\n| RTT | operation | tool | seconds | figure | CPU s/GiB of the client (mount or haul cp) | note |\n|---|---|---|---|---|---|---|\n",
         args.file_mib,
         took.as_secs_f64()
     );

@@ -944,11 +944,23 @@ const SINK_IDLE_REPORT: Duration = Duration::from_secs(2);
 /// Most bytes a block read waits for before waking (SO_RCVLOWAT).
 const LOWAT_CHUNK: usize = 256 << 10;
 
+/// The low-water mark a payload read may set on socket `fd`: [`LOWAT_CHUNK`], or a quarter of
+/// the socket's receive buffer if that is less. The kernel grows the buffer to twice a mark it
+/// cannot hold, and may clamp the window with it; a young connection on a long path, whose
+/// buffer autotuning has not yet grown, would then lose window it needs. At a quarter the mark
+/// leaves the buffer and window alone (kept as the test
+/// `a_payload_low_water_mark_leaves_the_receive_buffer_alone`).
+fn lowat_cap(fd: std::os::fd::RawFd) -> usize {
+    crate::sys::recv_buffer(fd)
+        .map(|b| (b / 4).min(LOWAT_CHUNK))
+        .unwrap_or(0)
+}
+
 /// Reads a block's payload; no byte arriving for `idle` is an error (the stream closes and
-/// the buffer is given back). With `lowat` (a plain socket on a short path), the socket is told
-/// how much of the payload is still to come, up to [`LOWAT_CHUNK`], so the reader wakes once
-/// per chunk rather than for every few segments; it never waits for more than the block still
-/// needs, and is set back to 1 for the small frames that follow.
+/// the buffer is given back). With `lowat` (a plain socket), the socket is told how much of
+/// the payload is still to come, up to [`lowat_cap`], so the reader wakes once per chunk rather
+/// than for every few segments; it never waits for more than the block still needs, and is set
+/// back to 1 for the small frames that follow.
 async fn read_payload(
     r: &mut BufReader<Reader>,
     buf: &mut [u8],
@@ -956,11 +968,12 @@ async fn read_payload(
     idle: Duration,
 ) -> std::io::Result<()> {
     let mut pos = 0;
+    let cap = lowat.map(lowat_cap).unwrap_or(0);
     while pos < buf.len() {
         if let Some(fd) = lowat {
             let from_socket = (buf.len() - pos).saturating_sub(r.buffer().len());
-            if from_socket > 0 {
-                let _ = crate::sys::set_rcvlowat(fd, from_socket.min(LOWAT_CHUNK));
+            if from_socket > 0 && cap > 1 {
+                let _ = crate::sys::set_rcvlowat(fd, from_socket.min(cap));
             }
         }
         let n = tokio::time::timeout(idle, r.read(&mut buf[pos..]))
@@ -1014,17 +1027,15 @@ fn ack_due(block: bool, unacked_frames: u64, input_drained: bool) -> bool {
     block || unacked_frames >= 16 || input_drained
 }
 
-/// The descriptor of a data connection whose payload reads may batch wake-ups with
-/// SO_RCVLOWAT: plain TCP (TLS buffers records the socket no longer counts) on a path under
-/// 1 ms, where the receiver is CPU-bound. Not on long paths: raising the low-water mark can
-/// also clamp a young connection's receive window, which a long path cannot afford.
-fn short_plain_path(io: &conn::Io) -> Option<std::os::fd::RawFd> {
+/// The descriptor of a data connection whose payload reads batch wake-ups with SO_RCVLOWAT:
+/// plain TCP (TLS buffers records the socket no longer counts), on any path. On a long path
+/// the data trickles in a few segments at a time, and without a low-water mark every few
+/// segments wake a reader; [`read_payload`] keeps the mark under a quarter of the socket's
+/// current receive buffer, so that setting it never grows the buffer or moves the window clamp
+/// (the kernel does both for a mark above what the buffer holds).
+fn plain_stream(io: &conn::Io) -> Option<std::os::fd::RawFd> {
     use std::os::fd::AsRawFd;
-    if io.is_tls() {
-        return None;
-    }
-    let info = crate::sys::tcp_info(io.tcp()).ok()?;
-    (info.rtt < 1000).then(|| io.tcp().as_raw_fd())
+    (!io.is_tls()).then(|| io.tcp().as_raw_fd())
 }
 
 /// Writer threads of a sink session.
@@ -1227,7 +1238,7 @@ pub async fn run_sink(
             c = conns.recv(), if conns_open => match c {
                 Some(conn::DataConn { stream: idx, io, await_bind, open }) => {
                     streams += 1;
-                    let lowat = short_plain_path(&io);
+                    let lowat = plain_stream(&io);
                     let (r, w) = io.split();
                     let (tx, rx) = mpsc::unbounded_channel();
                     sh.outboxes.lock().expect("outbox lock").insert(idx, tx.clone());
@@ -1305,7 +1316,7 @@ pub async fn run_sink(
 
 #[cfg(test)]
 mod tests {
-    use super::{BufReader, ack_due, conn, end_workers, read_payload, work};
+    use super::{BufReader, LOWAT_CHUNK, ack_due, conn, end_workers, lowat_cap, read_payload, work};
     use super::{DEFAULT_SESSION_BUFFER, MemoryBudget, SinkSpec, run_sink};
     use crate::progress::Counters;
     use crate::service::SinkNaming;
@@ -1433,6 +1444,32 @@ mod tests {
             .unwrap();
         assert_eq!(&end, b"end");
         drop(sender.await.unwrap());
+    }
+
+    /// The mark a payload read sets stays under what the socket's receive buffer holds, so the
+    /// kernel neither grows the buffer nor clamps a young connection's window with it; the
+    /// uncapped mark, set on a second fresh socket, does grow it (the hazard the cap avoids).
+    #[tokio::test]
+    async fn a_payload_low_water_mark_leaves_the_receive_buffer_alone() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _a = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (capped, _) = listener.accept().await.unwrap();
+        let _b = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (uncapped, _) = listener.accept().await.unwrap();
+        let buffer = |fd| crate::sys::recv_buffer(fd).unwrap();
+        let before = buffer(capped.as_raw_fd());
+        assert!(before > 0);
+        let cap = lowat_cap(capped.as_raw_fd());
+        assert!(cap > 1 && cap <= LOWAT_CHUNK, "cap {cap}");
+        crate::sys::set_rcvlowat(capped.as_raw_fd(), cap).unwrap();
+        assert_eq!(buffer(capped.as_raw_fd()), before, "the capped mark moved the buffer");
+        let before = buffer(uncapped.as_raw_fd());
+        crate::sys::set_rcvlowat(uncapped.as_raw_fd(), before).unwrap();
+        assert!(
+            buffer(uncapped.as_raw_fd()) > before,
+            "a mark the buffer cannot hold grows it (so the cap is what keeps it)"
+        );
     }
 
     #[test]

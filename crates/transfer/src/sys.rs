@@ -137,6 +137,14 @@ pub fn set_rcvlowat(fd: RawFd, bytes: usize) -> io::Result<()> {
     )
 }
 
+/// The socket's receive buffer as the kernel holds it now (SO_RCVBUF; autotuning grows it as
+/// the connection's window opens).
+pub fn recv_buffer(fd: RawFd) -> io::Result<usize> {
+    // SAFETY: the caller holds the socket open for the duration of the call.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    socket2::SockRef::from(&fd).recv_buffer_size()
+}
+
 /// Holds partial segments back (TCP_CORK) until uncorked, or sends them (`false`). A stream's
 /// small frames (the bind hello, a block's header) then leave with the bytes that follow them
 /// in full segments instead of ahead of them in a packet of their own: on a long path such a
