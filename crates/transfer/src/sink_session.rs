@@ -1316,7 +1316,9 @@ pub async fn run_sink(
 
 #[cfg(test)]
 mod tests {
-    use super::{BufReader, LOWAT_CHUNK, ack_due, conn, end_workers, lowat_cap, read_payload, work};
+    use super::{
+        BufReader, LOWAT_CHUNK, ack_due, conn, end_workers, lowat_cap, read_payload, work,
+    };
     use super::{DEFAULT_SESSION_BUFFER, MemoryBudget, SinkSpec, run_sink};
     use crate::progress::Counters;
     use crate::service::SinkNaming;
@@ -1463,7 +1465,11 @@ mod tests {
         let cap = lowat_cap(capped.as_raw_fd());
         assert!(cap > 1 && cap <= LOWAT_CHUNK, "cap {cap}");
         crate::sys::set_rcvlowat(capped.as_raw_fd(), cap).unwrap();
-        assert_eq!(buffer(capped.as_raw_fd()), before, "the capped mark moved the buffer");
+        assert_eq!(
+            buffer(capped.as_raw_fd()),
+            before,
+            "the capped mark moved the buffer"
+        );
         let before = buffer(uncapped.as_raw_fd());
         crate::sys::set_rcvlowat(uncapped.as_raw_fd(), before).unwrap();
         assert!(
