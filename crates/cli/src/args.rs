@@ -838,7 +838,8 @@ pub struct MountArgs {
     #[arg(long, env = "HAUL_SITE", value_name = "NAME")]
     pub site: Option<String>,
     /// Keep the block cache on disk in DIR, across mounts (checked against each file's size,
-    /// mtime and checksum in the catalog) [default: in memory, for this mount only].
+    /// mtime and checksum in the catalog; one running mount per DIR: a second is refused)
+    /// [default: in memory, for this mount only].
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
     /// Bytes the block cache may hold (read-ahead included) [default: 4G on disk with

@@ -2,7 +2,8 @@
 //! mounted with FUSE as alice, and `cp`, `cat`, `md5sum -c`, `tar`, `rsync -a`, `find`,
 //! `ls -lR`, Python (random writes, xattrs, netCDF4) work on it; errors reach programs as the
 //! right errno; a node killed during a read is not seen by the reader; an unreachable metadata
-//! server is an error, not a hang; `umount` ends the mount.
+//! server is an error, not a hang; `umount` ends the mount; `kill -9` of the mount loses only
+//! the file not yet closed, and the next mount removes its spool.
 //!
 //! Needs root (mount(2) of /dev/fuse). Every mount is unmounted when its guard drops, also
 //! when a test fails.
@@ -419,6 +420,160 @@ fn a_read_survives_a_node_killed_mid_file_and_a_dead_metadata_server_is_an_error
         .expect("haul mount did not end on SIGTERM");
     assert!(status.success(), "{status:?}");
     assert!(!mount::is_mounted(&m.at), "still mounted after SIGTERM");
+}
+
+/// `kill -9` of the mount with a file open for writing and another being read: both programs
+/// get an error, not a hang (the kernel aborts the dead FUSE connection); the file being
+/// written never appears in the grid (only a close that uploaded and verified publishes it); a
+/// file closed before the kill is whole in the grid; a new mount reads it.
+#[test]
+fn a_mount_killed_with_sigkill_loses_only_the_file_not_yet_closed() {
+    if !can_mount() {
+        return;
+    }
+    use std::io::{Read, Write};
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let big = g.path().join("big.nc");
+    let body = data(51, 24 << 20);
+    std::fs::write(&big, &body).unwrap();
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            big.to_str().unwrap(),
+            &g.url("/alice/big.nc"),
+            "--site",
+            "A",
+        ],
+    ));
+    let mut m = Mounted::start(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &["--site", "A", "--read-ahead", "4M"],
+    );
+    let closed = data(52, 3 << 20);
+    std::fs::write(m.p("closed.bin"), &closed).unwrap();
+    // The writer is a process of its own: a descriptor of this (multi-threaded) test process
+    // would be copied into every child another test forks, and each of those closes is a FUSE
+    // flush, which uploads what was written so far (close-to-open, as NFS).
+    let mut writer = Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys\n\
+             fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n\
+             os.write(fd, b'x' * (2 << 20))\n\
+             print('ready', flush=True)\n\
+             sys.stdin.readline()\n\
+             try:\n    os.write(fd, b'y' * 65536)\n    os.fsync(fd)\n    print('written', flush=True)\n\
+             except OSError as e:\n    print('errno', e.errno, flush=True)\n",
+            m.p("open.bin").to_str().unwrap(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (line_tx, lines) = std::sync::mpsc::channel();
+    let out = writer.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = line_tx.send(l);
+        }
+    });
+    let ready = lines.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert_eq!(ready, "ready");
+    let mut reading = std::fs::File::open(m.p("big.nc")).unwrap();
+    let mut head = vec![0u8; 1 << 20];
+    reading.read_exact(&mut head).unwrap();
+    assert!(head[..] == body[..1 << 20]);
+
+    let privates = || -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(g.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("haul-mount-"))
+            .map(|e| e.path())
+            .collect();
+        v.sort();
+        v
+    };
+    let dead_dir = privates();
+    assert_eq!(dead_dir.len(), 1, "{dead_dir:?}");
+    let pid = m.proc.as_ref().unwrap().child.id();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    m.wait_exit(Duration::from_secs(10))
+        .expect("the killed mount did not end");
+
+    // Both programs' next calls fail within the deadline instead of hanging.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = vec![0u8; 8 << 20];
+        let _ = tx.send(reading.read_exact(&mut rest));
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a read on the killed mount hung");
+    let r = r.expect_err("a read through a killed mount succeeded");
+    assert!(
+        matches!(r.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::EIO)),
+        "{r}"
+    );
+    writer.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let said = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a write on the killed mount hung");
+    assert!(
+        said == format!("errno {}", libc::ENOTCONN) || said == format!("errno {}", libc::EIO),
+        "the writer said: {said}"
+    );
+    let _ = writer.wait();
+    let e = std::fs::metadata(m.p("closed.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+
+    // The grid: the open file never appeared; the closed one is whole.
+    let out = g.run("alice", &["stat", &g.url("/alice/open.bin")]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let back = g.path().join("closed.back");
+    assert_ok(&g.cp(
+        "alice",
+        &[&g.url("/alice/closed.bin"), back.to_str().unwrap()],
+    ));
+    assert!(std::fs::read(&back).unwrap() == closed);
+
+    // The dead mount point is unmounted; a new mount reads both files, and removed the dead
+    // mount's private directory (the spool of the file never closed).
+    drop(m);
+    assert!(dead_dir[0].join("spool").exists(), "{dead_dir:?}");
+    let m2 = Mounted::start(&g, "alice", &g.url("/alice"), &["--site", "A"]);
+    assert!(std::fs::read(m2.p("closed.bin")).unwrap() == closed);
+    assert!(std::fs::read(m2.p("big.nc")).unwrap() == body);
+    assert!(!m2.p("open.bin").exists());
+    let now = privates();
+    assert!(!now.contains(&dead_dir[0]), "{now:?}");
+    assert_eq!(now.len(), 1, "{now:?}");
+    drop(m2);
+
+    // A cache directory in use by a running mount is refused to a second one (exit 6), which
+    // would otherwise clear the first one's spools; free again once the first has gone.
+    let cache = g.path().join("shared-cache");
+    let cache_arg = ["--site", "A", "--cache", cache.to_str().unwrap()];
+    let first = Mounted::start(&g, "alice", &g.url("/alice"), &cache_arg);
+    let at = tempfile::tempdir_in(g.path()).unwrap();
+    let url = g.url("/alice");
+    let mut args = vec!["mount", url.as_str(), at.path().to_str().unwrap()];
+    args.extend_from_slice(&cache_arg);
+    let out = run_bounded(g.cmd("alice", &args), CMD_TIMEOUT);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("another haul mount is using it"),
+        "{}",
+        stderr(&out)
+    );
+    drop(first);
+    let again = Mounted::start(&g, "alice", &g.url("/alice"), &cache_arg);
+    assert!(std::fs::read(again.p("closed.bin")).unwrap() == closed);
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! each operation, and only the mounting user (and root) can enter the mount.
 
 pub mod cache;
+pub mod dirlock;
 pub mod errno;
 mod fs;
 pub mod ids;
@@ -80,15 +81,40 @@ pub async fn serve(
             )));
         }
     }
-    // The cache: the one named, or a private one that goes with the mount.
+    // The cache: the one named, or a private one that goes with the mount. Either is locked
+    // for the mount's life (`dirlock`): a second mount refuses a cache directory in use, and
+    // the private directories of this user's mounts that died (kill -9) are removed.
     let private;
+    let _dir_lock;
     let cache_root: PathBuf = match &opts.cache_dir {
-        Some(d) => d.clone(),
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .map_err(|e| TransferError::local(format!("cache {}: {e}", d.display())))?;
+            _dir_lock = dirlock::DirLock::take_shared(d)
+                .map_err(|e| TransferError::local(format!("cache {}: {e}", d.display())))?
+                .ok_or_else(|| {
+                    TransferError::new(
+                        wire::error::ErrorKind::Busy,
+                        format!(
+                            "cache {}: another haul mount is using it; give each mount its own --cache",
+                            d.display()
+                        ),
+                    )
+                })?;
+            d.clone()
+        }
         None => {
             private = tempfile::Builder::new()
-                .prefix("haul-mount-")
+                .prefix(dirlock::PRIVATE_PREFIX)
                 .tempdir()
                 .map_err(|e| TransferError::local(format!("cannot make a cache directory: {e}")))?;
+            _dir_lock = dirlock::DirLock::take_new(private.path())
+                .map_err(|e| TransferError::local(format!("{}: {e}", private.path().display())))?;
+            if let Some(tmp) = private.path().parent() {
+                for gone in dirlock::reap_dead(tmp, private.path()) {
+                    tracing::info!(dir = %gone.display(), "removed the spool directory of a mount that ended without unmounting");
+                }
+            }
             private.path().to_path_buf()
         }
     };
