@@ -713,7 +713,7 @@ fn a_damaged_replica_read_in_extents_ends_in_eio_not_in_silence() {
     g.ok("alice", &["mkdir", "/alice"]);
     let local = g.path().join("tas.nc");
     std::fs::write(&local, data(11, 24 << 20)).unwrap();
-    for name in ["tas.nc", "intact.nc"] {
+    for name in ["tas.nc", "intact.nc", "tas2.nc"] {
         assert_ok(&g.cp(
             "alice",
             &[
@@ -727,6 +727,8 @@ fn a_damaged_replica_read_in_extents_ends_in_eio_not_in_silence() {
     let holders = g.replica_states("/alice/tas.nc");
     assert_eq!(holders.len(), 1, "{holders:?}");
     g.damage_replica(&holders[0].0, "/alice/tas.nc");
+    let holders2 = g.replica_states("/alice/tas2.nc");
+    g.damage_replica(&holders2[0].0, "/alice/tas2.nc");
     let cache = g.path().join("cachedir");
     let m = Mounted::start(
         &g,
@@ -763,6 +765,32 @@ fn a_damaged_replica_read_in_extents_ends_in_eio_not_in_silence() {
         log.contains("does not match the catalog's checksum") && log.contains("/alice/tas.nc"),
         "{log}"
     );
+    // The mount asked the metadata server to verify the file where its replica lies: the
+    // node found the damage and the catalog records it (one replica: nothing to repair from).
+    let t = Instant::now();
+    loop {
+        let states = g.replica_states("/alice/tas.nc");
+        if states.iter().any(|(_, s)| s == "damaged") {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the damaged replica was not reported: {states:?}\n{}",
+            std::fs::read_to_string(&m.log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // With no good copy left, a download says the data is damaged (exit 7), not that the
+    // grid is unreachable (4).
+    let out = g.cp(
+        "alice",
+        &[
+            &g.url("/alice/tas.nc"),
+            g.path().join("tas.back").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    assert!(!g.path().join("tas.back").exists());
     // Nothing of the damaged file stays cached: only the intact file's extents remain.
     let dirs: Vec<_> = std::fs::read_dir(cache.join("files"))
         .unwrap()
@@ -793,12 +821,25 @@ fn a_damaged_replica_read_in_extents_ends_in_eio_not_in_silence() {
         "intact file, small cache: {}",
         stderr(&ok)
     );
+    // Known damaged now: the open itself fails with EIO.
     let out = sh(&format!("cat {} > /dev/null", m.p("tas.nc").display()));
+    assert!(
+        !out.status.success() && stderr(&out).contains("Input/output error"),
+        "cat of a file known to be damaged: {}",
+        stderr(&out)
+    );
+    // A second damaged file, not yet known: the check through the small cache finds it.
+    let out = sh(&format!("cat {} > /dev/null", m.p("tas2.nc").display()));
     assert!(
         !out.status.success() && stderr(&out).contains("Input/output error"),
         "cat of a damaged replica through a small cache: {}\n{}",
         stderr(&out),
         std::fs::read_to_string(&m.log).unwrap_or_default()
+    );
+    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+    assert!(
+        log.contains("does not match the catalog's checksum") && log.contains("/alice/tas2.nc"),
+        "{log}"
     );
 }
 

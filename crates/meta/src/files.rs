@@ -293,6 +293,27 @@ impl Meta {
                 .collect();
             let views: Vec<&NodeView> = holders.iter().map(|(v, _)| v).collect();
             let ordered = placement::order_replicas(&views, site);
+            let all = replicas
+                .get(&f.id)
+                .map(|v| v.as_slice())
+                .unwrap_or_default();
+            let damaged_only = !all.is_empty()
+                && all.iter().all(|r| r.state != ReplicaState::Complete)
+                && all.iter().any(|r| r.state == ReplicaState::Damaged);
+            if ordered.is_empty() && f.size > 0 && damaged_only {
+                // No good copy anywhere, not merely none reachable: the data is damaged (EIO
+                // through a mount), not unavailable.
+                reply.errors.push(
+                    Error::new(
+                        ErrorKind::SourceDamaged,
+                        format!(
+                            "{path}: every replica is damaged or missing (found by haul verify); restore the file from another copy"
+                        ),
+                    )
+                    .for_file(&path),
+                );
+                continue;
+            }
             if ordered.is_empty() && f.size > 0 {
                 reply.errors.push(
                     Error::unavailable(format!(

@@ -88,6 +88,9 @@ struct State {
     prefix_nodes: HashSet<String>,
     /// The whole file matched the catalog's CRC32C.
     verified: bool,
+    /// A mismatch was found and the metadata server not yet asked to verify the replicas
+    /// (`Some(false)`), or it was asked (`Some(true)`): once per open file.
+    damage_reported: Option<bool>,
 }
 
 /// One version of a grid file (its id, size, mtime and checksum), open for reading.
@@ -124,6 +127,7 @@ pub type Checked = (BlockCrcs, String);
 /// Sets an extent's state when its fetch task ends, also by a panic or cancellation.
 struct Settle {
     file: Arc<RemoteFile>,
+    fetcher: Arc<Fetcher>,
     start: u64,
     /// The extent's CRC32Cs and the node it came from, or why it failed.
     result: Option<Result<Checked, TransferError>>,
@@ -148,6 +152,10 @@ impl Drop for Settle {
                 Err(err) => x.state = ExtState::Failed(err),
             }
         }
+        let report = st.damage_reported == Some(false);
+        if report {
+            st.damage_reported = Some(true);
+        }
         drop(st);
         // The cache's lock is taken only without the file's (eviction takes them the other
         // way round).
@@ -155,6 +163,40 @@ impl Drop for Settle {
             f.cache.discard(&f.key, s, e);
         }
         f.changed.notify_all();
+        if report {
+            let (meta, path) = (self.fetcher.meta.clone(), f.path.clone());
+            self.fetcher.rt.spawn(report_damage(meta, path));
+        }
+    }
+}
+
+/// Asks the metadata server to verify the replicas of `path` where they lie and to repair
+/// the damaged ones from a good copy (`haul verify PATH`, as the mounting user, who may read
+/// the file). The grid learns of the damage from its own nodes' checksums, never from this
+/// client's word; the outcome is logged.
+async fn report_damage(meta: MetaClient, path: String) {
+    let req = grid::types::VerifyRequest {
+        paths: vec![path.clone()],
+        recursive: false,
+        repair: true,
+    };
+    let outcome = match meta.verify(req).await {
+        Ok(reports) => reports.until_finished(|p| p.finished).await,
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Ok(Some(p)) => tracing::warn!(
+            path = %path,
+            damaged = p.damaged.len(),
+            repaired = p.repaired,
+            "the metadata server verified the file's replicas after the mismatch"
+        ),
+        Ok(None) => {
+            tracing::warn!(path = %path, "the metadata server stopped before it verified the file's replicas")
+        }
+        Err(e) => {
+            tracing::warn!(path = %path, error = %e, "could not ask the metadata server to verify the file's replicas; run haul verify on it")
+        }
     }
 }
 
@@ -256,6 +298,7 @@ impl RemoteFile {
                 prefix_crc: 0,
                 prefix_nodes: HashSet::new(),
                 verified: false,
+                damage_reported: None,
             }),
             changed: Condvar::new(),
             me: me.clone(),
@@ -449,6 +492,7 @@ impl RemoteFile {
                 // cancelled fails it, so no reader waits for it forever.
                 let mut settle = Settle {
                     file: me.clone(),
+                    fetcher: f2.clone(),
                     start: s,
                     result: None,
                 };
@@ -556,6 +600,7 @@ impl RemoteFile {
             "the file read does not match the catalog's checksum: a damaged replica; its data is dropped and those nodes are not read again"
         );
         st.failed_nodes.extend(from);
+        st.damage_reported.get_or_insert(false);
         let err = TransferError::integrity(format!(
             "{}: the data read does not match the catalog's CRC32C {want:08x} (got {got:08x}): a damaged replica",
             self.path
