@@ -24,10 +24,15 @@ struct Mounted {
 
 impl Mounted {
     fn start(g: &Grid, user: &str, dir: &str, extra: &[&str]) -> Mounted {
+        Self::start_env(g, user, dir, extra, &[])
+    }
+
+    fn start_env(g: &Grid, user: &str, dir: &str, extra: &[&str], env: &[(&str, &str)]) -> Mounted {
         let at = tempfile::tempdir_in(g.path()).unwrap().keep();
         let mut args = vec!["mount", dir, at.to_str().unwrap()];
         args.extend_from_slice(extra);
         let mut cmd = g.cmd(user, &args);
+        cmd.envs(env.iter().copied());
         // Its private cache goes with the grid's directory, whatever happens to the mount.
         cmd.env(
             "HAUL_LOG",
@@ -574,6 +579,60 @@ fn a_mount_killed_with_sigkill_loses_only_the_file_not_yet_closed() {
     drop(first);
     let again = Mounted::start(&g, "alice", &g.url("/alice"), &cache_arg);
     assert!(std::fs::read(again.p("closed.bin")).unwrap() == closed);
+}
+
+/// A file unlinked, or renamed, while its close uploads it: the copy the upload made under
+/// the old name does not stay there (a rename ends with the file under the new name only).
+/// Each mount's upload stalls once after 1 MiB (fault injection) until `--stall-timeout`
+/// retries it, which holds the close open while the name changes.
+#[test]
+fn a_file_unlinked_or_renamed_while_its_close_uploads_is_not_left_at_the_old_name() {
+    if !can_mount() {
+        return;
+    }
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let local = g.path().join("out.nc");
+    let body = data(61, 8 << 20);
+    std::fs::write(&local, &body).unwrap();
+    let stat_code = |p: &str| g.run("alice", &["stat", &g.url(p)]).status.code();
+    for renamed in [false, true] {
+        let m = Mounted::start_env(
+            &g,
+            "alice",
+            &g.url("/alice"),
+            &["--site", "A", "--stall-timeout", "3s", "--attr-ttl", "0s"],
+            &[("HAUL_FAULT_STALL_AFTER", "1M")],
+        );
+        let name = if renamed { "b.nc" } else { "a.nc" };
+        let mut cp = Command::new("cp")
+            .arg(&local)
+            .arg(m.p(name))
+            .spawn()
+            .unwrap();
+        // The close is uploading (and stalled) by now.
+        std::thread::sleep(Duration::from_millis(1000));
+        assert!(
+            cp.try_wait().unwrap().is_none(),
+            "the close ended before the name changed: {}",
+            std::fs::read_to_string(&m.log).unwrap_or_default()
+        );
+        if renamed {
+            std::fs::rename(m.p(name), m.p("c.nc")).unwrap();
+        } else {
+            std::fs::remove_file(m.p(name)).unwrap();
+        }
+        let status = cp.wait().unwrap();
+        assert!(status.success(), "cp: {status:?}");
+        let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+        assert_eq!(stat_code(&format!("/alice/{name}")), Some(3), "{log}");
+        assert!(!m.p(name).exists(), "{log}");
+        if renamed {
+            let back = g.path().join("c.back");
+            assert_ok(&g.cp("alice", &[&g.url("/alice/c.nc"), back.to_str().unwrap()]));
+            assert!(std::fs::read(&back).unwrap() == body, "{log}");
+        }
+    }
 }
 
 #[test]

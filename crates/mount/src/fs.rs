@@ -403,6 +403,19 @@ impl MountFs {
             let r = self.send_spool(&local, &path);
             self.forget_attr(&path);
             let mut g = sp.lock().expect("spool lock");
+            if r.is_ok() && (g.unlinked || g.grid_path != path) {
+                // Unlinked or renamed away while its upload ran: the copy just made under the
+                // old name must not stay there (a rename uploads again under the new name,
+                // below). Removed without the spool's lock held.
+                drop(g);
+                if let Err(e) = self.call(self.f.meta.remove(&path, false))
+                    && e.kind() != K::NotFound
+                {
+                    tracing::warn!(path = %path, error = %e, "could not remove the copy uploaded under a name unlinked or renamed meanwhile");
+                }
+                self.forget_attr(&path);
+                g = sp.lock().expect("spool lock");
+            }
             let moved = g.generation != generation || g.grid_path != path;
             match r {
                 // Changed while it was sent (the node refuses a file that changed under
