@@ -902,6 +902,98 @@ fn a_damaged_replica_read_in_extents_ends_in_eio_not_in_silence() {
     );
 }
 
+/// Data read again after the whole file passed its checksum (evicted from a small cache, then
+/// fetched anew from another replica) is checked against what passed: a damaged second replica
+/// ends the re-read in EIO, never in other bytes.
+#[test]
+fn data_fetched_again_from_a_damaged_replica_is_not_given_to_the_reader() {
+    if !can_mount() {
+        return;
+    }
+    let mut g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let local = g.path().join("pr.nc");
+    let body = data(71, 24 << 20);
+    std::fs::write(&local, &body).unwrap();
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            local.to_str().unwrap(),
+            &g.url("/alice/pr.nc"),
+            "--site",
+            "A",
+        ],
+    ));
+    g.ok(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "/alice/pr.nc",
+        ],
+    );
+    let holders = live_complete(&g.where_(&["/alice/pr.nc".to_string()])[0], &[]);
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    let (a, b) = {
+        let a = holders.iter().find(|(n, _)| n.starts_with('a')).unwrap();
+        let b = holders.iter().find(|(n, _)| n.starts_with('b')).unwrap();
+        (a.0.clone(), b.0.clone())
+    };
+    g.damage_replica(&b, "/alice/pr.nc");
+    let m = Mounted::start(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &["--site", "A", "--cache-size", "8M", "--read-ahead", "4M"],
+    );
+    // Reads the file through (from the good replica at site A: it passes the checksum), says
+    // so, waits, then reads its first 2 MB again.
+    let mut reader = Command::new("python3")
+        .args([
+            "-c",
+            "import sys\n\
+             f = open(sys.argv[1], 'rb', buffering=0)\n\
+             whole = f.read()\n\
+             print('read', len(whole), flush=True)\n\
+             sys.stdin.readline()\n\
+             f.seek(0)\n\
+             try:\n    again = f.read(2000000)\n    print('same' if again == whole[:2000000] else 'DIFFERENT', flush=True)\n\
+             except OSError as e:\n    print('errno', e.errno, flush=True)\n",
+            m.p("pr.nc").to_str().unwrap(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let out = reader.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let first = lines.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert_eq!(first, format!("read {}", body.len()));
+    // The good replica's node dies: the re-read can only come from the damaged one.
+    g.kill_node(&a);
+    use std::io::Write;
+    reader.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let said = lines.recv_timeout(Duration::from_secs(60)).unwrap();
+    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+    assert_eq!(said, format!("errno {}", libc::EIO), "{log}");
+    assert!(
+        log.contains("data fetched again differs") && log.contains(&b),
+        "{log}"
+    );
+    let _ = reader.wait();
+}
+
 /// The File System eXerciser (`fsx`, from crates.io; scripts/test.sh installs it), or `None`.
 fn fsx() -> Option<PathBuf> {
     let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/bin/fsx");

@@ -88,6 +88,10 @@ struct State {
     prefix_nodes: HashSet<String>,
     /// The whole file matched the catalog's CRC32C.
     verified: bool,
+    /// The CRC32C of each [`CRC_BLOCK`] piece of the checked prefix, in order (empty for files
+    /// of more than [`MAX_PIECES`] pieces): data fetched again after the prefix passed it
+    /// (evicted and read anew, perhaps from another replica) must match them.
+    piece_crcs: Vec<u32>,
     /// A mismatch was found and the metadata server not yet asked to verify the replicas
     /// (`Some(false)`), or it was asked (`Some(true)`): once per open file.
     damage_reported: Option<bool>,
@@ -115,6 +119,10 @@ pub struct RemoteFile {
 /// Bytes per CRC of an extent's [`BlockCrcs`]: the planner's alignment, so that the checked
 /// prefix of a file can continue in an extent fetched with other bounds after an eviction.
 const CRC_BLOCK: u64 = 256 << 10;
+
+/// Pieces of a file whose CRCs are kept to check data fetched again (4 bytes each: 64 MiB
+/// for a file of 4 TiB); beyond it, such data is checked by its blocks' CRCs only.
+const MAX_PIECES: u64 = 16 << 20;
 
 /// An extent's CRC32Cs: (start, CRC) of each piece between multiples of [`CRC_BLOCK`] (and the
 /// extent's own bounds), in order; a piece ends where the next starts, the last at the extent's
@@ -299,6 +307,7 @@ impl RemoteFile {
                 prefix_nodes: HashSet::new(),
                 verified: false,
                 damage_reported: None,
+                piece_crcs: Vec::new(),
             }),
             changed: Condvar::new(),
             me: me.clone(),
@@ -511,7 +520,58 @@ impl RemoteFile {
             .map_err(|_| TransferError::interrupted())?;
         f.cache.admit(e - s);
         let t = Instant::now();
-        let r = match self.fetch_reserved(f, s, e).await {
+        let mut r = self.fetch_checked(f, s, e).await;
+        // Data the checked prefix already passed must be what passed it: a replica that sends
+        // other bytes is damaged (its blocks' CRCs only say they crossed the network intact).
+        // It is not read again by this file, and the extent is fetched from the next one, until
+        // none is left (then the fetch fails: no healthy replica).
+        while let Ok((crcs, node)) = &r {
+            let differs = {
+                let st = self.lock();
+                crcs.iter()
+                    .find(|(b, c)| {
+                        st.piece_crcs
+                            .get((b / CRC_BLOCK) as usize)
+                            .is_some_and(|want| want != c)
+                    })
+                    .map(|(b, _)| *b)
+            };
+            let Some(at) = differs else { break };
+            tracing::error!(
+                path = %self.path,
+                node = %node,
+                offset = at,
+                "data fetched again differs from what passed the file's checksum: a damaged replica; that node is not read again"
+            );
+            {
+                let mut st = self.lock();
+                if !st.failed_nodes.insert(node.clone()) {
+                    // Cannot happen (a failed node is never picked), but never loop on it.
+                    drop(st);
+                    r = Err(TransferError::integrity(format!(
+                        "{}: data at {at} fetched again from {node} differs from what passed the file's checksum",
+                        self.path
+                    )));
+                    break;
+                }
+                st.damage_reported.get_or_insert(false);
+            }
+            f.cache.delete(&f.cache.extent_path(&self.key, s, e));
+            r = self.fetch_checked(f, s, e).await;
+        }
+        tracing::debug!(path = %self.path, start = s, end = e, ms = t.elapsed().as_millis() as u64, ok = r.is_ok(), "extent fetched");
+        if r.is_err() {
+            // Not kept: what the fetch stored (its CRCs unreadable, or a node sent the wrong
+            // length) goes, and its reservation is released.
+            f.cache.delete(&f.cache.extent_path(&self.key, s, e));
+            f.cache.release(e - s);
+        }
+        r
+    }
+
+    /// Fetches `[s, e)` (its cache room reserved) and reads its pieces' CRCs from the cache.
+    async fn fetch_checked(&self, f: &Fetcher, s: u64, e: u64) -> Result<Checked, TransferError> {
+        match self.fetch_reserved(f, s, e).await {
             Ok(node) => {
                 let path = f.cache.extent_path(&self.key, s, e);
                 let mem = f.cache.memory().cloned();
@@ -532,15 +592,7 @@ impl RemoteFile {
                 }
             }
             Err(err) => Err(err),
-        };
-        tracing::debug!(path = %self.path, start = s, end = e, ms = t.elapsed().as_millis() as u64, ok = r.is_ok(), "extent fetched");
-        if r.is_err() {
-            // Not kept: what the fetch stored (its CRCs unreadable, or a node sent the wrong
-            // length) goes, and its reservation is released.
-            f.cache.delete(&f.cache.extent_path(&self.key, s, e));
-            f.cache.release(e - s);
         }
-        r
     }
 
     /// With the extent at `done` just fetched: extends the checked prefix of the file over
@@ -571,15 +623,21 @@ impl RemoteFile {
                 break;
             };
             let (mut crc, mut at) = (st.prefix_crc, st.prefix_end);
+            let keep = self.size.div_ceil(CRC_BLOCK) <= MAX_PIECES;
+            let mut pieces = Vec::new();
             for (k, &(b, c)) in blocks.iter().enumerate().skip(i) {
                 let to = blocks.get(k + 1).map_or(x.end, |n| n.0);
                 debug_assert_eq!(b, at);
                 crc = wire::checksum::crc_combine(crc, c, to - b);
                 at = to;
+                if keep {
+                    pieces.push(c);
+                }
             }
             let node = node.clone();
             (st.prefix_crc, st.prefix_end) = (crc, at);
             st.prefix_nodes.insert(node);
+            st.piece_crcs.extend(pieces);
         }
         if st.prefix_end != self.size {
             return Vec::new();
@@ -592,6 +650,7 @@ impl RemoteFile {
         let mut from: Vec<String> = st.prefix_nodes.drain().collect();
         from.sort();
         (st.prefix_end, st.prefix_crc) = (0, 0);
+        st.piece_crcs.clear();
         tracing::error!(
             path = %self.path,
             nodes = %from.join(","),
