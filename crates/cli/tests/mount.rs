@@ -994,6 +994,94 @@ fn data_fetched_again_from_a_damaged_replica_is_not_given_to_the_reader() {
     let _ = reader.wait();
 }
 
+/// The other way round: the replica read first is the damaged one, and it goes before the file
+/// was checked whole. Data fetched again from the good replica differs from what was read
+/// first, but which copy is damaged is not known yet: the good replica is not failed, and the
+/// program reads good bytes to the end.
+#[test]
+fn data_fetched_again_before_the_file_is_checked_does_not_fail_the_good_replica() {
+    if !can_mount() {
+        return;
+    }
+    let mut g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let local = g.path().join("ua.nc");
+    let body = data(72, 24 << 20);
+    std::fs::write(&local, &body).unwrap();
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            local.to_str().unwrap(),
+            &g.url("/alice/ua.nc"),
+            "--site",
+            "A",
+        ],
+    ));
+    g.ok(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            "/alice/ua.nc",
+        ],
+    );
+    let holders = live_complete(&g.where_(&["/alice/ua.nc".to_string()])[0], &[]);
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    let a = holders
+        .iter()
+        .find(|(n, _)| n.starts_with('a'))
+        .unwrap()
+        .0
+        .clone();
+    g.damage_replica(&a, "/alice/ua.nc");
+    let m = Mounted::start(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &["--site", "A", "--cache-size", "8M", "--read-ahead", "4M"],
+    );
+    // Reads 12 MB (from the damaged replica at site A), says so, waits, then reads the file
+    // from its start to its end.
+    let mut reader = Command::new("python3")
+        .args([
+            "-c",
+            "import sys\n\
+             f = open(sys.argv[1], 'rb', buffering=0)\n\
+             part = f.read(12 << 20)\n\
+             print('read', len(part), flush=True)\n\
+             sys.stdin.readline()\n\
+             f.seek(0)\n\
+             try:\n    whole = f.read()\n    print('whole', len(whole), flush=True)\n    sys.stdout.buffer.write(whole)\n    sys.stdout.flush()\n\
+             except OSError as e:\n    print('errno', e.errno, flush=True)\n",
+            m.p("ua.nc").to_str().unwrap(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(reader.stdout.take().unwrap());
+    use std::io::{BufRead, Read, Write};
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), format!("read {}", 12 << 20));
+    // The damaged replica's node dies before the file was read whole.
+    g.kill_node(&a);
+    reader.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+    assert_eq!(line.trim(), format!("whole {}", body.len()), "{log}");
+    let mut got = Vec::new();
+    out.read_to_end(&mut got).unwrap();
+    assert!(got == body, "the bytes read differ");
+    let _ = reader.wait();
+}
+
 /// The File System eXerciser (`fsx`, from crates.io; scripts/test.sh installs it), or `None`.
 fn fsx() -> Option<PathBuf> {
     let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/bin/fsx");

@@ -21,6 +21,19 @@ const LOCK: &str = "lock";
 /// The prefix of a mount's private directory in the temporary directory.
 pub const PRIVATE_PREFIX: &str = "haul-mount-";
 
+/// The prefix of the private directories of mounts on this host: [`PRIVATE_PREFIX`] and the
+/// host's name. Only these are reaped: on a temporary directory shared by several hosts,
+/// where `flock` may be local to each, another host's live mount would look dead.
+pub fn host_prefix() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String = host
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .collect();
+    format!("{PRIVATE_PREFIX}{host}-")
+}
+
 /// A held directory lock; released when dropped (or when the process ends).
 #[derive(Debug)]
 pub struct DirLock {
@@ -86,9 +99,9 @@ impl DirLock {
 
 /// Removes this user's private mount directories in `tmp` that no running mount holds, except
 /// `mine`; the paths removed. Only real directories (not links), owned by the effective user,
-/// named `haul-mount-*`, with a lock file that can be taken: a directory without one is a
-/// mount still starting (or one from before locks), and stays.
-pub fn reap_dead(tmp: &Path, mine: &Path) -> Vec<std::path::PathBuf> {
+/// named `prefix*` ([`host_prefix`]), with a lock file that can be taken: a directory without
+/// one is a mount still starting (or one from before locks), and stays.
+pub fn reap_dead(tmp: &Path, mine: &Path, prefix: &str) -> Vec<std::path::PathBuf> {
     // SAFETY: geteuid has no memory effects.
     let me = unsafe { libc::geteuid() };
     let Ok(entries) = std::fs::read_dir(tmp) else {
@@ -97,7 +110,7 @@ pub fn reap_dead(tmp: &Path, mine: &Path) -> Vec<std::path::PathBuf> {
     let mut gone = Vec::new();
     for e in entries.flatten() {
         let path = e.path();
-        if path == mine || !e.file_name().to_string_lossy().starts_with(PRIVATE_PREFIX) {
+        if path == mine || !e.file_name().to_string_lossy().starts_with(prefix) {
             continue;
         }
         // `symlink_metadata`: a link named like a mount directory is left alone.
@@ -163,7 +176,7 @@ mod tests {
         std::fs::create_dir(&other).unwrap();
         drop(DirLock::take_new(&other).unwrap());
 
-        let gone = reap_dead(t, &mine);
+        let gone = reap_dead(t, &mine, PRIVATE_PREFIX);
         assert_eq!(gone, vec![dead.clone()]);
         assert!(!dead.exists());
         for kept in [&live, &starting, &mine, &target, &other] {

@@ -59,6 +59,8 @@ struct Spool {
     dirty: bool,
     /// Removed while open: nothing is uploaded.
     unlinked: bool,
+    /// Its name was taken over by a rename onto it (another file is there now).
+    displaced: bool,
     /// Set by utimensat while open: the upload carries it.
     mtime: Option<SystemTime>,
     /// Write handles open on it. Changed only under this spool's lock: the release that
@@ -360,6 +362,7 @@ impl MountFs {
             mode,
             dirty: from.is_none(),
             unlinked: false,
+            displaced: false,
             mtime: None,
             opens: 1,
             retired: false,
@@ -403,11 +406,15 @@ impl MountFs {
             let r = self.send_spool(&local, &path);
             self.forget_attr(&path);
             let mut g = sp.lock().expect("spool lock");
-            if r.is_ok() && (g.unlinked || g.grid_path != path) {
+            let mut removed = false;
+            if r.is_ok() && !g.displaced && (g.unlinked || g.grid_path != path) {
                 // Unlinked or renamed away while its upload ran: the copy just made under the
                 // old name must not stay there (a rename uploads again under the new name,
-                // below). Removed without the spool's lock held.
+                // below). Removed without the spool's lock held. Not when another file was
+                // renamed onto the name: that file is there now. (By path: a file another
+                // client creates under the old name in this instant would go too.)
                 drop(g);
+                removed = true;
                 if let Err(e) = self.call(self.f.meta.remove(&path, false))
                     && e.kind() != K::NotFound
                 {
@@ -416,7 +423,9 @@ impl MountFs {
                 self.forget_attr(&path);
                 g = sp.lock().expect("spool lock");
             }
-            let moved = g.generation != generation || g.grid_path != path;
+            // A removal counts as a move: the name may have come back to this spool meanwhile
+            // (renamed away and back), and then it must be uploaded again.
+            let moved = removed || g.generation != generation || g.grid_path != path;
             match r {
                 // Changed while it was sent (the node refuses a file that changed under
                 // it): sent again.
@@ -907,7 +916,9 @@ impl fuser::Filesystem for MountFs {
         };
         // Spool locks only after the map's (release takes them the other way round).
         if let Some(sp) = displaced {
-            sp.lock().expect("spool lock").unlinked = true;
+            let mut g = sp.lock().expect("spool lock");
+            g.unlinked = true;
+            g.displaced = true;
         }
         for (new, sp) in moved {
             sp.lock().expect("spool lock").grid_path = new;

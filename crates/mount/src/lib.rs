@@ -85,33 +85,50 @@ pub async fn serve(
     // for the mount's life (`dirlock`): a second mount refuses a cache directory in use, and
     // the private directories of this user's mounts that died (kill -9) are removed.
     let private;
-    let _dir_lock;
+    // `None` where the file system has no `flock` (then nothing is locked or reaped).
+    let _dir_lock: Option<dirlock::DirLock>;
+    let no_locks = |dir: &Path, e: &std::io::Error| {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot lock the mount's directory (no flock here?): running without the lock; another mount could share it, and dead mounts' spools are not removed");
+    };
     let cache_root: PathBuf = match &opts.cache_dir {
         Some(d) => {
             std::fs::create_dir_all(d)
                 .map_err(|e| TransferError::local(format!("cache {}: {e}", d.display())))?;
-            _dir_lock = dirlock::DirLock::take_shared(d)
-                .map_err(|e| TransferError::local(format!("cache {}: {e}", d.display())))?
-                .ok_or_else(|| {
-                    TransferError::new(
+            _dir_lock = match dirlock::DirLock::take_shared(d) {
+                Ok(Some(l)) => Some(l),
+                Ok(None) => {
+                    return Err(TransferError::new(
                         wire::error::ErrorKind::Busy,
                         format!(
                             "cache {}: another haul mount is using it; give each mount its own --cache",
                             d.display()
                         ),
-                    )
-                })?;
+                    ));
+                }
+                Err(e) => {
+                    no_locks(d, &e);
+                    None
+                }
+            };
             d.clone()
         }
         None => {
+            let prefix = dirlock::host_prefix();
             private = tempfile::Builder::new()
-                .prefix(dirlock::PRIVATE_PREFIX)
+                .prefix(&prefix)
                 .tempdir()
                 .map_err(|e| TransferError::local(format!("cannot make a cache directory: {e}")))?;
-            _dir_lock = dirlock::DirLock::take_new(private.path())
-                .map_err(|e| TransferError::local(format!("{}: {e}", private.path().display())))?;
-            if let Some(tmp) = private.path().parent() {
-                for gone in dirlock::reap_dead(tmp, private.path()) {
+            _dir_lock = match dirlock::DirLock::take_new(private.path()) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    no_locks(private.path(), &e);
+                    None
+                }
+            };
+            if _dir_lock.is_some()
+                && let Some(tmp) = private.path().parent()
+            {
+                for gone in dirlock::reap_dead(tmp, private.path(), &prefix) {
                     tracing::info!(dir = %gone.display(), "removed the spool directory of a mount that ended without unmounting");
                 }
             }

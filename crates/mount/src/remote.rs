@@ -525,18 +525,32 @@ impl RemoteFile {
         // other bytes is damaged (its blocks' CRCs only say they crossed the network intact).
         // It is not read again by this file, and the extent is fetched from the next one, until
         // none is left (then the fetch fails: no healthy replica).
-        while let Ok((crcs, node)) = &r {
-            let differs = {
+        // (Bounded: each round fails one more node, and a failed node is never picked.)
+        for _ in 0..=self.replicas.len() {
+            let Ok((crcs, node)) = &r else { break };
+            let (differs, verified) = {
                 let st = self.lock();
-                crcs.iter()
+                let differs = crcs
+                    .iter()
                     .find(|(b, c)| {
                         st.piece_crcs
                             .get((b / CRC_BLOCK) as usize)
                             .is_some_and(|want| want != c)
                     })
-                    .map(|(b, _)| *b)
+                    .map(|(b, _)| *b);
+                (differs, st.verified)
             };
             let Some(at) = differs else { break };
+            if !verified {
+                // The prefix is not known good yet: which copy is damaged is not known either.
+                // The prefix starts over (with the extents at hand), and the whole-file check
+                // decides.
+                let mut st = self.lock();
+                (st.prefix_end, st.prefix_crc) = (0, 0);
+                st.piece_crcs.clear();
+                st.prefix_nodes.clear();
+                break;
+            }
             tracing::error!(
                 path = %self.path,
                 node = %node,
@@ -545,19 +559,28 @@ impl RemoteFile {
             );
             {
                 let mut st = self.lock();
-                if !st.failed_nodes.insert(node.clone()) {
-                    // Cannot happen (a failed node is never picked), but never loop on it.
-                    drop(st);
-                    r = Err(TransferError::integrity(format!(
-                        "{}: data at {at} fetched again from {node} differs from what passed the file's checksum",
-                        self.path
-                    )));
-                    break;
-                }
+                st.failed_nodes.insert(node.clone());
                 st.damage_reported.get_or_insert(false);
             }
             f.cache.delete(&f.cache.extent_path(&self.key, s, e));
             r = self.fetch_checked(f, s, e).await;
+        }
+        if let Ok((crcs, node)) = &r {
+            let st = self.lock();
+            let still = st.verified
+                && crcs.iter().any(|(b, c)| {
+                    st.piece_crcs
+                        .get((b / CRC_BLOCK) as usize)
+                        .is_some_and(|want| want != c)
+                });
+            if still {
+                let msg = format!(
+                    "{}: data fetched again from {node} differs from what passed the file's checksum",
+                    self.path
+                );
+                drop(st);
+                r = Err(TransferError::integrity(msg));
+            }
         }
         tracing::debug!(path = %self.path, start = s, end = e, ms = t.elapsed().as_millis() as u64, ok = r.is_ok(), "extent fetched");
         if r.is_err() {

@@ -944,15 +944,16 @@ const SINK_IDLE_REPORT: Duration = Duration::from_secs(2);
 /// Most bytes a block read waits for before waking (SO_RCVLOWAT).
 const LOWAT_CHUNK: usize = 256 << 10;
 
-/// The low-water mark a payload read may set on socket `fd`: [`LOWAT_CHUNK`], or a quarter of
+/// The low-water mark a payload read may set on socket `fd`: [`LOWAT_CHUNK`], or an eighth of
 /// the socket's receive buffer if that is less. The kernel grows the buffer to twice a mark it
 /// cannot hold, and may clamp the window with it; a young connection on a long path, whose
-/// buffer autotuning has not yet grown, would then lose window it needs. At a quarter the mark
-/// leaves the buffer and window alone (kept as the test
+/// buffer autotuning has not yet grown, would then lose window it needs. At an eighth the mark
+/// leaves the buffer and window alone (with its defaults the kernel counts about half of a
+/// buffer's bytes as payload; an eighth leaves room for drivers that waste more) (kept as the test
 /// `a_payload_low_water_mark_leaves_the_receive_buffer_alone`).
 fn lowat_cap(fd: std::os::fd::RawFd) -> usize {
     crate::sys::recv_buffer(fd)
-        .map(|b| (b / 4).min(LOWAT_CHUNK))
+        .map(|b| (b / 8).min(LOWAT_CHUNK))
         .unwrap_or(0)
 }
 
@@ -1030,7 +1031,7 @@ fn ack_due(block: bool, unacked_frames: u64, input_drained: bool) -> bool {
 /// The descriptor of a data connection whose payload reads batch wake-ups with SO_RCVLOWAT:
 /// plain TCP (TLS buffers records the socket no longer counts), on any path. On a long path
 /// the data trickles in a few segments at a time, and without a low-water mark every few
-/// segments wake a reader; [`read_payload`] keeps the mark under a quarter of the socket's
+/// segments wake a reader; [`read_payload`] keeps the mark under an eighth of the socket's
 /// current receive buffer, so that setting it never grows the buffer or moves the window clamp
 /// (the kernel does both for a mark above what the buffer holds).
 fn plain_stream(io: &conn::Io) -> Option<std::os::fd::RawFd> {
