@@ -109,6 +109,92 @@ fn python(script: &str) -> std::process::Output {
     run_bounded(c, CMD_TIMEOUT)
 }
 
+/// `path` (in /alice, which must exist) written as alice with `len` bytes of seed `seed`, a
+/// replica at site A and one at site B: its bytes, and the nodes holding it at A and at B.
+fn at_both_sites(g: &Grid, path: &str, seed: u64, len: usize) -> (Vec<u8>, String, String) {
+    let local = g.path().join(Path::new(path).file_name().unwrap());
+    let body = data(seed, len);
+    std::fs::write(&local, &body).unwrap();
+    assert_ok(&g.cp(
+        "alice",
+        &[local.to_str().unwrap(), &g.url(path), "--site", "A"],
+    ));
+    g.ok(
+        "alice",
+        &[
+            "replicate",
+            "--copies",
+            "2",
+            "--site",
+            "B",
+            "--progress",
+            "never",
+            path,
+        ],
+    );
+    let w = g.where_(&[path.to_string()]);
+    let holders = live_complete(&w[0], &[]);
+    assert_eq!(holders.len(), 2, "{w:?}");
+    let at = |site: char| {
+        holders
+            .iter()
+            .find(|(n, _)| n.starts_with(site))
+            .map(|(n, _)| n.clone())
+            .unwrap_or_else(|| panic!("no replica at site {site}: {w:?}"))
+    };
+    (body, at('a'), at('b'))
+}
+
+/// A Python program run with `script` and one argument, that speaks in lines: each line it
+/// prints is one [`Prompted::line`]; where its script reads a line from stdin it waits for
+/// [`Prompted::go`]. Killed when dropped.
+struct Prompted {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Prompted {
+    fn start(script: &str, arg: &Path) -> Prompted {
+        let mut child = Command::new("python3")
+            .args(["-c", script, arg.to_str().unwrap()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        Prompted { child, lines }
+    }
+
+    /// Its next line, or an error if none comes within `limit`.
+    fn line(&self, limit: Duration) -> Result<String, std::sync::mpsc::RecvTimeoutError> {
+        self.lines.recv_timeout(limit)
+    }
+
+    fn go(&mut self) {
+        use std::io::Write;
+        self.child
+            .stdin
+            .as_mut()
+            .unwrap()
+            .write_all(b"go\n")
+            .unwrap();
+    }
+}
+
+impl Drop for Prompted {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn can_mount() -> bool {
     if !testkit::is_root() {
         testkit::skip("mounting with FUSE needs root");
@@ -331,40 +417,7 @@ fn a_read_survives_a_node_killed_mid_file_and_a_dead_metadata_server_is_an_error
     }
     let mut g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
-    let local = g.path().join("run042.nc");
-    let body = data(42, 24 << 20);
-    std::fs::write(&local, &body).unwrap();
-    assert_ok(&g.cp(
-        "alice",
-        &[
-            local.to_str().unwrap(),
-            &g.url("/alice/run042.nc"),
-            "--site",
-            "A",
-        ],
-    ));
-    // A second copy at the other site.
-    g.ok(
-        "alice",
-        &[
-            "replicate",
-            "--copies",
-            "2",
-            "--site",
-            "B",
-            "--progress",
-            "never",
-            "/alice/run042.nc",
-        ],
-    );
-    let w = g.where_(&["/alice/run042.nc".to_string()]);
-    let holders = live_complete(&w[0], &[]);
-    assert_eq!(holders.len(), 2, "{w:?}");
-    let first = holders
-        .iter()
-        .find(|(n, _)| n.starts_with('a'))
-        .map(|(n, _)| n.clone())
-        .expect("a replica at site A");
+    let (body, first, _) = at_both_sites(&g, "/alice/run042.nc", 42, 24 << 20);
 
     // Small extents (a 4 MiB window: 1 MiB fetches) so that the read spans many fetches.
     let m = Mounted::start(
@@ -436,7 +489,7 @@ fn a_mount_killed_with_sigkill_loses_only_the_file_not_yet_closed() {
     if !can_mount() {
         return;
     }
-    use std::io::{Read, Write};
+    use std::io::Read;
     let g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
     let big = g.path().join("big.nc");
@@ -462,31 +515,17 @@ fn a_mount_killed_with_sigkill_loses_only_the_file_not_yet_closed() {
     // The writer is a process of its own: a descriptor of this (multi-threaded) test process
     // would be copied into every child another test forks, and each of those closes is a FUSE
     // flush, which uploads what was written so far (close-to-open, as NFS).
-    let mut writer = Command::new("python3")
-        .args([
-            "-c",
-            "import os, sys\n\
-             fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n\
-             os.write(fd, b'x' * (2 << 20))\n\
-             print('ready', flush=True)\n\
-             sys.stdin.readline()\n\
-             try:\n    os.write(fd, b'y' * 65536)\n    os.fsync(fd)\n    print('written', flush=True)\n\
-             except OSError as e:\n    print('errno', e.errno, flush=True)\n",
-            m.p("open.bin").to_str().unwrap(),
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (line_tx, lines) = std::sync::mpsc::channel();
-    let out = writer.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = line_tx.send(l);
-        }
-    });
-    let ready = lines.recv_timeout(Duration::from_secs(30)).unwrap();
+    let mut writer = Prompted::start(
+        "import os, sys\n\
+         fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n\
+         os.write(fd, b'x' * (2 << 20))\n\
+         print('ready', flush=True)\n\
+         sys.stdin.readline()\n\
+         try:\n    os.write(fd, b'y' * 65536)\n    os.fsync(fd)\n    print('written', flush=True)\n\
+         except OSError as e:\n    print('errno', e.errno, flush=True)\n",
+        &m.p("open.bin"),
+    );
+    let ready = writer.line(Duration::from_secs(30)).unwrap();
     assert_eq!(ready, "ready");
     let mut reading = std::fs::File::open(m.p("big.nc")).unwrap();
     let mut head = vec![0u8; 1 << 20];
@@ -525,15 +564,15 @@ fn a_mount_killed_with_sigkill_loses_only_the_file_not_yet_closed() {
         matches!(r.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::EIO)),
         "{r}"
     );
-    writer.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    let said = lines
-        .recv_timeout(Duration::from_secs(30))
+    writer.go();
+    let said = writer
+        .line(Duration::from_secs(30))
         .expect("a write on the killed mount hung");
     assert!(
         said == format!("errno {}", libc::ENOTCONN) || said == format!("errno {}", libc::EIO),
         "the writer said: {said}"
     );
-    let _ = writer.wait();
+    drop(writer);
     let e = std::fs::metadata(m.p("closed.bin")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
 
@@ -912,38 +951,7 @@ fn data_fetched_again_from_a_damaged_replica_is_not_given_to_the_reader() {
     }
     let mut g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
-    let local = g.path().join("pr.nc");
-    let body = data(71, 24 << 20);
-    std::fs::write(&local, &body).unwrap();
-    assert_ok(&g.cp(
-        "alice",
-        &[
-            local.to_str().unwrap(),
-            &g.url("/alice/pr.nc"),
-            "--site",
-            "A",
-        ],
-    ));
-    g.ok(
-        "alice",
-        &[
-            "replicate",
-            "--copies",
-            "2",
-            "--site",
-            "B",
-            "--progress",
-            "never",
-            "/alice/pr.nc",
-        ],
-    );
-    let holders = live_complete(&g.where_(&["/alice/pr.nc".to_string()])[0], &[]);
-    assert_eq!(holders.len(), 2, "{holders:?}");
-    let (a, b) = {
-        let a = holders.iter().find(|(n, _)| n.starts_with('a')).unwrap();
-        let b = holders.iter().find(|(n, _)| n.starts_with('b')).unwrap();
-        (a.0.clone(), b.0.clone())
-    };
+    let (body, a, b) = at_both_sites(&g, "/alice/pr.nc", 71, 24 << 20);
     g.damage_replica(&b, "/alice/pr.nc");
     let m = Mounted::start(
         &g,
@@ -953,45 +961,29 @@ fn data_fetched_again_from_a_damaged_replica_is_not_given_to_the_reader() {
     );
     // Reads the file through (from the good replica at site A: it passes the checksum), says
     // so, waits, then reads its first 2 MB again.
-    let mut reader = Command::new("python3")
-        .args([
-            "-c",
-            "import sys\n\
-             f = open(sys.argv[1], 'rb', buffering=0)\n\
-             whole = f.read()\n\
-             print('read', len(whole), flush=True)\n\
-             sys.stdin.readline()\n\
-             f.seek(0)\n\
-             try:\n    again = f.read(2000000)\n    print('same' if again == whole[:2000000] else 'DIFFERENT', flush=True)\n\
-             except OSError as e:\n    print('errno', e.errno, flush=True)\n",
-            m.p("pr.nc").to_str().unwrap(),
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    let out = reader.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let first = lines.recv_timeout(Duration::from_secs(60)).unwrap();
+    let mut reader = Prompted::start(
+        "import sys\n\
+         f = open(sys.argv[1], 'rb', buffering=0)\n\
+         whole = f.read()\n\
+         print('read', len(whole), flush=True)\n\
+         sys.stdin.readline()\n\
+         f.seek(0)\n\
+         try:\n    again = f.read(2000000)\n    print('same' if again == whole[:2000000] else 'DIFFERENT', flush=True)\n\
+         except OSError as e:\n    print('errno', e.errno, flush=True)\n",
+        &m.p("pr.nc"),
+    );
+    let first = reader.line(Duration::from_secs(60)).unwrap();
     assert_eq!(first, format!("read {}", body.len()));
     // The good replica's node dies: the re-read can only come from the damaged one.
     g.kill_node(&a);
-    use std::io::Write;
-    reader.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    let said = lines.recv_timeout(Duration::from_secs(60)).unwrap();
+    reader.go();
+    let said = reader.line(Duration::from_secs(60)).unwrap();
     let log = std::fs::read_to_string(&m.log).unwrap_or_default();
     assert_eq!(said, format!("errno {}", libc::EIO), "{log}");
     assert!(
         log.contains("data fetched again differs") && log.contains(&b),
         "{log}"
     );
-    let _ = reader.wait();
 }
 
 /// The other way round: the replica read first is the damaged one, and it goes before the file
@@ -1005,39 +997,7 @@ fn data_fetched_again_before_the_file_is_checked_does_not_fail_the_good_replica(
     }
     let mut g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
-    let local = g.path().join("ua.nc");
-    let body = data(72, 24 << 20);
-    std::fs::write(&local, &body).unwrap();
-    assert_ok(&g.cp(
-        "alice",
-        &[
-            local.to_str().unwrap(),
-            &g.url("/alice/ua.nc"),
-            "--site",
-            "A",
-        ],
-    ));
-    g.ok(
-        "alice",
-        &[
-            "replicate",
-            "--copies",
-            "2",
-            "--site",
-            "B",
-            "--progress",
-            "never",
-            "/alice/ua.nc",
-        ],
-    );
-    let holders = live_complete(&g.where_(&["/alice/ua.nc".to_string()])[0], &[]);
-    assert_eq!(holders.len(), 2, "{holders:?}");
-    let a = holders
-        .iter()
-        .find(|(n, _)| n.starts_with('a'))
-        .unwrap()
-        .0
-        .clone();
+    let (body, a, _) = at_both_sites(&g, "/alice/ua.nc", 72, 24 << 20);
     g.damage_replica(&a, "/alice/ua.nc");
     let m = Mounted::start(
         &g,

@@ -55,15 +55,19 @@ fn try_flock(f: &File) -> io::Result<bool> {
     }
 }
 
-/// Opens `dir/lock` (created if `create`), never following a link planted there.
-fn open_lock(dir: &Path, create: bool) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
+/// How a lock file is opened: the user's alone, never following a link planted there.
+fn lock_options() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true)
         .write(true)
-        .create(create)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir.join(LOCK))
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    o
+}
+
+/// Opens `dir/lock` (created if `create`).
+fn open_lock(dir: &Path, create: bool) -> io::Result<File> {
+    lock_options().create(create).open(dir.join(LOCK))
 }
 
 impl DirLock {
@@ -79,13 +83,7 @@ impl DirLock {
     /// reaping dead directories at the same moment never finds it free.
     pub fn take_new(dir: &Path) -> io::Result<DirLock> {
         let fresh = dir.join(".lock-new");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&fresh)?;
+        let f = lock_options().create_new(true).open(&fresh)?;
         if !try_flock(&f)? {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,

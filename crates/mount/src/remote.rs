@@ -97,6 +97,26 @@ struct State {
     damage_reported: Option<bool>,
 }
 
+impl State {
+    /// Where an extent's pieces (`crcs`) first differ from those the checked prefix passed.
+    fn differs_from_checked(&self, crcs: &BlockCrcs) -> Option<u64> {
+        crcs.iter()
+            .find(|(b, c)| {
+                self.piece_crcs
+                    .get((b / CRC_BLOCK) as usize)
+                    .is_some_and(|want| want != c)
+            })
+            .map(|(b, _)| *b)
+    }
+
+    /// Starts the checked prefix over from the file's beginning.
+    fn restart_prefix(&mut self) {
+        (self.prefix_end, self.prefix_crc) = (0, 0);
+        self.piece_crcs.clear();
+        self.prefix_nodes.clear();
+    }
+}
+
 /// One version of a grid file (its id, size, mtime and checksum), open for reading.
 pub struct RemoteFile {
     pub path: String,
@@ -528,54 +548,38 @@ impl RemoteFile {
         // (Bounded: each round fails one more node, and a failed node is never picked.)
         for _ in 0..=self.replicas.len() {
             let Ok((crcs, node)) = &r else { break };
-            let (differs, verified) = {
-                let st = self.lock();
-                let differs = crcs
-                    .iter()
-                    .find(|(b, c)| {
-                        st.piece_crcs
-                            .get((b / CRC_BLOCK) as usize)
-                            .is_some_and(|want| want != c)
-                    })
-                    .map(|(b, _)| *b);
-                (differs, st.verified)
-            };
-            let Some(at) = differs else { break };
-            if !verified {
-                // The prefix is not known good yet: which copy is damaged is not known either.
-                // The prefix starts over (with the extents at hand), and the whole-file check
-                // decides.
+            let at = {
                 let mut st = self.lock();
-                (st.prefix_end, st.prefix_crc) = (0, 0);
-                st.piece_crcs.clear();
-                st.prefix_nodes.clear();
-                break;
-            }
+                let Some(at) = st.differs_from_checked(crcs) else {
+                    break;
+                };
+                if !st.verified {
+                    // The prefix is not known good yet: which copy is damaged is not known
+                    // either. The prefix starts over (with the extents at hand), and the
+                    // whole-file check decides.
+                    st.restart_prefix();
+                    break;
+                }
+                st.failed_nodes.insert(node.clone());
+                st.damage_reported.get_or_insert(false);
+                at
+            };
             tracing::error!(
                 path = %self.path,
                 node = %node,
                 offset = at,
                 "data fetched again differs from what passed the file's checksum: a damaged replica; that node is not read again"
             );
-            {
-                let mut st = self.lock();
-                st.failed_nodes.insert(node.clone());
-                st.damage_reported.get_or_insert(false);
-            }
             f.cache.delete(&f.cache.extent_path(&self.key, s, e));
             r = self.fetch_checked(f, s, e).await;
         }
         if let Ok((crcs, node)) = &r {
             let st = self.lock();
-            let still = st.verified
-                && crcs.iter().any(|(b, c)| {
-                    st.piece_crcs
-                        .get((b / CRC_BLOCK) as usize)
-                        .is_some_and(|want| want != c)
-                });
-            if still {
+            if st.verified
+                && let Some(at) = st.differs_from_checked(crcs)
+            {
                 let msg = format!(
-                    "{}: data fetched again from {node} differs from what passed the file's checksum",
+                    "{}: data at {at} fetched again from {node} differs from what passed the file's checksum",
                     self.path
                 );
                 drop(st);
@@ -672,8 +676,7 @@ impl RemoteFile {
         }
         let mut from: Vec<String> = st.prefix_nodes.drain().collect();
         from.sort();
-        (st.prefix_end, st.prefix_crc) = (0, 0);
-        st.piece_crcs.clear();
+        st.restart_prefix();
         tracing::error!(
             path = %self.path,
             nodes = %from.join(","),

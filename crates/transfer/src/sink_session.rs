@@ -466,12 +466,7 @@ impl Shared {
                     .and_then(|p| self.claim(file, attempt, &p).map(|c| (p, c)));
                 let (final_path, claim) = match claimed {
                     Ok(c) => c,
-                    Err(e) => {
-                        let mut st = self.lock();
-                        st.on_opened(file, attempt, Err(e), now);
-                        self.dispatch(&mut st);
-                        return;
-                    }
+                    Err(e) => return self.open_failed(file, attempt, e, now),
                 };
                 // A storage node never writes over a replica it holds (unless its capability
                 // says that replica is bad): a write capability replayed after the commit must
@@ -527,11 +522,7 @@ impl Shared {
                             settled,
                         );
                     }
-                    Err(e) => {
-                        let mut st = self.lock();
-                        st.on_opened(file, attempt, Err(e), now);
-                        self.dispatch(&mut st);
-                    }
+                    Err(e) => self.open_failed(file, attempt, e, now),
                 }
             }
             SinkAction::MakeDir {
@@ -702,6 +693,13 @@ impl Shared {
 
     /// Opens a file received into the naming's memory target: nothing on disk, so no claim,
     /// no ledger and nothing to resume.
+    /// A file could not be opened: the state machine hears why.
+    fn open_failed(&self, file: FileId, attempt: u32, e: ErrorInfo, now: Instant) {
+        let mut st = self.lock();
+        st.on_opened(file, attempt, Err(e), now);
+        self.dispatch(&mut st);
+    }
+
     fn open_in_memory(self: &Arc<Self>, file: FileId, attempt: u32, begin: FileBegin) {
         let now = Instant::now();
         let opened = match self.naming.memory() {
@@ -710,12 +708,7 @@ impl Shared {
         };
         let target = match opened {
             Ok(t) => t,
-            Err(e) => {
-                let mut st = self.lock();
-                st.on_opened(file, attempt, Err(e), now);
-                self.dispatch(&mut st);
-                return;
-            }
+            Err(e) => return self.open_failed(file, attempt, e, now),
         };
         let path = PathBuf::from(&begin.path);
         let of = self.open_file(Target::Memory(target), path, begin, None);
