@@ -798,6 +798,95 @@ sys.stdout.buffer.write(m[{at}:{at}+10] + m[-10:])",
     );
 }
 
+/// The bytes of each cached extent in a `--cache` directory, by the size of the file it holds
+/// (the second field of its key): (start, end) of each.
+fn cached_extents(cache: &Path) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    for d in std::fs::read_dir(cache.join("files")).unwrap() {
+        let d = d.unwrap();
+        let key = d.file_name().to_string_lossy().into_owned();
+        let size: u64 = key.split('-').nth(1).unwrap().parse().unwrap();
+        for e in std::fs::read_dir(d.path()).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if let Some((s, t)) = name.split_once('-')
+                && let (Ok(s), Ok(t)) = (s.parse(), t.parse())
+            {
+                out.push((size, s, t));
+            }
+        }
+    }
+    out
+}
+
+/// A file larger than the cache, read through: the extents its reader has passed leave the
+/// cache at once (drop-behind), so it holds little more than the read-ahead of it and what
+/// another file had cached stays (without drop-behind, that file's cold extents are the first
+/// evicted). Read through again, the file is fetched again, whole and right.
+#[test]
+fn a_file_larger_than_the_cache_read_through_leaves_the_cache_to_the_others() {
+    if !can_mount() {
+        return;
+    }
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let (small, big) = (data(3, 1 << 20), data(4, 48 << 20));
+    for (name, body) in [("small.bin", &small), ("big.bin", &big)] {
+        let local = g.path().join(name);
+        std::fs::write(&local, body).unwrap();
+        assert_ok(&g.cp(
+            "alice",
+            &[local.to_str().unwrap(), &g.url(&format!("/alice/{name}"))],
+        ));
+    }
+    let cache = g.path().join("cachedir");
+    let m = Mounted::start(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &[
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "16M",
+            "--read-ahead",
+            "4M",
+        ],
+    );
+    assert!(std::fs::read(m.p("small.bin")).unwrap() == small);
+    let small_cached = || {
+        cached_extents(&cache)
+            .iter()
+            .filter(|(size, _, _)| *size == small.len() as u64)
+            .map(|(_, s, t)| t - s)
+            .sum::<u64>()
+    };
+    assert_eq!(small_cached(), small.len() as u64);
+    for round in 0..2 {
+        // `cat`, as a program reading it through does (128 KiB reads).
+        let out = sh(&format!(
+            "cat {} | cmp - {}",
+            m.p("big.bin").display(),
+            g.path().join("big.bin").display()
+        ));
+        assert!(out.status.success(), "round {round}: {}", stderr(&out));
+        assert_eq!(
+            small_cached(),
+            small.len() as u64,
+            "round {round}: the small file was evicted"
+        );
+        // What stays of the big file: about its last read-ahead (4 MiB), not the cache's 16.
+        let big_cached: u64 = cached_extents(&cache)
+            .iter()
+            .filter(|(size, _, _)| *size == big.len() as u64)
+            .map(|(_, s, t)| t - s)
+            .sum();
+        assert!(
+            big_cached <= 6 << 20,
+            "round {round}: {big_cached} bytes of the big file stay cached"
+        );
+    }
+}
+
 /// A replica damaged on the node's disk (its size kept, so only a checksum can tell) and read
 /// through the mount in several extents: the program reading it through gets EIO (here `cat`
 /// fails), not a silent exit 0, and the damaged data does not stay in the cache; an intact file

@@ -247,6 +247,11 @@ impl Cache {
         }
     }
 
+    /// Its bound in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// Reserves `bytes` for a fetch, evicting what it must to stay within the bound.
     pub fn admit(&self, bytes: u64) {
         // Files looked at while the lock is held are let go only after it: the last

@@ -7,6 +7,18 @@
 //! failed).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Read-ahead a path is given per second of its round trip: 1 GiB at 100 ms. Each extent is a
+/// data session whose first megabytes cost about nine round trips (connections, hello, slow
+/// start), so the window must hold what the reader takes in several of those starts: on a
+/// 1 Gbit/s path about 80 round trips' worth (`bench/mount`, run 9: 512 MiB at 100 ms read 5%
+/// slower than 1 GiB, and at 200 ms 1 GiB is still the most that pays).
+const WINDOW_PER_RTT_SECOND: u64 = 10 << 30;
+
+/// The least window of a path however short its round trip: on a LAN a larger window only
+/// holds more memory, while smaller extents would each pay a session's start in CPU.
+pub const MIN_PATH_WINDOW: u64 = 64 << 20;
 
 /// How much to fetch.
 #[derive(Clone, Copy, Debug)]
@@ -21,6 +33,8 @@ pub struct Tuning {
     pub max_window: u64,
     /// Bytes of one fetch at most.
     pub max_extent: u64,
+    /// The bound the window was given (`--read-ahead`), whatever the path.
+    pub limit: u64,
 }
 
 impl Tuning {
@@ -41,7 +55,17 @@ impl Tuning {
             max_window,
             // A multiple of the alignment, so every extent's bounds are (but the file's end).
             max_extent: (max_window / 4).max(1 << 20) / (256 << 10) * (256 << 10),
+            limit: max_window,
         }
+    }
+
+    /// This tuning for a path whose round trip is `rtt`: the window scaled to the round trip
+    /// ([`WINDOW_PER_RTT_SECOND`], at least [`MIN_PATH_WINDOW`]) within the bound it was given.
+    pub fn for_path(&self, rtt: Duration) -> Self {
+        let need = (rtt.as_secs_f64() * WINDOW_PER_RTT_SECOND as f64) as u64;
+        let mut t = Self::with_window(need.max(MIN_PATH_WINDOW).min(self.limit));
+        t.limit = self.limit;
+        t
     }
 }
 
@@ -56,6 +80,8 @@ pub struct Planner {
     next: u64,
     run: u64,
     run_from: u64,
+    /// Where the last read began.
+    last_off: u64,
 }
 
 impl Planner {
@@ -67,7 +93,27 @@ impl Planner {
             next: 0,
             run: 0,
             run_from: 0,
+            last_off: 0,
         }
+    }
+
+    /// Fits the window to a path whose round trip is `rtt` (see [`Tuning::for_path`]); the
+    /// extents already planned stay as they are.
+    pub fn fit_path(&mut self, rtt: Duration) {
+        self.tuning = self.tuning.for_path(rtt);
+    }
+
+    /// The window's bound now.
+    pub fn max_window(&self) -> u64 {
+        self.tuning.max_window
+    }
+
+    /// The data a sequential reader has left behind: from where its run began to where its
+    /// last read began, once it has read more than a quarter of its window in a row (a
+    /// program that steps back over a partial record stays within its last read). `None` for
+    /// a random reader.
+    pub fn passed(&self) -> Option<std::ops::Range<u64>> {
+        (self.run > self.tuning.max_extent).then_some(self.run_from..self.last_off)
     }
 
     /// The current read-ahead window of a sequential reader: for one that started at the
@@ -101,6 +147,7 @@ impl Planner {
             self.run_from = off;
         }
         self.next = end;
+        self.last_off = off;
         let a = self.tuning.align;
         let start = off / a * a;
         let ahead = if sequential {
@@ -256,5 +303,67 @@ mod tests {
         // Nothing past the end.
         assert!(p.read(9 * MIB + 5, 100).is_empty());
         assert!(p.read(20 * MIB, 100).is_empty());
+    }
+
+    #[test]
+    fn the_window_is_sized_from_the_round_trip_within_its_bound() {
+        let t = Tuning::with_window(1 << 30);
+        let ms = Duration::from_millis;
+        // A LAN gets the least window, a long path one in proportion, never past the bound.
+        assert_eq!(t.for_path(ms(2)).max_window, MIN_PATH_WINDOW);
+        assert_eq!(t.for_path(ms(50)).max_window, 512 * MIB);
+        assert_eq!(t.for_path(ms(100)).max_window, 1 << 30);
+        assert_eq!(t.for_path(ms(300)).max_window, 1 << 30);
+        // Extents stay a quarter of the window, and the bound survives fitting.
+        assert_eq!(t.for_path(ms(2)).max_extent, 16 * MIB);
+        assert_eq!(t.for_path(ms(2)).for_path(ms(200)).max_window, 1 << 30);
+        // A bound below the least window wins.
+        assert_eq!(
+            Tuning::with_window(4 * MIB).for_path(ms(2)).max_window,
+            4 * MIB
+        );
+        // A sequential reader on a LAN path reads ahead no more than its window.
+        let mut p = Planner::new(1 << 30, Tuning::with_window(1 << 30));
+        p.fit_path(ms(1));
+        let mut furthest = 0;
+        let mut off = 0;
+        while off < 512 * MIB {
+            if let Some(&(_, e)) = p.read(off, MIB).last() {
+                furthest = e;
+            }
+            off += MIB;
+        }
+        assert_eq!(p.max_window(), MIN_PATH_WINDOW);
+        assert!(furthest - off <= MIN_PATH_WINDOW, "{}", furthest - off);
+    }
+
+    #[test]
+    fn a_sequential_reader_leaves_data_behind_and_a_random_one_does_not() {
+        let mut p = Planner::new(1 << 30, tuning());
+        // Random reads: nothing is behind.
+        p.read(500 * MIB, 4096);
+        p.read(100 * MIB, 4096);
+        assert_eq!(p.passed(), None);
+        // A sequential run, once longer than an extent (16 MiB here): what lies before its
+        // last read.
+        let mut off = 0;
+        while off <= 16 * MIB {
+            p.read(off, 128 * 1024);
+            off += 128 * 1024;
+        }
+        assert_eq!(p.passed(), Some(0..off - 128 * 1024));
+        // Stepping back over part of the last read keeps the run: still behind its start.
+        p.read(off - 4096, 8192);
+        assert_eq!(p.passed(), Some(0..off - 4096));
+        // A jump elsewhere starts over; a run from mid-file leaves behind only its own part
+        // (a header read before it stays).
+        p.read(900 * MIB, 4096);
+        assert_eq!(p.passed(), None);
+        let mut off = 600 * MIB;
+        while off <= 620 * MIB {
+            p.read(off, 128 * 1024);
+            off += 128 * 1024;
+        }
+        assert_eq!(p.passed(), Some(600 * MIB..off - 128 * 1024));
     }
 }

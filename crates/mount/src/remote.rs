@@ -198,6 +198,31 @@ impl Drop for Settle {
     }
 }
 
+/// Drop-behind of a file larger than the cache read sequentially: the extents its reader has
+/// passed leave the cache at once (returned, for the caller to discard once the file's lock is
+/// let go), so their memory serves the read-ahead again instead of fresh memory being touched
+/// until the cache is full. Keeping them would gain nothing: read through once more, such a
+/// file misses the cache from its start anyway (it cannot hold it whole), and what they would
+/// evict is other files' data. (Their CRCs stay in the checked prefix and its pieces.)
+fn drop_behind(st: &mut State) -> Vec<(u64, u64)> {
+    let Some(passed) = st.planner.passed() else {
+        return Vec::new();
+    };
+    let gone: Vec<(u64, u64)> = st
+        .extents
+        .range(passed.clone())
+        .filter(|(_, x)| {
+            x.end <= passed.end && matches!(x.state, ExtState::Ready) && x.pins == 0 && !x.doomed
+        })
+        .map(|(s, x)| (*s, x.end))
+        .collect();
+    for &(s, _) in &gone {
+        st.extents.remove(&s);
+        st.planner.uncover(s);
+    }
+    gone
+}
+
 /// Asks the metadata server to verify the replicas of `path` where they lie and to repair
 /// the damaged ones from a good copy (`haul verify PATH`, as the mounting user, who may read
 /// the file). The grid learns of the damage from its own nodes' checksums, never from this
@@ -434,6 +459,9 @@ impl RemoteFile {
                         gone.push((s, e));
                     }
                 }
+            }
+            if self.size > self.cache.limit() {
+                gone.extend(drop_behind(&mut st));
             }
             drop(st);
             for (s, e) in gone {
@@ -731,7 +759,14 @@ impl RemoteFile {
             let (node, peer, grant) = self.pick(f).await?;
             let r = self.fetch_from(f, &peer, grant, s, e, &dest, resume).await;
             match r {
-                Ok(()) => return Ok(node),
+                Ok(rtt) => {
+                    // The window follows the path the data now comes over (a failover to a
+                    // replica farther away needs a larger one).
+                    if let Some(rtt) = rtt {
+                        self.lock().planner.fit_path(rtt);
+                    }
+                    return Ok(node);
+                }
                 Err(err) => {
                     // Unreachable, refusing, or sending damaged data: the next replica.
                     let switch = matches!(
@@ -799,6 +834,8 @@ impl RemoteFile {
         Ok((node, peer, grant))
     }
 
+    /// Fetches `[s, e)` from the node at `peer` into `dest`; the round trip to it, when
+    /// measured.
     #[allow(clippy::too_many_arguments)]
     async fn fetch_from(
         &self,
@@ -809,7 +846,7 @@ impl RemoteFile {
         e: u64,
         dest: &PathBuf,
         resume: bool,
-    ) -> Result<(), TransferError> {
+    ) -> Result<Option<Duration>, TransferError> {
         let whole = s == 0 && e == self.size;
         let mut copy = f.copy.clone();
         let range = (!whole).then_some((s, e - s));
@@ -866,7 +903,7 @@ impl RemoteFile {
                 failed = Some(TransferError::from(error));
             }
         }
-        r?;
+        let rtt = r?.rtt;
         if let Some(err) = failed {
             return Err(err);
         }
@@ -878,7 +915,7 @@ impl RemoteFile {
             None => std::fs::metadata(dest).map(|m| m.len()),
         };
         match held {
-            Ok(n) if n == e - s => Ok(()),
+            Ok(n) if n == e - s => Ok(rtt),
             Ok(n) => Err(TransferError::integrity(format!(
                 "{}: fetching {}-{} left {} bytes, expected {}",
                 self.path,

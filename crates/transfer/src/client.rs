@@ -244,6 +244,9 @@ pub struct Attempt {
     pub plan: String,
     /// Whether this side, as the source, sent with `sendfile` (`None`: the source was remote).
     pub zero_copy: Option<bool>,
+    /// The round trip to the endpoint, measured on the control connection's handshake
+    /// (`None` where this side did not connect: a third-party copy).
+    pub rtt: Option<Duration>,
 }
 
 /// What `haul doctor` learns of an endpoint by saying hello: the round trip, the endpoint's
@@ -1204,6 +1207,7 @@ pub async fn upload(
         sink: sink_summary.unwrap_or_default(),
         plan: p.explanation,
         zero_copy: Some(outcome.zero_copy),
+        rtt: Some(rtt),
     })
 }
 
@@ -1332,6 +1336,7 @@ pub async fn download(
         sink: outcome.summary(),
         plan: p.explanation,
         zero_copy: None,
+        rtt: Some(rtt),
     })
 }
 
@@ -1478,6 +1483,7 @@ pub async fn third_party(
         sink,
         plan,
         zero_copy: None,
+        rtt: None,
     })
 }
 
