@@ -487,6 +487,90 @@ mod tests {
         n.stop.cancel();
     }
 
+    /// Downloads `range` of file 12 (of `size` bytes) into `dest`, with `opts`.
+    async fn ranged(
+        n: &Node,
+        opts: &CopyOptions,
+        size: u64,
+        range: (u64, u64),
+        grant: Option<SignedGrant>,
+        dest: &Path,
+    ) -> Result<client::Attempt, TransferError> {
+        let mut opts = opts.clone();
+        opts.range = Some(range);
+        let request = client::SourceRequest {
+            files: vec![listed(12, size)],
+            grant,
+            range: Some(range),
+            ..Default::default()
+        };
+        let naming = Destination::resolve(&Root::Ambient, dest, false).unwrap();
+        client::download(
+            &n.peer,
+            request,
+            Arc::new(Root::Ambient),
+            Arc::new(naming),
+            &opts,
+            opts.session.clone(),
+            context(),
+        )
+        .await
+    }
+
+    /// Ranged downloads through a control pool (as a mount fetches its extents): the next
+    /// session runs on the control connection the last one left, reads its own range, and
+    /// still needs a capability of its own (a reused connection carries no earlier session's
+    /// grant); the connection of a refused session is not kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ranged_downloads_reuse_a_control_connection_and_each_needs_a_capability() {
+        let n = start_node().await;
+        let local = tempfile::tempdir().unwrap();
+        let src = local.path().join("src");
+        let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+        let size = body.len() as u64;
+        std::fs::write(&src, &body).unwrap();
+        let write = n.link.grant(Operation::Write, &[12], &n.holder);
+        put(&n, &src, 12, Some(write)).await.unwrap();
+        let pool = Arc::new(transfer::control_pool::ControlPool::new());
+        let mut opts = options(&n);
+        opts.control_pool = Some(pool.clone());
+
+        let mut ports = Vec::new();
+        for (i, (at, len)) in [(0u64, 1_000_000u64), (1_000_000, 2_000_000)]
+            .into_iter()
+            .enumerate()
+        {
+            let read = n.link.grant(Operation::Read, &[12], &n.holder);
+            let dest = local.path().join(format!("part{i}"));
+            let a = ranged(&n, &opts, size, (at, len), Some(read), &dest)
+                .await
+                .unwrap();
+            assert!(a.rtt.is_some());
+            assert_eq!(
+                std::fs::read(&dest).unwrap(),
+                &body[at as usize..(at + len) as usize]
+            );
+            assert_eq!(pool.idle_count(), 1, "the session's connection is kept");
+            let s = pool.take_idle("127.0.0.1", n.peer.port).unwrap();
+            ports.push(s.local_port());
+            pool.put(s);
+        }
+        assert_eq!(
+            ports[0], ports[1],
+            "the second session reused the connection"
+        );
+
+        // No capability on the reused connection: refused, and the connection goes.
+        let dest = local.path().join("refused");
+        let e = ranged(&n, &opts, size, (0, 10), None, &dest)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+        assert!(!dest.exists());
+        assert_eq!(pool.idle_count(), 0);
+        n.stop.cancel();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_node_refuses_what_no_capability_covers() {
         let n = start_node().await;

@@ -120,8 +120,9 @@ pub struct CopyOptions {
     pub link_bps: u64,
     /// How often a local destination syncs and records its restart ledgers.
     pub checkpoint_interval: Duration,
-    /// Third-party sessions take their control connections from here and put them back when
-    /// they end cleanly (the metadata server's; `None` connects anew each time).
+    /// Third-party sessions and downloads take their control connections from here and put
+    /// them back when they end cleanly (the metadata server's, a mount's; `None` connects
+    /// anew each time).
     pub control_pool: Option<Arc<crate::control_pool::ControlPool>>,
     /// Third-party sessions connect to these peers with their own TLS (a user's delegation
     /// the metadata server acts with at an endpoint), never through the pool.
@@ -974,17 +975,32 @@ async fn open_session(
     let (host, port) = (peer.host.as_str(), peer.port);
     let limits = sys::host_limits();
     session.tcp_buffer = host_buffer(session, &limits);
+    // An idle control connection to this endpoint, from a session that ended cleanly, saves
+    // the TCP and TLS handshakes and the hello (three round trips).
+    let pooled = opts
+        .control_pool
+        .as_ref()
+        .and_then(|pool| pool.take_idle(host, port))
+        .map(|s| {
+            let rtt = s.path().0.unwrap_or(s.rtt);
+            (s, rtt)
+        });
     let connect = connect_and_measure(host, port);
     tokio::pin!(connect);
-    let quick = tokio::time::timeout(SHORT_PATH, &mut connect)
-        .await
-        .ok()
-        .transpose()?;
+    let quick = match &pooled {
+        Some(_) => None,
+        None => tokio::time::timeout(SHORT_PATH, &mut connect)
+            .await
+            .ok()
+            .transpose()?,
+    };
+    let known_rtt = match (&pooled, &quick) {
+        (Some((_, rtt)), _) | (None, Some((_, rtt))) => Some(*rtt),
+        (None, None) => None,
+    };
     let (files, bytes) = size.unwrap_or((1, u64::MAX / 2));
-    let opened = match &quick {
-        Some((_, rtt)) => {
-            plan_for(*rtt, limits.clone(), limits.clone(), bytes, files, opts).streams
-        }
+    let opened = match known_rtt {
+        Some(rtt) => plan_for(rtt, limits.clone(), limits.clone(), bytes, files, opts).streams,
         None => initial_streams(opts, size.map(|(_, b)| b)),
     };
     session.streams = Some(opened);
@@ -1008,13 +1024,19 @@ async fn open_session(
         tx.clone(),
         cancel.clone(),
     ))];
-    let (tcp, rtt) = match quick {
+    let (control, rtt) = match pooled {
         Some(c) => c,
-        None => connect.await?,
+        None => {
+            let (tcp, rtt) = match quick {
+                Some(c) => c,
+                None => connect.await?,
+            };
+            let control = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
+            (control, rtt)
+        }
     };
     let mut plan = plan_for(rtt, limits.clone(), limits.clone(), bytes, files, opts);
     plan.streams = plan.streams.max(opened);
-    let control = conn::start_control(tcp, host, port, opts.tls.as_ref(), &limits).await?;
     Ok(Opening {
         control,
         rtt,
@@ -1240,7 +1262,6 @@ pub async fn download(
         events,
         cancel,
     } = ctx;
-    let host = peer.host.as_str();
     // With a file list the size is known up front; without, streams start as for a large
     // transfer, and more follow if the endpoint's answer calls for them.
     let listed_bytes: u64 = request.files.iter().map(|f| f.size).sum();
@@ -1317,18 +1338,23 @@ pub async fn download(
     drop(tx);
     let outcome =
         session_outcome(&mut s, outcome, openers, |e| e.kind() == ErrorKind::Connect).await?;
-    let source = match source_summary {
-        Some(s) => s,
-        None => tokio::time::timeout(Duration::from_secs(5), await_done(&mut s, &events, None))
-            .await
-            .unwrap_or_else(|_| {
-                Err(TransferError::connect(format!(
-                    "{host}: no final report from the source"
-                )))
-            })
-            .unwrap_or_default(),
+    let (source, clean) = match source_summary {
+        Some(s) => (s, true),
+        None => {
+            match tokio::time::timeout(Duration::from_secs(5), await_done(&mut s, &events, None))
+                .await
+            {
+                Ok(Ok(summary)) => (summary, true),
+                // No final report from the source: the session's outcome stands without it.
+                _ => (SessionSummary::default(), false),
+            }
+        }
     };
-    s.writer.shutdown().await;
+    // Every response of the session read: the connection may serve the next one.
+    match &opts.control_pool {
+        Some(pool) if clean => pool.put(s),
+        _ => s.writer.shutdown().await,
+    }
     Ok(Attempt {
         bytes_total: totals.1,
         files: totals.0,

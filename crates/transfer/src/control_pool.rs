@@ -1,9 +1,10 @@
 //! Idle control connections kept for the next session to the same endpoint.
 //!
-//! The metadata server drives one node-to-node session after another; a new control connection
-//! costs a TCP handshake, a TLS handshake and a hello exchange — three round trips across the
-//! WAN, which at the end of a replication run (small sessions) is a good part of each session's
-//! time. A connection whose session ended cleanly is put back here and taken by the next
+//! The metadata server drives one node-to-node session after another, and a mount fetches one
+//! extent after another from a node; a new control connection costs a TCP handshake, a TLS
+//! handshake and a hello exchange — three round trips across the WAN, which at the end of a
+//! replication run (small sessions), or for each extent of a read, is a good part of each
+//! session's time. A connection whose session ended cleanly is put back here and taken by the next
 //! session to that endpoint, if it is still open (no FIN, reset or keepalive failure seen by
 //! `poll`) and has not been idle too long.
 
@@ -45,6 +46,11 @@ impl ControlPool {
             return Ok(s);
         }
         conn::connect_control(host, port, tls, limits).await
+    }
+
+    /// An idle connection to `host:port` if one is still good (no new one is made).
+    pub fn take_idle(&self, host: &str, port: u16) -> Option<Session> {
+        self.take(&conn::format_addr(host, port), Instant::now())
     }
 
     /// Keeps `s` (whose session has ended, every response read) for the next session.
