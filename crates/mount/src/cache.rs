@@ -279,6 +279,19 @@ impl Cache {
         self.remove_extent(&mut self.lock(), &path, end - start);
     }
 
+    /// Evicts these extents of `f` (a sequential reader has passed them: drop-behind), each
+    /// if it is still there and not in use; in eviction's lock order (the cache's, then the
+    /// file's), so a fetch of the same range planned again cannot lose its data to a late
+    /// removal.
+    pub fn evict_extents(&self, f: &RemoteFile, extents: &[(u64, u64)]) {
+        let mut st = self.lock();
+        for &(s, e) in extents {
+            if f.evict(s, e) {
+                self.remove_extent(&mut st, &self.extent_path(&f.key, s, e), e - s);
+            }
+        }
+    }
+
     /// A fetch that reserved `bytes` failed: its data is not kept.
     pub fn release(&self, bytes: u64) {
         let mut st = self.lock();
@@ -303,7 +316,7 @@ impl Cache {
             .filter_map(|f| f.coldest().map(|c| (f, c)))
             .min_by_key(|(_, (_, _, used))| *used);
         if let Some((f, (s, e, _))) = coldest
-            && f.evict(s)
+            && f.evict(s, e)
         {
             self.remove_extent(st, &self.extent_path(&f.key, s, e), e - s);
             return true;

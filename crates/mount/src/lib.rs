@@ -159,6 +159,9 @@ pub async fn serve(
     let mut grid_copy = opts.copy.clone();
     grid_copy.range = None;
     grid_copy.recursive = false;
+    // The control pool is for the fetches' downloads; an upload on a reused connection would
+    // get no hello to plan its streams from.
+    grid_copy.control_pool = None;
     let settings = fs::Settings {
         root: opts.root.clone(),
         attr_ttl: opts.attr_ttl,

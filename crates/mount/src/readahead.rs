@@ -109,9 +109,10 @@ impl Planner {
     }
 
     /// The data a sequential reader has left behind: from where its run began to where its
-    /// last read began, once it has read more than a quarter of its window in a row (a
-    /// program that steps back over a partial record stays within its last read). `None` for
-    /// a random reader.
+    /// last read began, once it has read more than one extent (a quarter of the window's
+    /// bound) in a row. A program that steps back into its last read (a partial record)
+    /// finds it still there; one that steps back further has it fetched again. `None` for a
+    /// random reader.
     pub fn passed(&self) -> Option<std::ops::Range<u64>> {
         (self.run > self.tuning.max_extent).then_some(self.run_from..self.last_off)
     }

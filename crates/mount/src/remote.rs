@@ -199,28 +199,28 @@ impl Drop for Settle {
 }
 
 /// Drop-behind of a file larger than the cache read sequentially: the extents its reader has
-/// passed leave the cache at once (returned, for the caller to discard once the file's lock is
-/// let go), so their memory serves the read-ahead again instead of fresh memory being touched
-/// until the cache is full. Keeping them would gain nothing: read through once more, such a
-/// file misses the cache from its start anyway (it cannot hold it whole), and what they would
-/// evict is other files' data. (Their CRCs stay in the checked prefix and its pieces.)
-fn drop_behind(st: &mut State) -> Vec<(u64, u64)> {
+/// passed, for the cache to evict at once ([`Cache::evict_extents`]), so their memory serves
+/// the read-ahead again instead of fresh memory being touched until the cache is full.
+/// Keeping them would gain nothing: read through once more, such a file misses the cache from
+/// its start anyway (it cannot hold it whole), and what they would evict is other files' data.
+/// Only extents the whole-file check has taken in go (`checked_to`: the checked prefix's end,
+/// or everything once the file passed or when the catalog has no CRC): one it still needs
+/// stays until the extents before it arrive. (Their CRCs stay in the checked prefix and its
+/// pieces.)
+fn behind(st: &State, checked_to: u64) -> Vec<(u64, u64)> {
     let Some(passed) = st.planner.passed() else {
         return Vec::new();
     };
-    let gone: Vec<(u64, u64)> = st
-        .extents
+    st.extents
         .range(passed.clone())
         .filter(|(_, x)| {
-            x.end <= passed.end && matches!(x.state, ExtState::Ready) && x.pins == 0 && !x.doomed
+            x.end <= passed.end.min(checked_to)
+                && matches!(x.state, ExtState::Ready)
+                && x.pins == 0
+                && !x.doomed
         })
         .map(|(s, x)| (*s, x.end))
-        .collect();
-    for &(s, _) in &gone {
-        st.extents.remove(&s);
-        st.planner.uncover(s);
-    }
-    gone
+        .collect()
 }
 
 /// Asks the metadata server to verify the replicas of `path` where they lie and to repair
@@ -460,12 +460,22 @@ impl RemoteFile {
                     }
                 }
             }
-            if self.size > self.cache.limit() {
-                gone.extend(drop_behind(&mut st));
-            }
+            let passed = if self.size > self.cache.limit() {
+                let checked_to = if st.verified || self.expect_crc.is_none() {
+                    u64::MAX
+                } else {
+                    st.prefix_end
+                };
+                behind(&st, checked_to)
+            } else {
+                Vec::new()
+            };
             drop(st);
             for (s, e) in gone {
                 self.cache.discard(&self.key, s, e);
+            }
+            if !passed.is_empty() {
+                self.cache.evict_extents(self, &passed);
             }
             return out;
         }
@@ -754,9 +764,12 @@ impl RemoteFile {
     async fn fetch_reserved(&self, f: &Fetcher, s: u64, e: u64) -> Result<String, TransferError> {
         let dest = f.cache.extent_path(&self.key, s, e);
         let mut tries_here = 0;
+        let mut fresh_tried = false;
         let mut resume = false;
         loop {
             let (node, peer, grant) = self.pick(f).await?;
+            let pool = f.copy.control_pool.as_ref();
+            let pooled = pool.is_some_and(|p| p.has_idle(&peer.host, peer.port));
             let r = self.fetch_from(f, &peer, grant, s, e, &dest, resume).await;
             match r {
                 Ok(rtt) => {
@@ -768,6 +781,18 @@ impl RemoteFile {
                     return Ok(node);
                 }
                 Err(err) => {
+                    resume = true;
+                    // A control connection kept from an earlier session may have died unseen
+                    // (the node's close still on its way): once, the node is given a fresh
+                    // connection before it counts as failed.
+                    if pooled && err.kind() == K::Connect && !fresh_tried {
+                        fresh_tried = true;
+                        if let Some(p) = pool {
+                            p.forget(&peer.host, peer.port);
+                        }
+                        tracing::info!(path = %self.path, node = %node, error = %err, "fetching again on a new connection");
+                        continue;
+                    }
                     // Unreachable, refusing, or sending damaged data: the next replica.
                     let switch = matches!(
                         err.kind(),
@@ -780,13 +805,13 @@ impl RemoteFile {
                             | K::Integrity
                             | K::SourceDamaged
                     );
-                    resume = true;
                     if !switch && err.retryable() && tries_here < 2 {
                         tries_here += 1;
                         tracing::info!(path = %self.path, node = %node, error = %err, "fetching again");
                         continue;
                     }
                     tries_here = 0;
+                    fresh_tried = false;
                     let mut st = self.lock();
                     st.failed_nodes.insert(node.clone());
                     drop(st);
@@ -943,12 +968,12 @@ impl RemoteFile {
             .min_by_key(|(_, _, order)| *order)
     }
 
-    /// Drops the extent at `start` from this file (the cache removes its data); false when it
-    /// is in use after all.
-    pub fn evict(&self, start: u64) -> bool {
+    /// Drops the extent `[start, end)` from this file (the cache removes its data); false when
+    /// it is in use after all, or gone.
+    pub fn evict(&self, start: u64, end: u64) -> bool {
         let mut st = self.lock();
         match st.extents.get(&start) {
-            Some(x) if matches!(x.state, ExtState::Ready) && x.pins == 0 => {
+            Some(x) if matches!(x.state, ExtState::Ready) && x.pins == 0 && x.end == end => {
                 st.extents.remove(&start);
                 st.planner.uncover(start);
                 true
@@ -993,5 +1018,66 @@ fn block_crcs(path: &std::path::Path, start: u64) -> Result<BlockCrcs, TransferE
         if n < want {
             return Ok(out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn extent(end: u64, state: ExtState, pins: u32) -> Extent {
+        Extent {
+            end,
+            state,
+            crc: None,
+            last_used: Instant::now(),
+            read: true,
+            pins,
+            doomed: false,
+        }
+    }
+
+    #[test]
+    fn drop_behind_takes_only_passed_extents_that_are_ready_idle_and_checked() {
+        let mut planner = Planner::new(64 * MIB, Tuning::with_window(4 * MIB));
+        // A reader that read the first 8 MiB in a row (extents of 1 MiB).
+        let mut off = 0;
+        while off < 8 * MIB {
+            planner.read(off, 128 << 10);
+            off += 128 << 10;
+        }
+        let mut extents = BTreeMap::new();
+        extents.insert(0, extent(MIB, ExtState::Ready, 0));
+        extents.insert(MIB, extent(2 * MIB, ExtState::Ready, 0));
+        extents.insert(2 * MIB, extent(3 * MIB, ExtState::Fetching, 0));
+        extents.insert(3 * MIB, extent(4 * MIB, ExtState::Ready, 0));
+        extents.insert(4 * MIB, extent(5 * MIB, ExtState::Ready, 1));
+        // The extent of the last read, and the read-ahead.
+        extents.insert(7 * MIB, extent(8 * MIB, ExtState::Ready, 0));
+        extents.insert(8 * MIB, extent(9 * MIB, ExtState::Ready, 0));
+        let st = State {
+            planner,
+            extents,
+            replica: 0,
+            failed_nodes: HashSet::new(),
+            grants: HashMap::new(),
+            prefix_end: 2 * MIB,
+            prefix_crc: 0,
+            prefix_nodes: HashSet::new(),
+            verified: false,
+            piece_crcs: Vec::new(),
+            damage_reported: None,
+        };
+        // The whole-file check has taken in 2 MiB: an extent past it waits for it (the one
+        // being fetched before it).
+        assert_eq!(behind(&st, st.prefix_end), vec![(0, MIB), (MIB, 2 * MIB)]);
+        // Checked (or nothing to check): every passed extent that is there and not being
+        // read; never the last read's nor the read-ahead.
+        assert_eq!(
+            behind(&st, u64::MAX),
+            vec![(0, MIB), (MIB, 2 * MIB), (3 * MIB, 4 * MIB)]
+        );
     }
 }

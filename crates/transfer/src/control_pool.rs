@@ -53,6 +53,24 @@ impl ControlPool {
         self.take(&conn::format_addr(host, port), Instant::now())
     }
 
+    /// Whether an idle connection to `host:port` waits (not checked for being open).
+    pub fn has_idle(&self, host: &str, port: u16) -> bool {
+        let idle = self.idle.lock().expect("control pool lock");
+        idle.get(&conn::format_addr(host, port))
+            .is_some_and(|l| !l.is_empty())
+    }
+
+    /// Closes the idle connections to `host:port`: one of them failed, the others may have
+    /// died the same way unseen.
+    pub fn forget(&self, host: &str, port: u16) {
+        let gone = self
+            .idle
+            .lock()
+            .expect("control pool lock")
+            .remove(&conn::format_addr(host, port));
+        drop(gone);
+    }
+
     /// Keeps `s` (whose session has ended, every response read) for the next session.
     pub fn put(&self, s: Session) {
         let key = conn::format_addr(&s.host, s.port);
