@@ -90,6 +90,10 @@ struct Row {
     /// CPU seconds per GiB moved of the client: the mount process (data rows of mounts) or
     /// `haul cp`.
     cpu_per_gib: Option<f64>,
+    /// CPU seconds per GiB of the program that read or wrote through a mount (`cat`, `cp`):
+    /// the other side of each FUSE request, which also pays for the kernel's page cache where
+    /// a file system uses it (gfarm2fs does; `haul mount` reads large files with direct I/O).
+    program_cpu_per_gib: Option<f64>,
     ok: bool,
     note: String,
 }
@@ -262,6 +266,7 @@ fn haul_data_rows(
         value: mb_per_s(bytes, o.secs),
         unit: "MB/s",
         cpu_per_gib: Some(per_gib(cpu, bytes)),
+        program_cpu_per_gib: None,
         ok: o.ok() && fs::metadata(&dl).map(|m| m.len() == bytes).unwrap_or(false),
         note: if o.ok() { String::new() } else { o.why() },
     });
@@ -340,6 +345,7 @@ fn haul_data_rows(
         value: mb_per_s(bytes, o.secs),
         unit: "MB/s",
         cpu_per_gib: Some(per_gib(cpu, bytes)),
+        program_cpu_per_gib: None,
         ok: o.ok(),
         note: if o.ok() { String::new() } else { o.why() },
     });
@@ -356,6 +362,7 @@ fn failed(rtt: u64, tool: &'static str, op: &str, e: anyhow::Error) -> Row {
         value: 0.0,
         unit: "",
         cpu_per_gib: None,
+        program_cpu_per_gib: None,
         ok: false,
         note: format!("{e:#}"),
     }
@@ -374,8 +381,11 @@ fn mount_data_row(
     (rtt, tool, op, note): (u64, &'static str, &str, &str),
 ) -> Row {
     let cpu0 = cpu_secs(m.pid);
+    // The shell and its program are waited-for children of the bench; the mount is not yet.
+    let prog0 = children_cpu_secs();
     let r = sh_timed(host, script, limit, log);
     let cpu = cpu_secs(m.pid) - cpu0;
+    let prog = children_cpu_secs() - prog0;
     match r {
         Ok(secs) => Row {
             rtt_ms: rtt,
@@ -385,6 +395,7 @@ fn mount_data_row(
             value: mb_per_s(bytes, secs),
             unit: "MB/s",
             cpu_per_gib: Some(per_gib(cpu, bytes)),
+            program_cpu_per_gib: Some(per_gib(prog, bytes)),
             ok: true,
             note: note.into(),
         },
@@ -421,6 +432,7 @@ fn meta_rows(
             value: entries as f64 / secs,
             unit: "entries/s",
             cpu_per_gib: None,
+            program_cpu_per_gib: None,
             ok: true,
             note: String::new(),
         },
@@ -447,6 +459,7 @@ fn meta_rows(
             value: per_dir as f64 / secs,
             unit: "stats/s",
             cpu_per_gib: None,
+            program_cpu_per_gib: None,
             ok: true,
             note: "listing included".into(),
         },
@@ -470,6 +483,7 @@ fn meta_rows(
             value: 1000.0 / secs,
             unit: "files/s",
             cpu_per_gib: None,
+            program_cpu_per_gib: None,
             ok: true,
             note: String::new(),
         },
@@ -494,6 +508,7 @@ fn meta_rows(
             value: secs,
             unit: "s",
             cpu_per_gib: None,
+            program_cpu_per_gib: None,
             ok: true,
             note: String::new(),
         },
@@ -615,16 +630,16 @@ fn gfarm_rows(
         )
     };
     let mut script = format!(
-        "gfarm2fs -o big_writes {0} || exit 1; trap 'fusermount -u {0}' EXIT; sleep 1; pid=$(pgrep -n -u haulgf gfarm2fs); cpu() {{ awk '{{print $14+$15}}' /proc/$pid/stat; }}; c0=$(cpu); ",
+        "gfarm2fs -o big_writes {0} || exit 1; trap 'fusermount -u {0}' EXIT; sleep 1; pid=$(pgrep -n -u haulgf gfarm2fs); cpu() {{ awk '{{print $14+$15}}' /proc/$pid/stat; }}; tf=$(mktemp); pc() {{ times > $tf; pt=$(awk 'NR==2{{split($1,a,\"m\"); split($2,b,\"m\"); print a[1]*60+a[2]+b[1]*60+b[2]}}' $tf); }}; c0=$(cpu); pc; p0=$pt; ",
         mnt.display()
     );
     script += &t("read", &format!("cat {}/big > /dev/null", mnt.display()));
-    script += "; c1=$(cpu); echo \"cpuread $((c1 - c0))\"; ";
+    script += "; c1=$(cpu); pc; p1=$pt; echo \"cpuread $((c1 - c0))\"; echo \"progread $(awk \"BEGIN{print $p1 - $p0}\")\"; ";
     script += &t(
         "write",
         &format!("cp {} {}/w/written", file.display(), mnt.display()),
     );
-    script += "; c2=$(cpu); echo \"cpuwrite $((c2 - c1))\"; ";
+    script += "; c2=$(cpu); pc; p2=$pt; echo \"cpuwrite $((c2 - c1))\"; echo \"progwrite $(awk \"BEGIN{print $p2 - $p1}\")\"; ";
     if tree.is_some() {
         script += &t("ls", &format!("ls -lR {}/tree > /dev/null", mnt.display()));
         script += "; sleep 2; ";
@@ -668,47 +683,58 @@ fn gfarm_rows(
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let gib = bytes as f64 / (1u64 << 30) as f64;
     let why = if o.ok() { String::new() } else { o.why() };
-    let mut push =
-        |op: String, v: Option<f64>, f: &dyn Fn(f64) -> (f64, &'static str), cpu: Option<f64>| {
-            rows.push(match v {
-                Some(secs) => {
-                    let (value, unit) = f(secs);
-                    Row {
-                        rtt_ms: rtt,
-                        tool: "gfarm2fs",
-                        op,
-                        secs,
-                        value,
-                        unit,
-                        cpu_per_gib: cpu,
-                        ok: true,
-                        note: String::new(),
-                    }
-                }
-                None => Row {
+    // (CPU of gfarm2fs, of the program) per GiB.
+    let mut push = |op: String,
+                    v: Option<f64>,
+                    f: &dyn Fn(f64) -> (f64, &'static str),
+                    (cpu, prog): (Option<f64>, Option<f64>)| {
+        rows.push(match v {
+            Some(secs) => {
+                let (value, unit) = f(secs);
+                Row {
                     rtt_ms: rtt,
                     tool: "gfarm2fs",
                     op,
-                    secs: 0.0,
-                    value: 0.0,
-                    unit: "",
-                    cpu_per_gib: None,
-                    ok: false,
-                    note: why.clone(),
-                },
-            })
-        };
+                    secs,
+                    value,
+                    unit,
+                    cpu_per_gib: cpu,
+                    program_cpu_per_gib: prog,
+                    ok: true,
+                    note: String::new(),
+                }
+            }
+            None => Row {
+                rtt_ms: rtt,
+                tool: "gfarm2fs",
+                op,
+                secs: 0.0,
+                value: 0.0,
+                unit: "",
+                cpu_per_gib: None,
+                program_cpu_per_gib: None,
+                ok: false,
+                note: why.clone(),
+            },
+        })
+    };
     push(
         "sequential read".into(),
         val("read"),
         &|s| (mb_per_s(bytes, s), "MB/s"),
-        val("cpuread").map(|t| t / hz / gib),
+        (
+            val("cpuread").map(|t| t / hz / gib),
+            val("progread").map(|t| t / gib),
+        ),
     );
     push(
         "sequential write".into(),
         val("write"),
         &|s| (mb_per_s(bytes, s), "MB/s"),
-        val("cpuwrite").map(|t| t / hz / gib),
+        (
+            val("cpuwrite").map(|t| t / hz / gib),
+            val("progwrite").map(|t| t / gib),
+        ),
     );
     if tree.is_some() {
         let entries = args.tree_files;
@@ -716,26 +742,26 @@ fn gfarm_rows(
             format!("ls -lR, {entries} files"),
             val("ls"),
             &|s| (entries as f64 / s, "entries/s"),
-            None,
+            (None, None),
         );
         let per_dir = entries.min(1000);
         push(
             format!("stat, {per_dir} files of one directory"),
             val("stat"),
             &|s| (per_dir as f64 / s, "stats/s"),
-            None,
+            (None, None),
         );
         push(
             "create 1,000 files of 1 KiB".into(),
             val("create"),
             &|s| (1000.0 / s, "files/s"),
-            None,
+            (None, None),
         );
         push(
             format!("tar x, {} files of 1-8 KiB", args.tar_files),
             val("tar"),
             &|s| (s, "s"),
-            None,
+            (None, None),
         );
     }
     drop(gf);
@@ -847,14 +873,14 @@ fn report(args: &Args, rows: &[Row], took: Duration) -> Result<()> {
         .unwrap_or_else(|_| "now".into());
     fs::create_dir_all(&args.out)?;
     let mut md = format!(
-        "# haul mount against haul cp and gfarm2fs (bench/mount)\n\nnetlab, two hosts (a0: metadata server and node / gfmd and gfsd; b0: the client), one 1 Gbit/s link, MTU 9000, tuned, cubic; a file of {} MiB; this 2-core VM; {:.0} s in all. Mounts read with `--site A`; one run of each row, side by side.\n\n| RTT | operation | tool | seconds | figure | CPU s/GiB of the client (mount or haul cp) | note |\n|---|---|---|---|---|---|---|\n",
+        "# haul mount against haul cp and gfarm2fs (bench/mount)\n\nnetlab, two hosts (a0: metadata server and node / gfmd and gfsd; b0: the client), one 1 Gbit/s link, MTU 9000, tuned, cubic; a file of {} MiB; this 2-core VM; {:.0} s in all. Mounts read with `--site A`; one run of each row, side by side.\n\n| RTT | operation | tool | seconds | figure | CPU s/GiB of the client (mount or haul cp) | CPU s/GiB of the program (cat or cp) | note |\n|---|---|---|---|---|---|---|---|\n",
         args.file_mib,
         took.as_secs_f64()
     );
     let mut js = Vec::new();
     for r in rows {
         md += &format!(
-            "| {} ms | {} | {} | {} | {} | {} | {} |\n",
+            "| {} ms | {} | {} | {} | {} | {} | {} | {} |\n",
             r.rtt_ms,
             r.op,
             r.tool,
@@ -869,11 +895,15 @@ fn report(args: &Args, rows: &[Row], took: Duration) -> Result<()> {
                 "-".into()
             },
             r.cpu_per_gib.map(|c| format!("{c:.2}")).unwrap_or_default(),
+            r.program_cpu_per_gib
+                .map(|c| format!("{c:.2}"))
+                .unwrap_or_default(),
             r.note.replace('|', "/").replace('\n', " ")
         );
         js.push(json!({
             "rtt_ms": r.rtt_ms, "tool": r.tool, "op": r.op, "seconds": r.secs, "value": r.value,
-            "unit": r.unit, "cpu_s_per_gib": r.cpu_per_gib, "ok": r.ok, "note": r.note,
+            "unit": r.unit, "cpu_s_per_gib": r.cpu_per_gib,
+            "program_cpu_s_per_gib": r.program_cpu_per_gib, "ok": r.ok, "note": r.note,
         }));
     }
     // The check: mount read against haul cp read, per scenario.
