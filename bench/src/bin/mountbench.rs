@@ -704,18 +704,7 @@ fn gfarm_rows(
                     note: String::new(),
                 }
             }
-            None => Row {
-                rtt_ms: rtt,
-                tool: "gfarm2fs",
-                op,
-                secs: 0.0,
-                value: 0.0,
-                unit: "",
-                cpu_per_gib: None,
-                program_cpu_per_gib: None,
-                ok: false,
-                note: why.clone(),
-            },
+            None => failed(rtt, "gfarm2fs", &op, anyhow!(why.clone())),
         })
     };
     push(

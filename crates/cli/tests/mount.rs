@@ -764,19 +764,12 @@ fn a_random_read_fetches_only_its_part_of_the_file() {
         "fetches did not end"
     );
     let mut cached = 0;
-    for d in std::fs::read_dir(cache.join("files")).unwrap() {
-        for e in std::fs::read_dir(d.unwrap().path()).unwrap() {
-            let e = e.unwrap();
-            let name = e.file_name().to_string_lossy().into_owned();
-            let (s, t) = name.split_once('-').unwrap();
-            let (s, t): (u64, u64) = (s.parse().unwrap(), t.parse().unwrap());
-            assert_eq!(e.metadata().unwrap().len(), t - s, "{name}");
-            assert!(
-                s <= at as u64 + (4 << 20) && t + (4 << 20) >= at as u64,
-                "{name} is far from the read"
-            );
-            cached += t - s;
-        }
+    for (_, s, t) in cached_extents(&cache) {
+        assert!(
+            s <= at as u64 + (4 << 20) && t + (4 << 20) >= at as u64,
+            "{s}-{t} is far from the read"
+        );
+        cached += t - s;
     }
     // The 10 bytes and the bounded read-ahead (where the kernel reads a large file through
     // its page cache, its own 1 MiB read-ahead on top, which looks sequential): a few MiB of
@@ -798,8 +791,9 @@ sys.stdout.buffer.write(m[{at}:{at}+10] + m[-10:])",
     );
 }
 
-/// The bytes of each cached extent in a `--cache` directory, by the size of the file it holds
-/// (the second field of its key): (start, end) of each.
+/// The extents in a `--cache` directory with no fetch running: (size of the file it holds,
+/// from the second field of its key; start; end) of each. Every entry must be an extent
+/// file named START-END holding exactly its bytes.
 fn cached_extents(cache: &Path) -> Vec<(u64, u64, u64)> {
     let mut out = Vec::new();
     for d in std::fs::read_dir(cache.join("files")).unwrap() {
@@ -807,12 +801,12 @@ fn cached_extents(cache: &Path) -> Vec<(u64, u64, u64)> {
         let key = d.file_name().to_string_lossy().into_owned();
         let size: u64 = key.split('-').nth(1).unwrap().parse().unwrap();
         for e in std::fs::read_dir(d.path()).unwrap() {
-            let name = e.unwrap().file_name().to_string_lossy().into_owned();
-            if let Some((s, t)) = name.split_once('-')
-                && let (Ok(s), Ok(t)) = (s.parse(), t.parse())
-            {
-                out.push((size, s, t));
-            }
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (s, t) = name.split_once('-').unwrap();
+            let (s, t): (u64, u64) = (s.parse().unwrap(), t.parse().unwrap());
+            assert_eq!(e.metadata().unwrap().len(), t - s, "{name}");
+            out.push((size, s, t));
         }
     }
     out

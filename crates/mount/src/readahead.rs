@@ -18,7 +18,7 @@ const WINDOW_PER_RTT_SECOND: u64 = 10 << 30;
 
 /// The least window of a path however short its round trip: on a LAN a larger window only
 /// holds more memory, while smaller extents would each pay a session's start in CPU.
-pub const MIN_PATH_WINDOW: u64 = 64 << 20;
+const MIN_PATH_WINDOW: u64 = 64 << 20;
 
 /// How much to fetch.
 #[derive(Clone, Copy, Debug)]
@@ -101,11 +101,6 @@ impl Planner {
     /// extents already planned stay as they are.
     pub fn fit_path(&mut self, rtt: Duration) {
         self.tuning = self.tuning.for_path(rtt);
-    }
-
-    /// The window's bound now.
-    pub fn max_window(&self) -> u64 {
-        self.tuning.max_window
     }
 
     /// The data a sequential reader has left behind: from where its run began to where its
@@ -334,7 +329,7 @@ mod tests {
             }
             off += MIB;
         }
-        assert_eq!(p.max_window(), MIN_PATH_WINDOW);
+        assert_eq!(p.tuning.max_window, MIN_PATH_WINDOW);
         assert!(furthest - off <= MIN_PATH_WINDOW, "{}", furthest - off);
     }
 

@@ -394,24 +394,10 @@ mod tests {
         // Reading needs a read capability for this very certificate.
         let read = n.link.grant(Operation::Read, &[12], &n.holder);
         let dest = local.path().join("back");
-        let opts = options(&n);
-        let request = client::SourceRequest {
-            files: vec![listed(12, body.len() as u64)],
-            grant: Some(read),
-            ..Default::default()
-        };
-        let naming = Destination::resolve(&Root::Ambient, &dest, false).unwrap();
-        client::download(
-            &n.peer,
-            request,
-            Arc::new(Root::Ambient),
-            Arc::new(naming),
-            &opts,
-            opts.session.clone(),
-            context(),
-        )
-        .await
-        .unwrap();
+        let size = body.len() as u64;
+        download_12(&n, &options(&n), size, None, Some(read), &dest)
+            .await
+            .unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), body);
 
         // Verify recomputes the replica's checksums where it is.
@@ -487,21 +473,21 @@ mod tests {
         n.stop.cancel();
     }
 
-    /// Downloads `range` of file 12 (of `size` bytes) into `dest`, with `opts`.
-    async fn ranged(
+    /// Downloads file 12 (of `size` bytes), or `range` of it, into `dest`, with `opts`.
+    async fn download_12(
         n: &Node,
         opts: &CopyOptions,
         size: u64,
-        range: (u64, u64),
+        range: Option<(u64, u64)>,
         grant: Option<SignedGrant>,
         dest: &Path,
     ) -> Result<client::Attempt, TransferError> {
         let mut opts = opts.clone();
-        opts.range = Some(range);
+        opts.range = range;
         let request = client::SourceRequest {
             files: vec![listed(12, size)],
             grant,
-            range: Some(range),
+            range,
             ..Default::default()
         };
         let naming = Destination::resolve(&Root::Ambient, dest, false).unwrap();
@@ -542,7 +528,7 @@ mod tests {
         {
             let read = n.link.grant(Operation::Read, &[12], &n.holder);
             let dest = local.path().join(format!("part{i}"));
-            let a = ranged(&n, &opts, size, (at, len), Some(read), &dest)
+            let a = download_12(&n, &opts, size, Some((at, len)), Some(read), &dest)
                 .await
                 .unwrap();
             assert!(a.rtt.is_some());
@@ -562,7 +548,7 @@ mod tests {
 
         // No capability on the reused connection: refused, and the connection goes.
         let dest = local.path().join("refused");
-        let e = ranged(&n, &opts, size, (0, 10), None, &dest)
+        let e = download_12(&n, &opts, size, Some((0, 10)), None, &dest)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
