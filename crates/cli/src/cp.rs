@@ -258,6 +258,7 @@ async fn grid_copy(
         overwrite: true,
         max_sessions: a.node_sessions.max(1),
         dest_is_name: false,
+        source_crcs: None,
     };
     grid::copy::copy(&meta, src, dst, &gopts, ctx).await
 }

@@ -353,6 +353,7 @@ pub async fn run(a: DemoArgs) -> Result<u8, TransferError> {
         overwrite: true,
         max_sessions: 4,
         dest_is_name: false,
+        source_crcs: None,
     };
     m.mkdir("/cmip", 0o755, false).await?;
     let up = grid_copy(&m, &data.to_string_lossy(), &url("/cmip"), &gopts).await?;

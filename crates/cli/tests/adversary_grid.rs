@@ -406,6 +406,7 @@ impl Direct {
             },
             locator: src.to_path_buf(),
             expect: vec![],
+            known_crcs: None,
         };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let r = self.rt.block_on(transfer::client::upload(

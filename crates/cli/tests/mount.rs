@@ -32,13 +32,14 @@ impl Mounted {
         let mut args = vec!["mount", dir, at.to_str().unwrap()];
         args.extend_from_slice(extra);
         let mut cmd = g.cmd(user, &args);
-        cmd.envs(env.iter().copied());
         // Its private cache goes with the grid's directory, whatever happens to the mount.
         cmd.env(
             "HAUL_LOG",
             std::env::var("HAUL_MOUNT_TEST_LOG").unwrap_or_else(|_| "info".into()),
         )
         .env("TMPDIR", g.path());
+        // A test's own (a log level it reads) wins.
+        cmd.envs(env.iter().copied());
         let n = std::fs::read_dir(g.path()).unwrap().count();
         let log = g.path().join(format!("mount{n}.log"));
         let (p, line) = harness::process::Proc::start(cmd, &log, START_TIMEOUT)
@@ -674,6 +675,149 @@ fn a_file_unlinked_or_renamed_while_its_close_uploads_is_not_left_at_the_old_nam
     }
 }
 
+/// The spool records each block's CRC as a program writes it, and the close's upload sends the
+/// blocks so recorded without reading the spool again to checksum them; a block rewritten
+/// below the end (a header, as netCDF writers do at close) is read and checksummed at the
+/// upload instead. Either way the grid gets exactly the bytes written.
+#[test]
+fn a_file_written_in_order_is_sent_with_the_crcs_recorded_as_it_was_written() {
+    if !can_mount() {
+        return;
+    }
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let m = Mounted::start_env(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &["--site", "A"],
+        &[("HAUL_LOG", "info,mount=debug")],
+    );
+    // Six blocks of the default 1 MiB, the last one short.
+    let body = data(71, (5 << 20) + 1234);
+    let local = g.path().join("ordered.local");
+    std::fs::write(&local, &body).unwrap();
+    sh_ok(&format!(
+        "dd if={} of={} bs=256k status=none",
+        local.display(),
+        m.p("ordered.bin").display()
+    ));
+    let py = python(&format!(
+        "f=open('{}','wb'); f.write(open('{}','rb').read()); f.flush(); f.seek(100); f.write(b'X'*50); f.close()",
+        m.p("headed.bin").display(),
+        local.display()
+    ));
+    assert!(py.status.success(), "{}", stderr(&py));
+    let mut headed = body.clone();
+    headed[100..150].fill(b'X');
+
+    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+    let uploaded = |name: &str| {
+        // The last: the close's (a create may upload the empty file first).
+        log.lines()
+            .rfind(|l| l.contains("uploaded") && l.contains(&format!("/alice/{name} ")))
+            .unwrap_or_else(|| panic!("no upload of {name} logged: {log}"))
+            .to_string()
+    };
+    let line = uploaded("ordered.bin");
+    assert!(
+        line.contains("blocks_recorded=6 blocks_unrecorded=0 blocks_unread=6"),
+        "{line}"
+    );
+    let line = uploaded("headed.bin");
+    assert!(
+        line.contains("blocks_recorded=5 blocks_unrecorded=1 blocks_unread=5"),
+        "{line}"
+    );
+    for (name, want) in [("ordered.bin", &body), ("headed.bin", &headed)] {
+        let back = g.path().join(format!("{name}.back"));
+        assert_ok(&g.cp(
+            "alice",
+            &[&g.url(&format!("/alice/{name}")), back.to_str().unwrap()],
+        ));
+        assert!(std::fs::read(&back).unwrap() == *want, "{name} differs");
+    }
+}
+
+/// A spool whose bytes change behind the mount's back (another process of the user, a
+/// failing disk) no longer matches the CRCs recorded as the program wrote it: the close fails
+/// with EIO and the grid does not take bytes the program never wrote.
+#[test]
+fn a_spool_changed_behind_the_mounts_back_is_not_uploaded() {
+    if !can_mount() {
+        return;
+    }
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let m = Mounted::start(&g, "alice", &g.url("/alice"), &["--site", "A"]);
+    let (ready, go, result) = (
+        g.path().join("ready"),
+        g.path().join("go"),
+        g.path().join("result"),
+    );
+    let script = format!(
+        "import os, time, errno\n\
+         f = open('{}', 'wb'); f.write(b'\\x07' * (3 << 20)); f.flush()\n\
+         open('{}', 'w').close()\n\
+         t = time.time()\n\
+         while not os.path.exists('{}') and time.time() - t < 60: time.sleep(0.05)\n\
+         try:\n    f.close(); r = 'closed'\n\
+         except OSError as e:\n    r = errno.errorcode.get(e.errno, str(e.errno))\n\
+         open('{}', 'w').write(r)\n",
+        m.p("w.bin").display(),
+        ready.display(),
+        go.display(),
+        result.display()
+    );
+    let mut py = Command::new("python3")
+        .args(["-c", &script])
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !ready.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the writer never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let spools: Vec<PathBuf> = files_under(g.path())
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("spool-"))
+        })
+        .collect();
+    assert_eq!(spools.len(), 1, "{spools:?}");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&spools[0])
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"\x08", (1 << 20) + 5).unwrap();
+    drop(f);
+    std::fs::write(&go, b"").unwrap();
+    let t = Instant::now();
+    while py.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(120) {
+            let _ = py.kill();
+            panic!("the close did not end within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+    let out = std::fs::read_to_string(&result).unwrap_or_default();
+    assert_eq!(out, "EIO", "{log}");
+    // The grid has no version with the changed bytes (the empty file the create made at
+    // most).
+    let st = g.run("alice", &["stat", "--json", &g.url("/alice/w.bin")]);
+    if st.status.success() {
+        let j: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+        assert_eq!(j["entries"][0]["size"], 0, "{j}");
+    } else {
+        assert_eq!(st.status.code(), Some(3), "{log}");
+    }
+}
+
 #[test]
 fn python_reads_a_netcdf_file_through_the_mount() {
     if !can_mount() {
@@ -794,6 +938,20 @@ sys.stdout.buffer.write(m[{at}:{at}+10] + m[-10:])",
 /// The extents in a `--cache` directory with no fetch running: (size of the file it holds,
 /// from the second field of its key; start; end) of each. Every entry must be an extent
 /// file named START-END holding exactly its bytes.
+/// Every file below `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => out.extend(files_under(&p)),
+            Ok(t) if t.is_file() => out.push(p),
+            _ => {}
+        }
+    }
+    out
+}
+
 fn cached_extents(cache: &Path) -> Vec<(u64, u64, u64)> {
     let mut out = Vec::new();
     for d in std::fs::read_dir(cache.join("files")).unwrap() {

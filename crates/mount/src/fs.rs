@@ -31,7 +31,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use transfer::TransferError;
 use transfer::client::Location;
+use wire::codec::MAX_BLOCK_LEN;
 use wire::error::ErrorKind as K;
+use wire::known_crcs::{CrcRecorder, KnownCrcs};
 
 /// Grid xattr names are the part after `user.`; this one is made up by the mount: the
 /// replicas of a file, one `node site state` per line.
@@ -74,6 +76,9 @@ struct Spool {
     /// Held through an upload, so one spool's uploads do not overlap; the spool's own lock
     /// is not (a lookup, stat or write meanwhile does not wait for the upload).
     uploading: Arc<Mutex<()>>,
+    /// The CRC of each block as it was written: the upload sends the blocks it covers with
+    /// `sendfile` and never reads the spool to checksum them.
+    crcs: CrcRecorder,
 }
 
 impl Spool {
@@ -81,6 +86,35 @@ impl Spool {
     fn changed(&mut self) {
         self.dirty = true;
         self.generation += 1;
+    }
+
+    /// Writes `data` at `offset` of the spool file.
+    fn write_at(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        match self.file.write_all_at(data, offset) {
+            Ok(()) => {
+                self.crcs.write(offset, data);
+                self.changed();
+                Ok(())
+            }
+            Err(e) => {
+                // Some of it may be written: what the file holds is not known any more.
+                self.crcs.give_up();
+                Err(e)
+            }
+        }
+    }
+
+    /// Truncates (or extends) the spool file to `size`.
+    fn set_len(&mut self, size: u64) -> std::io::Result<()> {
+        let r = self.file.set_len(size);
+        match &r {
+            Ok(()) => {
+                self.crcs.set_len(size);
+                self.changed();
+            }
+            Err(_) => self.crcs.give_up(),
+        }
+        r
     }
 }
 
@@ -335,6 +369,8 @@ impl MountFs {
                 tracing::warn!(path = grid_path, error = %e, "cannot make a write spool");
                 errno::of_io(&e)
             })?;
+        let block = self.s.grid.copy.session.block_size;
+        let mut crcs = CrcRecorder::new(u64::from(block).clamp(4096, MAX_BLOCK_LEN as u64));
         if from.is_some_and(|e| e.size > 0) {
             let rf = self
                 .f
@@ -352,6 +388,7 @@ impl MountFs {
                 }
                 file.write_all_at(&chunk, off)
                     .map_err(|err| errno::of_io(&err))?;
+                crcs.write(off, &chunk);
                 off += chunk.len() as u64;
             }
         }
@@ -368,6 +405,7 @@ impl MountFs {
             retired: false,
             generation: 0,
             uploading: Arc::new(Mutex::new(())),
+            crcs,
         })
     }
 
@@ -377,8 +415,8 @@ impl MountFs {
         if !sp.dirty || sp.unlinked {
             return Ok(());
         }
-        let (local, path) = Self::ready_to_upload(sp);
-        self.send_spool(&local, &path)?;
+        let (local, path, crcs) = Self::ready_to_upload(sp);
+        self.send_spool(&local, &path, crcs)?;
         sp.dirty = false;
         self.forget_attr(&path);
         Ok(())
@@ -395,15 +433,15 @@ impl MountFs {
         let _one = uploading.lock().expect("upload lock");
         let mut last = String::new();
         for _ in 0..3 {
-            let (local, path, generation) = {
+            let (local, path, crcs, generation) = {
                 let mut g = sp.lock().expect("spool lock");
                 if !g.dirty || g.unlinked {
                     return Ok(());
                 }
-                let (local, path) = Self::ready_to_upload(&mut g);
-                (local, path, g.generation)
+                let (local, path, crcs) = Self::ready_to_upload(&mut g);
+                (local, path, crcs, g.generation)
             };
-            let r = self.send_spool(&local, &path);
+            let r = self.send_spool(&local, &path, crcs);
             self.forget_attr(&path);
             let mut g = sp.lock().expect("spool lock");
             let mut removed = false;
@@ -445,17 +483,23 @@ impl MountFs {
     }
 
     /// Puts the spool's mode and time on its local file (the upload carries them): its local
-    /// path and grid path.
-    fn ready_to_upload(sp: &mut Spool) -> (PathBuf, String) {
+    /// path, grid path, and the block CRCs recorded as it was written. (A write after this
+    /// moves the spool's generation, and the upload is done again.)
+    fn ready_to_upload(sp: &mut Spool) -> (PathBuf, String, Option<Arc<KnownCrcs>>) {
         let _ = std::fs::set_permissions(&sp.local, std::fs::Permissions::from_mode(sp.mode));
         if let Some(t) = sp.mtime {
             let _ = sp.file.set_times(std::fs::FileTimes::new().set_modified(t));
         }
-        (sp.local.clone(), sp.grid_path.clone())
+        (
+            sp.local.clone(),
+            sp.grid_path.clone(),
+            sp.crcs.snapshot().map(Arc::new),
+        )
     }
 
-    /// Uploads the local file `local` to the grid path `path` (see [`Self::upload`]).
-    fn send_spool(&self, local: &Path, path: &str) -> Res<()> {
+    /// Uploads the local file `local` to the grid path `path` (see [`Self::upload`]), with
+    /// the block CRCs recorded as it was written.
+    fn send_spool(&self, local: &Path, path: &str, crcs: Option<Arc<KnownCrcs>>) -> Res<()> {
         let path = path.to_string();
         let meta = &self.f.meta;
         let src = Location::Local(local.to_path_buf());
@@ -470,17 +514,29 @@ impl MountFs {
             events: etx,
             cancel: tokio_util::sync::CancellationToken::new(),
         };
-        let r = self.f.rt.block_on(grid::copy::copy_unrecorded(
-            meta,
-            &src,
-            &dst,
-            &self.s.grid,
-            ctx,
-        ));
+        let known = crcs.as_ref().map_or((0, 0), |k| k.known_chunks());
+        let grid = grid::copy::GridOptions {
+            source_crcs: crcs,
+            ..self.s.grid.clone()
+        };
+        let r = self
+            .f
+            .rt
+            .block_on(grid::copy::copy_unrecorded(meta, &src, &dst, &grid, ctx));
         let r = match r {
             Ok(rep) => match rep.first_failure {
                 Some(e) => Err(TransferError::from(e)),
-                None => Ok(()),
+                None => {
+                    tracing::debug!(
+                        path = %path,
+                        bytes = rep.bytes_total,
+                        blocks_recorded = known.0,
+                        blocks_unrecorded = known.1 - known.0,
+                        blocks_unread = rep.blocks_unread,
+                        "uploaded"
+                    );
+                    Ok(())
+                }
             },
             Err(e) => Err(e),
         };
@@ -677,10 +733,9 @@ impl fuser::Filesystem for MountFs {
             }
             if let Some(n) = size {
                 let was_uploaded = !sp.dirty;
-                if let Err(e) = sp.file.set_len(n) {
+                if let Err(e) = sp.set_len(n) {
                     return reply.error(errno::of_io(&e));
                 }
-                sp.changed();
                 // Truncated without a handle after its close uploaded it (`truncate f` right
                 // after writing f): the close that would upload it again may be past.
                 if fh.is_none()
@@ -716,8 +771,7 @@ impl fuser::Filesystem for MountFs {
                 let r = self
                     .new_spool(&path, e.mode & 0o7777, (n > 0).then_some(&e))
                     .and_then(|mut sp| {
-                        sp.file.set_len(n).map_err(|e| errno::of_io(&e))?;
-                        sp.dirty = true;
+                        sp.set_len(n).map_err(|e| errno::of_io(&e))?;
                         let r = self.upload(&mut sp);
                         let _ = std::fs::remove_file(&sp.local);
                         r
@@ -940,11 +994,10 @@ impl fuser::Filesystem for MountFs {
             // unless its last handle closed it meanwhile.
             let mut g = sp.lock().expect("spool lock");
             if !g.retired {
-                if flags.0 & libc::O_TRUNC != 0 {
-                    if let Err(e) = g.file.set_len(0) {
-                        return reply.error(errno::of_io(&e));
-                    }
-                    g.changed();
+                if flags.0 & libc::O_TRUNC != 0
+                    && let Err(e) = g.set_len(0)
+                {
+                    return reply.error(errno::of_io(&e));
                 }
                 g.opens += 1;
                 drop(g);
@@ -1109,11 +1162,8 @@ impl fuser::Filesystem for MountFs {
             return reply.error(Errno::EBADF);
         };
         let mut sp = sp.lock().expect("spool lock");
-        match sp.file.write_all_at(data, offset) {
-            Ok(()) => {
-                sp.changed();
-                reply.written(data.len() as u32)
-            }
+        match sp.write_at(data, offset) {
+            Ok(()) => reply.written(data.len() as u32),
             Err(e) => {
                 tracing::warn!(path = %sp.grid_path, error = %e, "cannot write the spool");
                 reply.error(errno::of_io(&e))

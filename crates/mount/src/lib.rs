@@ -174,6 +174,8 @@ pub async fn serve(
             overwrite: true,
             max_sessions: 1,
             dest_is_name: true,
+            // Each upload gives its spool's record (`send_spool`).
+            source_crcs: None,
         },
     };
     let filesystem = fs::MountFs::new(fetcher, settings, who.user.clone());

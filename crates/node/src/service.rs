@@ -123,6 +123,7 @@ impl Service for NodeService {
                 mtime: f.mtime,
                 locator,
                 expect: f.expect,
+                known_crcs: None,
             });
         }
         Ok(list)
@@ -330,6 +331,19 @@ mod tests {
         grant: Option<SignedGrant>,
         resume: bool,
     ) -> Result<client::Attempt, TransferError> {
+        put_with(n, path, id, grant, resume, None).await
+    }
+
+    /// [`put_as`], with the block CRCs a writer recorded (sent with `sendfile` on clear
+    /// streams, where they spare the read).
+    async fn put_with(
+        n: &Node,
+        path: &Path,
+        id: i64,
+        grant: Option<SignedGrant>,
+        resume: bool,
+        known_crcs: Option<Arc<wire::known_crcs::KnownCrcs>>,
+    ) -> Result<client::Attempt, TransferError> {
         let size = std::fs::metadata(path).unwrap().len();
         let entry = SourceEntry {
             rel: id.to_string(),
@@ -339,14 +353,19 @@ mod tests {
             mtime: Default::default(),
             locator: path.to_path_buf(),
             expect: vec![],
+            known_crcs: known_crcs.clone(),
         };
         let request = SinkRequest {
             grant,
             ..Default::default()
         };
-        let opts = options(n);
+        let mut opts = options(n);
         let mut session = opts.session.clone();
         session.resume = resume;
+        if known_crcs.is_some() {
+            opts.zero_copy = true;
+            session.protect = wire::control::Protect::Clear;
+        }
         client::upload(vec![entry], &n.peer, request, &opts, session, context()).await
     }
 
@@ -426,6 +445,47 @@ mod tests {
             .to_be_bytes()
             .to_vec();
         assert_eq!(r[0].digests[0].value, crc);
+        n.stop.cancel();
+    }
+
+    /// A file sent with the block CRCs its writer recorded (`haul mount`'s spools) is sent
+    /// without being read to checksum it. A recorded CRC that does not match the file's bytes
+    /// (a lying or stale record) is caught by the node: the file is not committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn recorded_crcs_spare_the_read_and_a_wrong_one_commits_nothing() {
+        let n = start_node().await;
+        let local = tempfile::tempdir().unwrap();
+        let src = local.path().join("src");
+        let block = u64::from(wire::control::SessionOptions::default().block_size);
+        let body: Vec<u8> = (0..3 * block + 1000).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&src, &body).unwrap();
+        let record = |data: &[u8]| {
+            let mut r = wire::known_crcs::CrcRecorder::new(block);
+            r.write(0, data);
+            Some(Arc::new(r.snapshot().unwrap()))
+        };
+
+        let write = n.link.grant(Operation::Write, &[31], &n.holder);
+        let a = put_with(&n, &src, 31, Some(write), false, record(&body))
+            .await
+            .unwrap();
+        assert_eq!(a.source.files_done, 1, "{a:?}");
+        assert_eq!(a.zero_copy, Some(true));
+        assert_eq!(a.blocks_unread, 4, "{a:?}");
+        let stored = n.root.path().join(spool::spool_path(31));
+        assert_eq!(std::fs::read(&stored).unwrap(), body);
+
+        // A record of other bytes (one bit of the second block): refused, not committed.
+        let mut other = body.clone();
+        other[block as usize + 5] ^= 1;
+        let write = n.link.grant(Operation::Write, &[32], &n.holder);
+        let a = put_with(&n, &src, 32, Some(write), false, record(&other)).await;
+        assert_eq!(done(a), 0);
+        assert!(!n.root.path().join(spool::spool_path(32)).exists());
+        assert_eq!(
+            *n.link.committed.lock().unwrap(),
+            vec![(31, body.len() as u64)]
+        );
         n.stop.cancel();
     }
 

@@ -198,6 +198,10 @@ pub struct CopyReport {
     pub bottleneck: Option<wire::bottleneck::Verdict>,
     #[serde(skip)]
     pub first_failure: Option<ErrorInfo>,
+    /// Blocks sent with the CRCs their writer recorded, never read to checksum them
+    /// (`haul mount`'s uploads of its spools).
+    #[serde(skip)]
+    pub blocks_unread: u64,
 }
 
 /// What the transfer log records of a whole copy (all its attempts).
@@ -245,6 +249,8 @@ pub struct Attempt {
     pub plan: String,
     /// Whether this side, as the source, sent with `sendfile` (`None`: the source was remote).
     pub zero_copy: Option<bool>,
+    /// Blocks this side sent with the CRC their writer recorded, without reading them.
+    pub blocks_unread: u64,
     /// The round trip to the endpoint, measured on the control connection's handshake
     /// (`None` where this side did not connect: a third-party copy).
     pub rtt: Option<Duration>,
@@ -687,6 +693,7 @@ fn fill_report(
     report.tcp_retransmits = a.source.tcp_retransmits;
     report.cc_decisions = a.source.cc_decisions.clone();
     report.zero_copy = a.zero_copy;
+    report.blocks_unread = a.blocks_unread;
     report.checksums = opts
         .session
         .checksums
@@ -1229,6 +1236,7 @@ pub async fn upload(
         sink: sink_summary.unwrap_or_default(),
         plan: p.explanation,
         zero_copy: Some(outcome.zero_copy),
+        blocks_unread: outcome.blocks_unread,
         rtt: Some(rtt),
     })
 }
@@ -1362,6 +1370,7 @@ pub async fn download(
         sink: outcome.summary(),
         plan: p.explanation,
         zero_copy: None,
+        blocks_unread: 0,
         rtt: Some(rtt),
     })
 }
@@ -1509,6 +1518,7 @@ pub async fn third_party(
         sink,
         plan,
         zero_copy: None,
+        blocks_unread: 0,
         rtt: None,
     })
 }

@@ -32,6 +32,7 @@ use wire::checksum::{Algorithm, Digest, MultiHasher, block_crc};
 use wire::control::{SessionOptions, SessionSummary};
 use wire::data::{self, DataFrame, EntryKind};
 use wire::error::{ErrorInfo, ErrorKind};
+use wire::known_crcs::KnownCrcs;
 use wire::losscause::{Decision, Family, LossClassifier, StreamInfo};
 use wire::pacing::TokenBucket;
 use wire::source::{FileSpec, ReadJob, Source, SourceConfig, SourceEvent, SourceStats, Transmit};
@@ -60,6 +61,9 @@ pub struct SourceOutcome {
     pub tcp_retransmits: u64,
     /// Blocks went out with `sendfile` from the page cache.
     pub zero_copy: bool,
+    /// Blocks sent with the CRC their writer recorded, without being read (see
+    /// [`SourceEntry::known_crcs`](crate::store::SourceEntry::known_crcs)).
+    pub blocks_unread: u64,
     /// What the bottleneck report needs from the sending side.
     pub evidence: SendEvidence,
 }
@@ -126,6 +130,8 @@ struct Shared {
     locators: Vec<PathBuf>,
     /// Per file: checksums it must have (from a catalog), checked when it has been read.
     expects: Vec<Vec<Digest>>,
+    /// Per file: block CRCs its writer recorded (whole-file sends only).
+    known_crcs: Vec<Option<Arc<KnownCrcs>>>,
     root: Arc<Root>,
     /// Send blocks with `sendfile` (clear streams).
     zero_copy: bool,
@@ -159,6 +165,8 @@ struct Shared {
     read_bytes: AtomicU64,
     read_ns: AtomicU64,
     budget_wait_ns: AtomicU64,
+    /// Blocks sent with a recorded CRC, never read.
+    known_blocks: AtomicU64,
 }
 
 impl Shared {
@@ -271,6 +279,8 @@ impl Shared {
 
     /// Loads block `off..off+len` (destination offsets): its CRC32C, the whole-file hashes
     /// when asked, and its bytes (or, with zero copy, a reference to them in the file).
+    /// With zero copy and a CRC its writer recorded (`known`, no other hash asked), the file
+    /// is not read at all: the receiver checks the bytes `sendfile` sends against that CRC.
     /// Counts a block read for the trace: `waited` is when its reader began waiting for
     /// budget, `reading` when it began reading.
     fn note_read(&self, waited: Instant, reading: Instant, len: u64) {
@@ -289,7 +299,26 @@ impl Shared {
         len: u64,
         path: &str,
         hasher: Option<&mut MultiHasher>,
+        known: Option<&KnownCrcs>,
     ) -> Result<(Body, u32), ErrorInfo> {
+        if self.zero_copy
+            && hasher.is_none()
+            && let Some(crc) = known.and_then(|k| k.block_crc(off, len))
+        {
+            // Still there and of its size: a file cut short fails here as a read would.
+            let have = file.metadata().map_err(|e| io_info(path, &e))?.len();
+            if have < self.range_base + off + len {
+                return Err(short_read(path, &std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            self.known_blocks.fetch_add(1, Ordering::Relaxed);
+            return Ok((
+                Body::File {
+                    file: file.clone(),
+                    offset: self.range_base + off,
+                },
+                crc,
+            ));
+        }
         if !self.zero_copy {
             let buf = self.read_block(file, off, len, path)?;
             let crc = block_crc(buf.as_ref());
@@ -361,7 +390,8 @@ impl Shared {
                     let loaded_len = if seg.send { len } else { 0 };
                     let hash = hasher.needs_bytes().then_some(&mut hasher);
                     let reading = Instant::now();
-                    let loaded = self.load_block(&file, off, len, &path, hash);
+                    let known = self.known_crcs[job.file as usize].as_deref();
+                    let loaded = self.load_block(&file, off, len, &path, hash, known);
                     self.note_read(waited, reading, len);
                     let (body, c) = match loaded {
                         Ok(b) => b,
@@ -445,7 +475,7 @@ impl Shared {
             .root
             .open(&self.locators[d.file as usize], OpenMode::Read)
             .map_err(|e| io_info(&path, &e))
-            .and_then(|f| self.load_block(&Arc::new(f), d.offset, len, &path, None));
+            .and_then(|f| self.load_block(&Arc::new(f), d.offset, len, &path, None, None));
         let mut st = self.lock();
         match result {
             Ok((body, crc)) => {
@@ -779,6 +809,7 @@ pub async fn run_source(
     let mut source = Source::new(cfg);
     let mut locators = Vec::with_capacity(spec.entries.len());
     let mut expects = Vec::with_capacity(spec.entries.len());
+    let mut known_crcs = Vec::with_capacity(spec.entries.len());
     let (range_base, range_len) = match spec.range {
         Some((o, l)) => (o, Some(l)),
         None => (0, None),
@@ -807,6 +838,8 @@ pub async fn run_source(
         });
         locators.push(e.locator.clone());
         expects.push(e.expect.clone());
+        // Recorded from the file's start: a range is sent from its own offset.
+        known_crcs.push(e.known_crcs.clone().filter(|_| spec.range.is_none()));
     }
     source.finish_adding();
     Counters::set(&counters.total_bytes, total);
@@ -823,6 +856,7 @@ pub async fn run_source(
         armed: Mutex::new(Armed::default()),
         locators,
         expects,
+        known_crcs,
         root: spec.root.clone(),
         zero_copy: spec.zero_copy
             && opts.protect == wire::control::Protect::Clear
@@ -852,6 +886,7 @@ pub async fn run_source(
             ..Default::default()
         }),
         read_bytes: AtomicU64::new(0),
+        known_blocks: AtomicU64::new(0),
         read_ns: AtomicU64::new(0),
         budget_wait_ns: AtomicU64::new(0),
     });
@@ -1025,6 +1060,7 @@ pub async fn run_source(
         cc_decisions,
         tcp_retransmits: sh.retransmits.load(Ordering::Relaxed),
         zero_copy: sh.zero_copy,
+        blocks_unread: sh.known_blocks.load(Ordering::Relaxed),
         evidence,
     })
 }

@@ -464,6 +464,9 @@ pub struct SourceEntry {
     pub locator: PathBuf,
     /// Checksums the file must have (a replica named by a catalog); empty: none known.
     pub expect: Vec<wire::checksum::Digest>,
+    /// Block CRCs its writer recorded as it wrote it (`haul mount`'s spools): blocks they
+    /// cover are sent without being read to checksum them.
+    pub known_crcs: Option<std::sync::Arc<wire::known_crcs::KnownCrcs>>,
 }
 
 /// What enumerating a tree finds.
@@ -549,6 +552,7 @@ fn walk(
         mtime: meta.mtime,
         locator: path.to_path_buf(),
         expect: Vec::new(),
+        known_crcs: None,
     };
     if let Err(why) = validate_relative_path(&entry.rel) {
         let error = ErrorInfo::new(

@@ -14,6 +14,7 @@ pub mod data;
 pub mod delegation;
 pub mod error;
 pub mod grant;
+pub mod known_crcs;
 pub mod losscause;
 pub mod node;
 pub mod pacing;

@@ -46,6 +46,10 @@ pub struct GridOptions {
     /// caller knows): it is not looked up first (`haul mount`'s close saves two round trips;
     /// the metadata server still refuses a name that is a directory or has no parent).
     pub dest_is_name: bool,
+    /// An upload of one local file: the block CRCs its writer recorded as it wrote it
+    /// (`haul mount`'s spools). Blocks they cover are sent without being read; the node
+    /// checks them as it checks any block.
+    pub source_crcs: Option<std::sync::Arc<wire::known_crcs::KnownCrcs>>,
 }
 
 pub(crate) fn cap(c: &Option<pb::Capability>) -> Option<SignedGrant> {

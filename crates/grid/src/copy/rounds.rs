@@ -390,6 +390,8 @@ pub(super) struct Tally {
     pub attempts: u32,
     pub streams: u32,
     pub retransmits: u64,
+    /// Blocks sent with recorded CRCs, never read (see [`CopyReport::blocks_unread`]).
+    pub blocks_unread: u64,
     /// Congestion control switches of every session.
     pub cc_decisions: Vec<wire::losscause::Decision>,
     pub plan: String,
@@ -410,6 +412,7 @@ impl Tally {
             attempts: 1,
             streams: 0,
             retransmits: 0,
+            blocks_unread: 0,
             cc_decisions: Vec::new(),
             plan: String::new(),
             failed_over: false,
@@ -481,6 +484,7 @@ impl Tally {
     pub fn session(&mut self, a: &Attempt) {
         self.streams = self.streams.max(a.source.streams.max(a.sink.streams));
         self.retransmits += a.source.tcp_retransmits;
+        self.blocks_unread += a.blocks_unread;
         self.cc_decisions
             .extend(a.source.cc_decisions.iter().cloned());
         if self.plan.is_empty() {
@@ -552,6 +556,7 @@ impl Tally {
             // copy's (not reported yet).
             bottleneck: None,
             first_failure: first.as_ref().map(|e| e.to_info()),
+            blocks_unread: self.blocks_unread,
         };
         // Nothing copied at all: the first reason is the command's error.
         if report.files_failed > 0 && report.files_failed == report.files {
@@ -592,6 +597,7 @@ mod tests {
             overwrite: false,
             max_sessions: 2,
             dest_is_name: false,
+            source_crcs: None,
         }
     }
 

@@ -49,7 +49,12 @@ impl Origin<'_> {
     ) -> Result<(Vec<SourceEntry>, Vec<(String, wire::error::ErrorInfo)>), TransferError> {
         match self {
             Origin::Local(l) => {
-                let listing = transfer::client::enumerate_local(l, opts.copy.recursive).await?;
+                let mut listing = transfer::client::enumerate_local(l, opts.copy.recursive).await?;
+                if let (Some(k), [e]) = (&opts.source_crcs, listing.entries.as_mut_slice())
+                    && e.kind == EntryKind::File
+                {
+                    e.known_crcs = Some(k.clone());
+                }
                 Ok((listing.entries, listing.unsendable))
             }
             Origin::Endpoint { peer, path } => {
@@ -79,6 +84,7 @@ impl Origin<'_> {
                         mode: e.mode,
                         mtime: e.mtime,
                         expect: Vec::new(),
+                        known_crcs: None,
                     })
                     .collect();
                 Ok((entries, l.unsendable))
