@@ -481,6 +481,69 @@ fn a_read_survives_a_node_killed_mid_file_and_a_dead_metadata_server_is_an_error
     assert!(!mount::is_mounted(&m.at), "still mounted after SIGTERM");
 }
 
+/// The mount's fetches reuse control connections. One the node closes as it is reused (an
+/// idle close racing the reuse; here the node's fault injection closes the first reused one
+/// unanswered) costs the reader nothing: the fetch is made again on a new connection, and the
+/// file's only replica is not given up.
+#[test]
+fn a_control_connection_closed_as_it_is_reused_is_replaced_not_counted_a_failure() {
+    common::needs_fault_injection!();
+    if !can_mount() {
+        return;
+    }
+    let mut g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let body = data(43, 12 << 20);
+    let local = g.path().join("one.local");
+    std::fs::write(&local, &body).unwrap();
+    assert_ok(&g.cp(
+        "alice",
+        &[
+            local.to_str().unwrap(),
+            &g.url("/alice/one.nc"),
+            "--site",
+            "A",
+        ],
+    ));
+    let w = g.where_(&["/alice/one.nc".to_string()]);
+    let holders = live_complete(&w[0], &[]);
+    assert_eq!(holders.len(), 1, "{w:?}");
+    let holder = holders[0].0.clone();
+    // The node holding the only replica, started again with the fault.
+    g.kill_node(&holder);
+    let restarted = now_ms();
+    let at = g.nodes.iter().position(|n| n.name == holder).unwrap();
+    let mut n = g.nodes.remove(at);
+    let cert = n.name.clone();
+    g.start_node_env(
+        &mut n,
+        &cert,
+        &[],
+        &[("HAUL_FAULT_DROP_REUSED_CONTROL", "1")],
+    );
+    g.nodes.insert(at, n);
+    g.wait_nodes_up(restarted);
+
+    // 1 MiB fetches, one at a time: each after the first is asked on a reused connection.
+    let m = Mounted::start(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &["--site", "A", "--read-ahead", "1M", "--fetch-sessions", "1"],
+    );
+    let got = std::fs::read(m.p("one.nc"));
+    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+    let node_log = std::fs::read_to_string(g.path().join(format!("{holder}.log"))).unwrap();
+    assert!(
+        node_log.contains("closing a reused control connection unanswered"),
+        "the fault never fired: {node_log}"
+    );
+    let got = got.unwrap_or_else(|e| panic!("read: {e}\n{log}"));
+    assert!(got == body, "the data read differs");
+    assert!(log.contains("fetching again on a new connection"), "{log}");
+    assert!(!log.contains("reading from another replica"), "{log}");
+}
+
 /// `kill -9` of the mount with a file open for writing and another being read: both programs
 /// get an error, not a hang (the kernel aborts the dead FUSE connection); the file being
 /// written never appears in the grid (only a close that uploaded and verified publishes it); a
@@ -627,6 +690,7 @@ fn a_mount_killed_with_sigkill_loses_only_the_file_not_yet_closed() {
 /// retries it, which holds the close open while the name changes.
 #[test]
 fn a_file_unlinked_or_renamed_while_its_close_uploads_is_not_left_at_the_old_name() {
+    common::needs_fault_injection!();
     if !can_mount() {
         return;
     }

@@ -479,6 +479,8 @@ async fn control(
         writer: &mut writer,
     };
     let idle = ep.cfg.limits.idle_timeout;
+    // Sessions asked on this connection (a client may reuse it for the next one).
+    let mut sessions = 0u32;
     loop {
         // A whole request (header and body) must arrive within the idle timeout: a peer that
         // stops talking, or trickles a frame, gives its connection back.
@@ -493,6 +495,13 @@ async fn control(
             _ = stop.cancelled() => return Ok(()),
         };
         let Some(req) = req else { return Ok(()) };
+        if matches!(req, Request::OpenSink { .. } | Request::OpenSource { .. }) {
+            if sessions > 0 && crate::faults::drop_reused_control() {
+                tracing::info!(peer = %ctl.reader.peer, "fault injection: closing a reused control connection unanswered");
+                return Ok(());
+            }
+            sessions = sessions.saturating_add(1);
+        }
         if let Some(scope) = &delegation
             && let Err(e) = delegated(&ep, scope, &req)
         {

@@ -6,6 +6,9 @@
 //!   stop sending (the connection stays open), as a hung server would; once per process.
 //! - `HAUL_FAULT_EXIT_AFTER=BYTES`: once this process has sent or written BYTES of payload it
 //!   exits at once with status 137, as if killed.
+//! - `HAUL_FAULT_DROP_REUSED_CONTROL=N`: the endpoint closes, unanswered, the first N sessions
+//!   asked on a control connection that already served one, as an idle close racing the
+//!   client's reuse of the connection would.
 //!
 //! They exist so that the integration tests can exercise detection and recovery through the
 //! real binaries, and only in builds with the `fault-injection` cargo feature (the test command
@@ -14,7 +17,7 @@
 //! relaxed atomic operation per block when unset.
 
 #[cfg(feature = "fault-injection")]
-pub use injected::{corrupt_enabled, corrupt_this_block, moved};
+pub use injected::{corrupt_enabled, corrupt_this_block, drop_reused_control, moved};
 
 #[cfg(feature = "fault-injection")]
 mod injected {
@@ -25,6 +28,7 @@ mod injected {
         corrupt_every: Option<u64>,
         stall_after: Option<u64>,
         exit_after: Option<u64>,
+        drop_reused_control: Option<u64>,
     }
 
     fn faults() -> &'static Faults {
@@ -39,6 +43,7 @@ mod injected {
                 corrupt_every: num("HAUL_FAULT_CORRUPT_EVERY").filter(|n| *n > 0),
                 stall_after: num("HAUL_FAULT_STALL_AFTER"),
                 exit_after: num("HAUL_FAULT_EXIT_AFTER"),
+                drop_reused_control: num("HAUL_FAULT_DROP_REUSED_CONTROL"),
             }
         })
     }
@@ -46,6 +51,16 @@ mod injected {
     static BLOCKS: AtomicU64 = AtomicU64::new(0);
     static BYTES: AtomicU64 = AtomicU64::new(0);
     static STALL_FIRED: AtomicBool = AtomicBool::new(false);
+    static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+    /// Called when a session is asked on a control connection that already served one: true
+    /// if the connection must be closed without an answer.
+    pub fn drop_reused_control() -> bool {
+        match faults().drop_reused_control {
+            Some(n) => DROPPED.fetch_add(1, Ordering::Relaxed) < n,
+            None => false,
+        }
+    }
 
     /// Whether block corruption is being injected (senders then keep blocks in memory).
     pub fn corrupt_enabled() -> bool {
@@ -93,6 +108,13 @@ pub fn corrupt_enabled() -> bool {
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub fn corrupt_this_block() -> bool {
+    false
+}
+
+/// Whether a reused control connection must be closed unanswered: never in this build.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn drop_reused_control() -> bool {
     false
 }
 
