@@ -814,71 +814,85 @@ fn a_spool_changed_behind_the_mounts_back_is_not_uploaded() {
     let g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
     let m = Mounted::start(&g, "alice", &g.url("/alice"), &["--site", "A"]);
-    let (ready, go, result) = (
-        g.path().join("ready"),
-        g.path().join("go"),
-        g.path().join("result"),
-    );
-    let script = format!(
-        "import os, time, errno\n\
-         f = open('{}', 'wb'); f.write(b'\\x07' * (3 << 20)); f.flush()\n\
-         open('{}', 'w').close()\n\
-         t = time.time()\n\
-         while not os.path.exists('{}') and time.time() - t < 60: time.sleep(0.05)\n\
-         try:\n    f.close(); r = 'closed'\n\
-         except OSError as e:\n    r = errno.errorcode.get(e.errno, str(e.errno))\n\
-         open('{}', 'w').write(r)\n",
-        m.p("w.bin").display(),
-        ready.display(),
-        go.display(),
-        result.display()
-    );
-    let mut py = Command::new("python3")
-        .args(["-c", &script])
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !ready.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "the writer never got ready"
+    // A byte changed in place (caught by the block's recorded CRC), and bytes appended (the
+    // spool no longer has the size written).
+    for (i, appended) in [false, true].into_iter().enumerate() {
+        let (ready, go, result) = (
+            g.path().join(format!("ready{i}")),
+            g.path().join(format!("go{i}")),
+            g.path().join(format!("result{i}")),
         );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let spools: Vec<PathBuf> = files_under(g.path())
-        .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("spool-"))
-        })
-        .collect();
-    assert_eq!(spools.len(), 1, "{spools:?}");
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&spools[0])
-        .unwrap();
-    std::os::unix::fs::FileExt::write_all_at(&f, b"\x08", (1 << 20) + 5).unwrap();
-    drop(f);
-    std::fs::write(&go, b"").unwrap();
-    let t = Instant::now();
-    while py.try_wait().unwrap().is_none() {
-        if t.elapsed() > Duration::from_secs(120) {
-            let _ = py.kill();
-            panic!("the close did not end within 120 s");
+        let name = format!("w{i}.bin");
+        let script = format!(
+            "import os, time, errno\n\
+             f = open('{}', 'wb'); f.write(b'\\x07' * (3 << 20)); f.flush()\n\
+             open('{}', 'w').close()\n\
+             t = time.time()\n\
+             while not os.path.exists('{}') and time.time() - t < 60: time.sleep(0.05)\n\
+             try:\n    f.close(); r = 'closed'\n\
+             except OSError as e:\n    r = errno.errorcode.get(e.errno, str(e.errno))\n\
+             open('{}', 'w').write(r)\n",
+            m.p(&name).display(),
+            ready.display(),
+            go.display(),
+            result.display()
+        );
+        let mut py = Command::new("python3")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !ready.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the writer never got ready"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
-    let out = std::fs::read_to_string(&result).unwrap_or_default();
-    assert_eq!(out, "EIO", "{log}");
-    // The grid has no version with the changed bytes (the empty file the create made at
-    // most).
-    let st = g.run("alice", &["stat", "--json", &g.url("/alice/w.bin")]);
-    if st.status.success() {
-        let j: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
-        assert_eq!(j["entries"][0]["size"], 0, "{j}");
-    } else {
-        assert_eq!(st.status.code(), Some(3), "{log}");
+        let spools: Vec<PathBuf> = files_under(g.path())
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("spool-"))
+            })
+            .collect();
+        assert_eq!(spools.len(), 1, "{spools:?}");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&spools[0])
+            .unwrap();
+        let at = if appended { 3 << 20 } else { (1 << 20) + 5 };
+        std::os::unix::fs::FileExt::write_all_at(&f, b"\x08", at).unwrap();
+        drop(f);
+        std::fs::write(&go, b"").unwrap();
+        let t = Instant::now();
+        while py.try_wait().unwrap().is_none() {
+            if t.elapsed() > Duration::from_secs(120) {
+                let _ = py.kill();
+                panic!("the close did not end within 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+        let out = std::fs::read_to_string(&result).unwrap_or_default();
+        assert_eq!(out, "EIO", "{log}");
+        let said = log
+            .lines()
+            .filter(|l| l.contains(&name) && l.contains("changed since it was written"))
+            .count();
+        assert!(said >= 1, "the log does not say why: {log}");
+        // The grid has no version with the changed bytes (the empty file the create made at
+        // most).
+        let st = g.run(
+            "alice",
+            &["stat", "--json", &g.url(&format!("/alice/{name}"))],
+        );
+        if st.status.success() {
+            let j: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+            assert_eq!(j["entries"][0]["size"], 0, "{j}");
+        } else {
+            assert_eq!(st.status.code(), Some(3), "{log}");
+        }
     }
 }
 
@@ -999,9 +1013,6 @@ sys.stdout.buffer.write(m[{at}:{at}+10] + m[-10:])",
     );
 }
 
-/// The extents in a `--cache` directory with no fetch running: (size of the file it holds,
-/// from the second field of its key; start; end) of each. Every entry must be an extent
-/// file named START-END holding exactly its bytes.
 /// Every file below `dir`, at any depth.
 fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -1016,6 +1027,9 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The extents in a `--cache` directory with no fetch running: (size of the file it holds,
+/// from the second field of its key; start; end) of each. Every entry must be an extent
+/// file named START-END holding exactly its bytes.
 fn cached_extents(cache: &Path) -> Vec<(u64, u64, u64)> {
     let mut out = Vec::new();
     for d in std::fs::read_dir(cache.join("files")).unwrap() {

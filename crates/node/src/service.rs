@@ -450,7 +450,8 @@ mod tests {
 
     /// A file sent with the block CRCs its writer recorded (`haul mount`'s spools) is sent
     /// without being read to checksum it. A recorded CRC that does not match the file's bytes
-    /// (a lying or stale record) is caught by the node: the file is not committed.
+    /// (a lying or stale record) is caught by the node: the file fails at once (it is not
+    /// sent again under the same record) and is not committed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn recorded_crcs_spare_the_read_and_a_wrong_one_commits_nothing() {
         let n = start_node().await;
@@ -479,8 +480,16 @@ mod tests {
         let mut other = body.clone();
         other[block as usize + 5] ^= 1;
         let write = n.link.grant(Operation::Write, &[32], &n.holder);
-        let a = put_with(&n, &src, 32, Some(write), false, record(&other)).await;
-        assert_eq!(done(a), 0);
+        let a = put_with(&n, &src, 32, Some(write), false, record(&other))
+            .await
+            .unwrap();
+        assert_eq!(
+            (a.source.files_done, a.source.files_failed),
+            (0, 1),
+            "{a:?}"
+        );
+        // Failed at once, not sent again and again under the same record.
+        assert!(a.source.bytes_moved <= body.len() as u64, "{a:?}");
         assert!(!n.root.path().join(spool::spool_path(32)).exists());
         assert_eq!(
             *n.link.committed.lock().unwrap(),

@@ -277,10 +277,6 @@ impl Shared {
         Ok(buf)
     }
 
-    /// Loads block `off..off+len` (destination offsets): its CRC32C, the whole-file hashes
-    /// when asked, and its bytes (or, with zero copy, a reference to them in the file).
-    /// With zero copy and a CRC its writer recorded (`known`, no other hash asked), the file
-    /// is not read at all: the receiver checks the bytes `sendfile` sends against that CRC.
     /// Counts a block read for the trace: `waited` is when its reader began waiting for
     /// budget, `reading` when it began reading.
     fn note_read(&self, waited: Instant, reading: Instant, len: u64) {
@@ -292,6 +288,10 @@ impl Shared {
         self.read_bytes.fetch_add(len, Ordering::Relaxed);
     }
 
+    /// Loads block `off..off+len` (destination offsets): its CRC32C, the whole-file hashes
+    /// when asked, and its bytes (or, with zero copy, a reference to them in the file).
+    /// With zero copy and a CRC its writer recorded (`known`, no other hash asked), the file
+    /// is not read at all: the receiver checks the bytes `sendfile` sends against that CRC.
     fn load_block(
         &self,
         file: &Arc<std::fs::File>,
@@ -475,7 +475,27 @@ impl Shared {
             .root
             .open(&self.locators[d.file as usize], OpenMode::Read)
             .map_err(|e| io_info(&path, &e))
-            .and_then(|f| self.load_block(&Arc::new(f), d.offset, len, &path, None, None));
+            .and_then(|f| self.load_block(&Arc::new(f), d.offset, len, &path, None, None))
+            .and_then(|(body, crc)| {
+                // Refused under the CRC its writer recorded, and its bytes now give another:
+                // the file changed after it was written. No resend or retry can deliver what
+                // was written, so the file fails at once (its writer uploads again if it
+                // made the change).
+                let recorded = self.known_crcs[d.file as usize]
+                    .as_deref()
+                    .and_then(|k| k.block_crc(d.offset, len));
+                match recorded {
+                    Some(r) if r != crc => Err(ErrorInfo::new(
+                        ErrorKind::Integrity,
+                        format!(
+                            "{path}: changed since it was written (the block at {} no longer has the CRC recorded as it was written)",
+                            d.offset
+                        ),
+                    )
+                    .retryable(false)),
+                    _ => Ok((body, crc)),
+                }
+            });
         let mut st = self.lock();
         match result {
             Ok((body, crc)) => {

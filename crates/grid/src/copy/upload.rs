@@ -53,6 +53,15 @@ impl Origin<'_> {
                 if let (Some(k), [e]) = (&opts.source_crcs, listing.entries.as_mut_slice())
                     && e.kind == EntryKind::File
                 {
+                    // Grown or cut since its writer's record: bytes it never wrote are there.
+                    if e.size != k.len() {
+                        return Err(TransferError::integrity(format!(
+                            "{}: changed since it was written ({} bytes written, {} there now)",
+                            l.display(),
+                            k.len(),
+                            e.size
+                        )));
+                    }
                     e.known_crcs = Some(k.clone());
                 }
                 Ok((listing.entries, listing.unsendable))
