@@ -61,7 +61,8 @@ pub struct SourceOutcome {
     pub tcp_retransmits: u64,
     /// Blocks went out with `sendfile` from the page cache.
     pub zero_copy: bool,
-    /// Blocks sent with the CRC their writer recorded, without being read (see
+    /// Blocks sent (or, resuming, found already there) with the CRC their writer recorded,
+    /// without being read (see
     /// [`SourceEntry::known_crcs`](crate::store::SourceEntry::known_crcs)).
     pub blocks_unread: u64,
     /// What the bottleneck report needs from the sending side.

@@ -122,8 +122,13 @@ impl CrcRecorder {
         }
     }
 
-    /// The file was truncated (or extended) to `size`.
+    /// The file was truncated (or extended) to `size`. Emptied, it is known again from
+    /// scratch (an `O_TRUNC` open of a file whose record had stopped).
     pub fn set_len(&mut self, size: u64) {
+        if size == 0 {
+            *self = CrcRecorder::new(self.chunk);
+            return;
+        }
         if self.stopped || size == self.end {
             return;
         }
@@ -372,6 +377,18 @@ mod tests {
         let k = r.snapshot().expect("recorded");
         assert_eq!(k.known_chunks(), (16, 16));
         assert_eq!(k.block_crc(0, 1000), Some(block_crc(&file)));
+    }
+
+    #[test]
+    fn a_stopped_record_starts_again_when_the_file_is_emptied() {
+        let mut r = CrcRecorder::new(1024);
+        r.write(10, b"hole before");
+        assert_eq!(r.snapshot(), None);
+        r.set_len(0);
+        let file = data(3000, 8);
+        r.write(0, &file);
+        let k = r.snapshot().expect("recorded");
+        assert_eq!(k.block_crc(0, 3000), Some(block_crc(&file)));
     }
 
     #[test]
