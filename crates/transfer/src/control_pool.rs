@@ -53,11 +53,13 @@ impl ControlPool {
         self.take(&conn::format_addr(host, port), Instant::now())
     }
 
-    /// Whether an idle connection to `host:port` waits (not checked for being open).
+    /// Whether an idle connection to `host:port` waits that is still open as far as this
+    /// side can see (its peer's close may still be on its way). A connection already seen
+    /// closed does not count: the next session connects anew, so its failure is the node's.
     pub fn has_idle(&self, host: &str, port: u16) -> bool {
         let idle = self.idle.lock().expect("control pool lock");
         idle.get(&conn::format_addr(host, port))
-            .is_some_and(|l| !l.is_empty())
+            .is_some_and(|l| l.iter().any(|(_, s)| s.is_open()))
     }
 
     /// Closes the idle connections to `host:port`: one of them failed, the others may have
@@ -202,6 +204,8 @@ mod tests {
             assert_eq!(pool.idle_count(), 1);
             // Let the server's close (if any) arrive.
             tokio::time::sleep(Duration::from_millis(100)).await;
+            // A connection seen closed is not one a failure could be blamed on.
+            assert_eq!(pool.has_idle("127.0.0.1", port), !close);
             let s = pool
                 .connect("127.0.0.1", port, None, &limits)
                 .await
