@@ -121,11 +121,8 @@ fn dashboard_in_a_real_browser_shows_live_copies_charts_and_transfers() {
         if g.nodes[i].site != "A" {
             continue;
         }
-        let mut n = g.nodes.remove(i);
-        n.proc = None;
-        let cert = n.name.clone();
-        g.start_node_env(&mut n, &cert, &[], &[("HAUL_FAULT_STALL_AFTER", "1M")]);
-        g.nodes.insert(i, n);
+        let name = g.nodes[i].name.clone();
+        g.restart_node_env(&name, &[("HAUL_FAULT_STALL_AFTER", "1M")]);
     }
     g.wait_nodes_up(0);
     let mut replicate = g.cmd(

@@ -298,10 +298,7 @@ fn a_job_survives_restarts_of_the_metadata_server_and_nodes() {
     );
     // b1 back, so that what it holds can be read.
     let restarted = now_ms();
-    let at = g.nodes.iter().position(|n| n.name == "b1").unwrap();
-    let mut b1 = g.nodes.remove(at);
-    g.start_node(&mut b1);
-    g.nodes.push(b1);
+    g.restart_node_env("b1", &[]);
     g.wait_nodes_up(restarted);
     assert_download_same(&g, "alice", &g.url("/alice/copy2"), &src, &[]);
 }

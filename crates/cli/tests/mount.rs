@@ -110,9 +110,9 @@ fn python(script: &str) -> std::process::Output {
     run_bounded(c, CMD_TIMEOUT)
 }
 
-/// `path` (in /alice, which must exist) written as alice with `len` bytes of seed `seed`, a
-/// replica at site A and one at site B: its bytes, and the nodes holding it at A and at B.
-fn at_both_sites(g: &Grid, path: &str, seed: u64, len: usize) -> (Vec<u8>, String, String) {
+/// `path` (in /alice, which must exist) written as alice with `len` bytes of seed `seed`,
+/// with a replica at site A: its bytes.
+fn at_site_a(g: &Grid, path: &str, seed: u64, len: usize) -> Vec<u8> {
     let local = g.path().join(Path::new(path).file_name().unwrap());
     let body = data(seed, len);
     std::fs::write(&local, &body).unwrap();
@@ -120,6 +120,13 @@ fn at_both_sites(g: &Grid, path: &str, seed: u64, len: usize) -> (Vec<u8>, Strin
         "alice",
         &[local.to_str().unwrap(), &g.url(path), "--site", "A"],
     ));
+    body
+}
+
+/// [`at_site_a`], and a second replica at site B: its bytes, and the nodes holding it at A
+/// and at B.
+fn at_both_sites(g: &Grid, path: &str, seed: u64, len: usize) -> (Vec<u8>, String, String) {
+    let body = at_site_a(g, path, seed, len);
     g.ok(
         "alice",
         &[
@@ -493,35 +500,14 @@ fn a_control_connection_closed_as_it_is_reused_is_replaced_not_counted_a_failure
     }
     let mut g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
-    let body = data(43, 12 << 20);
-    let local = g.path().join("one.local");
-    std::fs::write(&local, &body).unwrap();
-    assert_ok(&g.cp(
-        "alice",
-        &[
-            local.to_str().unwrap(),
-            &g.url("/alice/one.nc"),
-            "--site",
-            "A",
-        ],
-    ));
+    let body = at_site_a(&g, "/alice/one.nc", 43, 12 << 20);
     let w = g.where_(&["/alice/one.nc".to_string()]);
     let holders = live_complete(&w[0], &[]);
     assert_eq!(holders.len(), 1, "{w:?}");
     let holder = holders[0].0.clone();
     // The node holding the only replica, started again with the fault.
-    g.kill_node(&holder);
     let restarted = now_ms();
-    let at = g.nodes.iter().position(|n| n.name == holder).unwrap();
-    let mut n = g.nodes.remove(at);
-    let cert = n.name.clone();
-    g.start_node_env(
-        &mut n,
-        &cert,
-        &[],
-        &[("HAUL_FAULT_DROP_REUSED_CONTROL", "1")],
-    );
-    g.nodes.insert(at, n);
+    g.restart_node_env(&holder, &[("HAUL_FAULT_DROP_REUSED_CONTROL", "1")]);
     g.wait_nodes_up(restarted);
 
     // 1 MiB fetches, one at a time: each after the first is asked on a reused connection.
@@ -556,18 +542,7 @@ fn a_mount_killed_with_sigkill_loses_only_the_file_not_yet_closed() {
     use std::io::Read;
     let g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
-    let big = g.path().join("big.nc");
-    let body = data(51, 24 << 20);
-    std::fs::write(&big, &body).unwrap();
-    assert_ok(&g.cp(
-        "alice",
-        &[
-            big.to_str().unwrap(),
-            &g.url("/alice/big.nc"),
-            "--site",
-            "A",
-        ],
-    ));
+    let body = at_site_a(&g, "/alice/big.nc", 51, 24 << 20);
     let mut m = Mounted::start(
         &g,
         "alice",
@@ -817,38 +792,18 @@ fn a_spool_changed_behind_the_mounts_back_is_not_uploaded() {
     // A byte changed in place (caught by the block's recorded CRC), and bytes appended (the
     // spool no longer has the size written).
     for (i, appended) in [false, true].into_iter().enumerate() {
-        let (ready, go, result) = (
-            g.path().join(format!("ready{i}")),
-            g.path().join(format!("go{i}")),
-            g.path().join(format!("result{i}")),
-        );
         let name = format!("w{i}.bin");
-        let script = format!(
-            "import os, time, errno\n\
-             f = open('{}', 'wb'); f.write(b'\\x07' * (3 << 20)); f.flush()\n\
-             open('{}', 'w').close()\n\
-             t = time.time()\n\
-             while not os.path.exists('{}') and time.time() - t < 60: time.sleep(0.05)\n\
-             try:\n    f.close(); r = 'closed'\n\
-             except OSError as e:\n    r = errno.errorcode.get(e.errno, str(e.errno))\n\
-             open('{}', 'w').write(r)\n",
-            m.p(&name).display(),
-            ready.display(),
-            go.display(),
-            result.display()
+        let mut writer = Prompted::start(
+            "import sys, errno\n\
+             f = open(sys.argv[1], 'wb'); f.write(b'\\x07' * (3 << 20)); f.flush()\n\
+             print('ready', flush=True)\n\
+             sys.stdin.readline()\n\
+             try:\n    f.close(); print('closed', flush=True)\n\
+             except OSError as e:\n    print(errno.errorcode.get(e.errno, str(e.errno)), flush=True)\n",
+            &m.p(&name),
         );
-        let mut py = Command::new("python3")
-            .args(["-c", &script])
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while !ready.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "the writer never got ready"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let ready = writer.line(Duration::from_secs(60)).unwrap();
+        assert_eq!(ready, "ready");
         let spools: Vec<PathBuf> = files_under(g.path())
             .into_iter()
             .filter(|p| {
@@ -864,23 +819,15 @@ fn a_spool_changed_behind_the_mounts_back_is_not_uploaded() {
         let at = if appended { 3 << 20 } else { (1 << 20) + 5 };
         std::os::unix::fs::FileExt::write_all_at(&f, b"\x08", at).unwrap();
         drop(f);
-        std::fs::write(&go, b"").unwrap();
-        let t = Instant::now();
-        while py.try_wait().unwrap().is_none() {
-            if t.elapsed() > Duration::from_secs(120) {
-                let _ = py.kill();
-                panic!("the close did not end within 120 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        writer.go();
+        let out = writer.line(Duration::from_secs(120));
         let log = std::fs::read_to_string(&m.log).unwrap_or_default();
-        let out = std::fs::read_to_string(&result).unwrap_or_default();
-        assert_eq!(out, "EIO", "{log}");
-        let said = log
-            .lines()
-            .filter(|l| l.contains(&name) && l.contains("changed since it was written"))
-            .count();
-        assert!(said >= 1, "the log does not say why: {log}");
+        assert_eq!(out.as_deref(), Ok("EIO"), "{log}");
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&name) && l.contains("changed since it was written")),
+            "the log does not say why: {log}"
+        );
         // The grid has no version with the changed bytes (the empty file the create made at
         // most).
         let st = g.run(

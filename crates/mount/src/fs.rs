@@ -31,7 +31,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use transfer::TransferError;
 use transfer::client::Location;
-use wire::codec::MAX_BLOCK_LEN;
 use wire::error::ErrorKind as K;
 use wire::known_crcs::{CrcRecorder, KnownCrcs};
 
@@ -369,8 +368,7 @@ impl MountFs {
                 tracing::warn!(path = grid_path, error = %e, "cannot make a write spool");
                 errno::of_io(&e)
             })?;
-        let block = self.s.grid.copy.session.block_size;
-        let mut crcs = CrcRecorder::new(u64::from(block).clamp(4096, MAX_BLOCK_LEN as u64));
+        let mut crcs = CrcRecorder::new(self.s.grid.copy.session.block_len());
         if from.is_some_and(|e| e.size > 0) {
             let rf = self
                 .f

@@ -865,7 +865,7 @@ pub async fn run_source(
     source.finish_adding();
     Counters::set(&counters.total_bytes, total);
     Counters::set(&counters.total_files, spec.entries.len() as u64);
-    let block = (opts.block_size as u64).clamp(4096, wire::codec::MAX_BLOCK_LEN as u64);
+    let block = opts.block_len();
     let concurrency = opts.concurrency.clamp(1, 64) as usize;
     let readahead = (64u64 << 20).max(block * concurrency as u64 * 2);
     let sh = Arc::new(Shared {

@@ -134,6 +134,15 @@ pub struct SessionOptions {
     pub shared_path: bool,
 }
 
+impl SessionOptions {
+    /// The block length a sender cuts files into: `block_size` within what a frame carries.
+    /// (A writer recording block CRCs for the sender, as `haul mount`'s spools, uses it too,
+    /// so that its chunks are the sender's blocks.)
+    pub fn block_len(&self) -> u64 {
+        u64::from(self.block_size).clamp(4096, crate::codec::MAX_BLOCK_LEN as u64)
+    }
+}
+
 impl Default for SessionOptions {
     fn default() -> Self {
         Self {

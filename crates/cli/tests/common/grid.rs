@@ -244,6 +244,19 @@ impl Grid {
         n.proc.take().expect("node running").kill();
     }
 
+    /// Node `name` (killed first if it runs) started again on its store, with `env` (e.g.
+    /// injected faults), at a new address; it keeps its place in [`Self::nodes`].
+    pub fn restart_node_env(&mut self, name: &str, env: &[(&str, &str)]) {
+        let at = self.nodes.iter().position(|n| n.name == name).unwrap();
+        let mut n = self.nodes.remove(at);
+        if let Some(mut p) = n.proc.take() {
+            p.kill();
+        }
+        let cert = n.name.clone();
+        self.start_node_env(&mut n, &cert, &[], env);
+        self.nodes.insert(at, n);
+    }
+
     pub fn kill_meta(&mut self) {
         self.meta.take().expect("meta running").kill();
     }
