@@ -804,7 +804,7 @@ fn a_spool_changed_behind_the_mounts_back_is_not_uploaded() {
         );
         let ready = writer.line(Duration::from_secs(60)).unwrap();
         assert_eq!(ready, "ready");
-        let spools: Vec<PathBuf> = files_under(g.path())
+        let spools: Vec<PathBuf> = walk(g.path())
             .into_iter()
             .filter(|p| {
                 p.file_name()
@@ -958,20 +958,6 @@ sys.stdout.buffer.write(m[{at}:{at}+10] + m[-10:])",
         py.stdout,
         [&body[at..at + 10], &body[body.len() - 10..]].concat()
     );
-}
-
-/// Every file below `dir`, at any depth.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        match e.file_type() {
-            Ok(t) if t.is_dir() => out.extend(files_under(&p)),
-            Ok(t) if t.is_file() => out.push(p),
-            _ => {}
-        }
-    }
-    out
 }
 
 /// The extents in a `--cache` directory with no fetch running: (size of the file it holds,
