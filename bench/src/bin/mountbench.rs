@@ -7,7 +7,8 @@
 //! - sequential read of one file (`cat FILE > /dev/null` on the mount; `haul cp` of the same
 //!   file to tmpfs beside it), and the CPU seconds per GiB of the mount process and of `haul cp`;
 //! - sequential write of one file (`cp` into the mount, the close included, which uploads;
-//!   `haul cp` upload beside it), and CPU per GiB;
+//!   `haul cp` upload beside it), and CPU per GiB; the write again with `--no-passthrough`
+//!   (every write through the mount process instead of the kernel writing the spool);
 //! - on the first scenario only: `ls -lR` and `stat` of every entry of a tree of
 //!   `--tree-files` files (entries per second, on a fresh mount: nothing cached), creating
 //!   1,000 small files (files per second), `tar x` of `--tar-files` small files (seconds).
@@ -326,6 +327,24 @@ fn haul_data_rows(
         (rtt, "haul mount", "sequential write", "the close uploads"),
     ));
     drop(m);
+    rm("written");
+    // The same with every write through the mount (no FUSE passthrough), side by side.
+    let v = HaulMount::start_with(g, b0, dir, "mnt-nopt", &["--no-passthrough"])?;
+    rows.push(mount_data_row(
+        b0,
+        &v,
+        &format!("cp {} {}/written", file.display(), v.at.display()),
+        &dir.join("mount-write-nopt"),
+        limit,
+        bytes,
+        (
+            rtt,
+            "haul mount --no-passthrough",
+            "sequential write",
+            "the close uploads",
+        ),
+    ));
+    drop(v);
     rm("written");
     // haul cp upload, b0 -> a0.
     let mut c = b0.command(&g.haul);

@@ -874,6 +874,13 @@ pub struct MountArgs {
     /// CPU); the page cache serves programs that read a large file in small pieces faster.
     #[arg(long)]
     pub page_cache: bool,
+    /// Send every write through this process. By default, where the kernel allows it (FUSE
+    /// passthrough: Linux 6.13 and CAP_SYS_ADMIN), it writes a file's spool itself and the
+    /// mount only uploads it at close: a fraction of the mount's CPU. Through the mount,
+    /// the CRC of each block is recorded as it is written, so a spool changed behind the
+    /// mount's back is refused at close, and the upload need not read the spool to checksum it.
+    #[arg(long)]
+    pub no_passthrough: bool,
     #[command(flatten)]
     pub creds: CredArgs,
 }

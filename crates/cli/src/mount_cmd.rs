@@ -62,6 +62,7 @@ pub async fn run(a: MountArgs) -> Result<u8, TransferError> {
         copy,
         threads: a.threads,
         page_cache: a.page_cache,
+        passthrough: !a.no_passthrough,
     };
     mount::serve(meta, opts, crate::serve::shutdown_signal()).await?;
     Ok(0)

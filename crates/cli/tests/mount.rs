@@ -725,11 +725,13 @@ fn a_file_written_in_order_is_sent_with_the_crcs_recorded_as_it_was_written() {
     }
     let g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
+    // The record is of writes that come through the mount (passed through, the kernel
+    // writes the spool itself).
     let m = Mounted::start_env(
         &g,
         "alice",
         &g.url("/alice"),
-        &["--site", "A"],
+        &["--site", "A", "--no-passthrough"],
         &[("HAUL_LOG", "info,mount=debug")],
     );
     // Six blocks of the default 1 MiB, the last one short.
@@ -788,7 +790,13 @@ fn a_spool_changed_behind_the_mounts_back_is_not_uploaded() {
     }
     let g = Grid::start();
     g.ok("alice", &["mkdir", "/alice"]);
-    let m = Mounted::start(&g, "alice", &g.url("/alice"), &["--site", "A"]);
+    // Only writes that come through the mount are recorded.
+    let m = Mounted::start(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &["--site", "A", "--no-passthrough"],
+    );
     // A byte changed in place (caught by the block's recorded CRC), and bytes appended (the
     // spool no longer has the size written).
     for (i, appended) in [false, true].into_iter().enumerate() {
@@ -1385,4 +1393,150 @@ fdatasync = 1
         got == want,
         "the bytes after fsx differ from a local file's"
     );
+}
+
+/// Passthrough (the kernel writes the spool itself; root on Linux 6.13): files written,
+/// rewritten, synced and rewritten in place reach the grid whole; a file open for reading
+/// meanwhile is written through the mount instead (the kernel would refuse passthrough);
+/// a reader of a file being written reads what was written; a file opened for writing and not
+/// written is not uploaded; a rewrite with O_TRUNC neither fetches the old file first nor
+/// makes an empty version.
+#[test]
+fn writes_passed_through_the_kernel_reach_the_grid_whole() {
+    if !can_mount() {
+        return;
+    }
+    let g = Grid::start();
+    g.ok("alice", &["mkdir", "/alice"]);
+    let m = Mounted::start_env(
+        &g,
+        "alice",
+        &g.url("/alice"),
+        &["--site", "A"],
+        &[("HAUL_LOG", "info,mount=debug")],
+    );
+    let log = || std::fs::read_to_string(&m.log).unwrap_or_default();
+    let uploads = |name: &str| -> Vec<String> {
+        log()
+            .lines()
+            .filter(|l| l.contains("uploaded") && l.contains(&format!("/alice/{name} ")))
+            .map(str::to_string)
+            .collect()
+    };
+    let in_grid = |name: &str| -> Vec<u8> {
+        let back = g.path().join(format!("{name}.back"));
+        let _ = std::fs::remove_file(&back);
+        assert_ok(&g.cp(
+            "alice",
+            &[&g.url(&format!("/alice/{name}")), back.to_str().unwrap()],
+        ));
+        std::fs::read(&back).unwrap()
+    };
+
+    // Written by dd: passed through.
+    let body = data(81, (3 << 20) + 77);
+    let local = g.path().join("a.local");
+    std::fs::write(&local, &body).unwrap();
+    sh_ok(&format!(
+        "dd if={} of={} bs=256k status=none",
+        local.display(),
+        m.p("a.bin").display()
+    ));
+    let up = uploads("a.bin");
+    if up.iter().all(|l| !l.contains("written_by_kernel=true")) {
+        testkit::skip(format!(
+            "this kernel did not pass the spool through (Linux 6.13 needed): {}",
+            log()
+        ));
+        return;
+    }
+    assert!(in_grid("a.bin") == body, "a.bin differs");
+
+    // Written, synced (uploaded), changed in place at the same size, closed: the close
+    // uploads the change it never saw (the spool's ctime moved).
+    let py = python(&format!(
+        "import os\nf=open('{0}','wb'); f.write(b'A'*5000); f.flush(); os.fsync(f.fileno())\n\
+         f.seek(10); f.write(b'B'*20); f.close()",
+        m.p("synced.bin").display()
+    ));
+    assert!(py.status.success(), "{}", stderr(&py));
+    let mut want = vec![b'A'; 5000];
+    want[10..30].fill(b'B');
+    assert!(in_grid("synced.bin") == want, "synced.bin: {}", log());
+
+    // Opened for writing and closed unwritten: no new version.
+    let before = uploads("a.bin").len();
+    let py = python(&format!(
+        "f=open('{}','r+b'); f.read(10); f.close()",
+        m.p("a.bin").display()
+    ));
+    assert!(py.status.success(), "{}", stderr(&py));
+    assert_eq!(uploads("a.bin").len(), before, "{}", log());
+
+    // Rewritten with O_TRUNC: one upload, of the new bytes; the old file is not fetched.
+    let fetched = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("extent fetched") && l.contains("/alice/a.bin "))
+            .count()
+    };
+    let fetches = fetched(&log());
+    std::fs::write(m.p("a.bin"), b"rewritten\n").unwrap();
+    let up = uploads("a.bin");
+    assert_eq!(up.len(), before + 1, "{}", log());
+    assert!(up[before].contains("bytes=10 "), "{}", up[before]);
+    assert_eq!(
+        fetched(&log()),
+        fetches,
+        "the old file was fetched: {}",
+        log()
+    );
+    assert_eq!(in_grid("a.bin"), b"rewritten\n");
+
+    // A reader of a file being written (passed through) reads what was written.
+    let mut writer = Prompted::start(
+        "import sys\nf = open(sys.argv[1], 'wb'); f.write(b'W' * 100000); f.flush()\n\
+         print('ready', flush=True)\nsys.stdin.readline()\nf.close(); print('closed', flush=True)\n",
+        &m.p("open.bin"),
+    );
+    assert_eq!(writer.line(Duration::from_secs(60)).unwrap(), "ready");
+    assert_eq!(std::fs::read(m.p("open.bin")).unwrap(), vec![b'W'; 100000]);
+    writer.go();
+    assert_eq!(writer.line(Duration::from_secs(60)).unwrap(), "closed");
+    assert_eq!(in_grid("open.bin"), vec![b'W'; 100000]);
+
+    // A file open for reading (through the kernel's page cache) while it is rewritten: the
+    // rewrite is written through the mount, and both programs work.
+    let mut reader = Prompted::start(
+        "import sys\nf = open(sys.argv[1], 'rb'); print(f.read(4).decode(), flush=True)\n\
+         sys.stdin.readline()\nprint(len(f.read()), flush=True)\n",
+        &m.p("a.bin"),
+    );
+    assert_eq!(reader.line(Duration::from_secs(60)).unwrap(), "rewr");
+    let before = uploads("a.bin").len();
+    std::fs::write(m.p("a.bin"), b"third version\n").unwrap();
+    reader.go();
+    assert!(reader.line(Duration::from_secs(60)).is_ok());
+    let up = uploads("a.bin");
+    assert_eq!(up.len(), before + 1, "{}", log());
+    assert!(
+        up[before].contains("written_by_kernel=false"),
+        "{}",
+        up[before]
+    );
+    assert_eq!(in_grid("a.bin"), b"third version\n");
+    drop(reader);
+    // And once the reader's file is released (the kernel tells the mount a moment after the
+    // reader is gone), passed through again.
+    let mut passed = false;
+    for _ in 0..20 {
+        std::fs::write(m.p("a.bin"), b"fourth\n").unwrap();
+        let up = uploads("a.bin");
+        if up[up.len() - 1].contains("written_by_kernel=true") {
+            passed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(passed, "{}", log());
+    assert_eq!(in_grid("a.bin"), b"fourth\n");
 }

@@ -9,13 +9,20 @@
 //! and become a new grid file when the file is closed (`flush`, whose error `close` returns):
 //! uploaded, verified by the node, and then visible, replacing an older version at once.
 //! Until then only this mount sees the new file.
+//!
+//! Where the kernel allows it (FUSE passthrough: Linux 6.13, with its timestamps that change
+//! on every write, and `CAP_SYS_ADMIN`), the kernel reads and writes a spool itself: the
+//! program's writes go straight into the spool file and never through this process. Such a
+//! spool's changes are noticed by its status (size, mtime, ctime) instead of by its writes.
+//! The kernel refuses a passthrough open of a file open in another mode, so a spool of a
+//! file open for reading from the grid meanwhile is written through this process.
 
 use crate::errno;
 use crate::ids::Ids;
 use crate::inodes::{self, Inodes, ROOT};
 use crate::remote::{Fetcher, RemoteFile};
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
@@ -24,9 +31,9 @@ use grid::types::Entry;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::unix::fs::{FileExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use transfer::TransferError;
@@ -78,6 +85,26 @@ struct Spool {
     /// The CRC of each block as it was written: the upload sends the blocks it covers with
     /// `sendfile` and never reads the spool to checksum them.
     crcs: CrcRecorder,
+    /// The kernel reads and writes this spool itself (FUSE passthrough): every handle of it
+    /// is opened with this backing file, and its writes never come to this process.
+    backing: Option<Arc<BackingId>>,
+    /// The spool file's status when last looked at (passthrough spools: a change of it is a
+    /// write this process did not see).
+    seen: Option<FileStamp>,
+}
+
+/// What tells that a file changed without seeing the change: its size, mtime and ctime in
+/// nanoseconds. (On Linux 6.13 and later a write after a `stat` always moves ctime:
+/// multigrain timestamps.)
+type FileStamp = (u64, i64, i64);
+
+fn stamp(f: &File) -> Option<FileStamp> {
+    let m = f.metadata().ok()?;
+    Some((
+        m.len(),
+        m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+        m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+    ))
 }
 
 impl Spool {
@@ -103,10 +130,25 @@ impl Spool {
         }
     }
 
+    /// A passthrough spool the kernel wrote since it was last looked at has changed (any
+    /// spool whose status cannot be read counts as changed).
+    fn notice_kernel_writes(&mut self) {
+        if self.backing.is_none() {
+            return;
+        }
+        let now = stamp(&self.file);
+        if now.is_none() || now != self.seen {
+            self.seen = now;
+            self.changed();
+        }
+    }
+
     /// Truncates (or extends) the spool file to `size`.
     fn set_len(&mut self, size: u64) -> std::io::Result<()> {
         let r = self.file.set_len(size);
         match &r {
+            // A passthrough spool keeps no record (its writes are not seen).
+            Ok(()) if self.backing.is_some() => self.changed(),
             Ok(()) => {
                 self.crcs.set_len(size);
                 self.changed();
@@ -115,6 +157,15 @@ impl Spool {
         }
         r
     }
+}
+
+/// A spool ready to be sent: its local file, grid path, the block CRCs recorded as it was
+/// written, and whether the kernel wrote it (passthrough).
+struct Outgoing {
+    local: PathBuf,
+    path: String,
+    crcs: Option<Arc<KnownCrcs>>,
+    passthrough: bool,
 }
 
 enum Handle {
@@ -140,6 +191,8 @@ pub struct Settings {
     pub spool_dir: PathBuf,
     /// Every file through the kernel's page cache (`--page-cache`): no direct I/O.
     pub page_cache: bool,
+    /// Let the kernel write spools itself where it can (FUSE passthrough).
+    pub passthrough: bool,
     pub grid: grid::copy::GridOptions,
 }
 
@@ -149,7 +202,15 @@ pub struct MountFs {
     ids: Ids,
     inodes: Mutex<Inodes>,
     attrs: Mutex<HashMap<String, (Entry, Instant)>>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    /// Open handles, each with the inode it counts in `plain_opens` (if it does).
+    handles: Mutex<HashMap<u64, (Handle, Option<u64>)>>,
+    /// Files open without passthrough, by inode, from before their open is answered until
+    /// their release: the kernel refuses (EIO) a passthrough open of an inode open in
+    /// another mode, so a spool made for one of these is written through this process.
+    /// Counted up only under the `pending` lock, under which spools are added there.
+    plain_opens: Mutex<HashMap<u64, u32>>,
+    /// Spools may be passed through (negotiated at init; off after the kernel refused one).
+    passthrough: AtomicBool,
     next_fh: AtomicU64,
     /// Files written through this mount and not yet uploaded, by grid path.
     pending: Mutex<HashMap<String, Arc<Mutex<Spool>>>>,
@@ -173,6 +234,8 @@ impl MountFs {
             inodes: Mutex::new(Inodes::new(&root)),
             attrs: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
+            plain_opens: Mutex::new(HashMap::new()),
+            passthrough: AtomicBool::new(false),
             next_fh: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
             spools: AtomicU64::new(0),
@@ -338,20 +401,85 @@ impl MountFs {
         if let Some(sp) = fh.and_then(|fh| self.write_handle(fh)) {
             return Some(sp);
         }
-        self.pending(path)
-            .filter(|sp| sp.lock().expect("spool lock").dirty)
+        self.pending(path).filter(|sp| {
+            let mut g = sp.lock().expect("spool lock");
+            g.notice_kernel_writes();
+            g.dirty
+        })
     }
 
-    fn add_handle(&self, h: Handle) -> FileHandle {
+    /// A new handle; `plain`: the inode it was counted open without passthrough under
+    /// (`count_plain`), uncounted at its release.
+    fn add_handle(&self, h: Handle, plain: Option<u64>) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().expect("handles lock").insert(fh, h);
+        self.handles
+            .lock()
+            .expect("handles lock")
+            .insert(fh, (h, plain));
         FileHandle(fh)
     }
 
     fn write_handle(&self, fh: FileHandle) -> Option<Arc<Mutex<Spool>>> {
         match self.handles.lock().expect("handles lock").get(&fh.0) {
-            Some(Handle::Write(s)) => Some(s.clone()),
+            Some((Handle::Write(s), _)) => Some(s.clone()),
             _ => None,
+        }
+    }
+
+    /// `ino` is being opened without passthrough (call under the `pending` lock).
+    fn count_plain(&self, ino: u64) {
+        *self
+            .plain_opens
+            .lock()
+            .expect("plain opens lock")
+            .entry(ino)
+            .or_default() += 1;
+    }
+
+    fn uncount_plain(&self, ino: u64) {
+        let mut plain = self.plain_opens.lock().expect("plain opens lock");
+        if let Some(n) = plain.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                plain.remove(&ino);
+            }
+        }
+    }
+
+    /// Makes the new spool `sp` of inode `ino` a passthrough spool if the kernel may write it
+    /// itself: passthrough is on and `ino` is not open in another mode. Call under the
+    /// `pending` lock, before `sp` is added there; `open_backing` is the reply's. Returns
+    /// whether it did; if not, the caller counts the handle as plain.
+    fn pass_through(
+        &self,
+        sp: &mut Spool,
+        ino: u64,
+        open_backing: impl FnOnce(&File) -> std::io::Result<BackingId>,
+    ) -> bool {
+        if !self.passthrough.load(Ordering::Relaxed)
+            || self
+                .plain_opens
+                .lock()
+                .expect("plain opens lock")
+                .contains_key(&ino)
+        {
+            return false;
+        }
+        match open_backing(&sp.file) {
+            Ok(id) => {
+                sp.backing = Some(Arc::new(id));
+                // Its writes will not be seen: no record of them, and its changes noticed
+                // by its status from now on.
+                sp.crcs.give_up();
+                sp.seen = stamp(&sp.file);
+                true
+            }
+            Err(e) => {
+                if self.passthrough.swap(false, Ordering::Relaxed) {
+                    tracing::info!(error = %e, "the kernel refused to pass a spool through (FUSE passthrough needs CAP_SYS_ADMIN and a spool directory on a file system it can stack on); files are written through this process");
+                }
+                false
+            }
         }
     }
 
@@ -404,17 +532,21 @@ impl MountFs {
             generation: 0,
             uploading: Arc::new(Mutex::new(())),
             crcs,
+            backing: None,
+            seen: None,
         })
     }
 
     /// Uploads a spool that changed (its lock held throughout): it becomes the grid file at
     /// its path (a new version, replacing the old at once), with its checksums recorded.
     fn upload(&self, sp: &mut Spool) -> Res<()> {
+        sp.notice_kernel_writes();
         if !sp.dirty || sp.unlinked {
             return Ok(());
         }
-        let (local, path, crcs) = Self::ready_to_upload(sp);
-        self.send_spool(&local, &path, crcs)?;
+        let out = Self::ready_to_upload(sp);
+        let path = out.path.clone();
+        self.send_spool(out)?;
         sp.dirty = false;
         self.forget_attr(&path);
         Ok(())
@@ -431,17 +563,20 @@ impl MountFs {
         let _one = uploading.lock().expect("upload lock");
         let mut last = String::new();
         for _ in 0..3 {
-            let (local, path, crcs, generation) = {
+            let (out, generation) = {
                 let mut g = sp.lock().expect("spool lock");
+                g.notice_kernel_writes();
                 if !g.dirty || g.unlinked {
                     return Ok(());
                 }
-                let (local, path, crcs) = Self::ready_to_upload(&mut g);
-                (local, path, crcs, g.generation)
+                (Self::ready_to_upload(&mut g), g.generation)
             };
-            let r = self.send_spool(&local, &path, crcs);
+            let path = out.path.clone();
+            let r = self.send_spool(out);
             self.forget_attr(&path);
             let mut g = sp.lock().expect("spool lock");
+            // Written by the kernel while it was sent: its generation moves.
+            g.notice_kernel_writes();
             let mut removed = false;
             if r.is_ok() && !g.displaced && (g.unlinked || g.grid_path != path) {
                 // Unlinked or renamed away while its upload ran: the copy just made under the
@@ -483,24 +618,37 @@ impl MountFs {
     /// Puts the spool's mode and time on its local file (the upload carries them): its local
     /// path, grid path, and the block CRCs recorded as it was written. (A write after this
     /// moves the spool's generation, and the upload is done again.)
-    fn ready_to_upload(sp: &mut Spool) -> (PathBuf, String, Option<Arc<KnownCrcs>>) {
+    fn ready_to_upload(sp: &mut Spool) -> Outgoing {
         let _ = std::fs::set_permissions(&sp.local, std::fs::Permissions::from_mode(sp.mode));
         if let Some(t) = sp.mtime {
             let _ = sp.file.set_times(std::fs::FileTimes::new().set_modified(t));
         }
-        (
-            sp.local.clone(),
-            sp.grid_path.clone(),
-            sp.crcs.snapshot().map(Arc::new),
-        )
+        if sp.backing.is_some() {
+            // Not a write: what changes the status after this is.
+            sp.seen = stamp(&sp.file);
+        }
+        Outgoing {
+            local: sp.local.clone(),
+            path: sp.grid_path.clone(),
+            crcs: match sp.backing {
+                Some(_) => None,
+                None => sp.crcs.snapshot().map(Arc::new),
+            },
+            passthrough: sp.backing.is_some(),
+        }
     }
 
-    /// Uploads the local file `local` to the grid path `path` (see [`Self::upload`]), with
-    /// the block CRCs recorded as it was written.
-    fn send_spool(&self, local: &Path, path: &str, crcs: Option<Arc<KnownCrcs>>) -> Res<()> {
-        let path = path.to_string();
+    /// Uploads a spool's local file to its grid path (see [`Self::upload`]), with the block
+    /// CRCs recorded as it was written.
+    fn send_spool(&self, out: Outgoing) -> Res<()> {
+        let Outgoing {
+            local,
+            path,
+            crcs,
+            passthrough,
+        } = out;
         let meta = &self.f.meta;
-        let src = Location::Local(local.to_path_buf());
+        let src = Location::Local(local);
         let dst = Location::Remote {
             host: meta.addr.host.clone(),
             port: meta.addr.port,
@@ -531,6 +679,7 @@ impl MountFs {
                         blocks_recorded = known.0,
                         blocks_unrecorded = known.1 - known.0,
                         blocks_unread = rep.blocks_unread,
+                        written_by_kernel = passthrough,
                         "uploaded"
                     );
                     Ok(())
@@ -598,6 +747,31 @@ impl MountFs {
     }
 }
 
+/// Why this kernel's passthrough is not used even if offered: a passthrough spool's writes
+/// are noticed by its timestamps, which before Linux 6.13 may not move on a write made within
+/// the same clock tick as the last look (no multigrain timestamps).
+fn passthrough_refused() -> Option<String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    match kernel_version(&release) {
+        Some(v) if v >= (6, 13) => None,
+        Some((major, minor)) => Some(format!(
+            "Linux {major}.{minor} has no multigrain timestamps"
+        )),
+        None => Some(format!(
+            "the kernel's version {:?} is not understood",
+            release.trim()
+        )),
+    }
+}
+
+/// Major and minor of a kernel release such as `6.18.44-fc-v1300`.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 fn parent_of(path: &str) -> String {
     match path.rsplit_once('/') {
         Some(("", _)) | None => "/".into(),
@@ -629,6 +803,33 @@ impl fuser::Filesystem for MountFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_write(1 << 20);
+        // O_TRUNC comes with the open: a rewrite starts from an empty spool, instead of a
+        // copy of the old file that a separate truncation then empties (and uploads empty).
+        if config
+            .add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC)
+            .is_err()
+        {
+            tracing::info!(
+                "this kernel sends no O_TRUNC with an open: a file rewritten is fetched first"
+            );
+        }
+        if self.s.passthrough {
+            match passthrough_refused() {
+                None if config
+                    .add_capabilities(fuser::InitFlags::FUSE_PASSTHROUGH)
+                    .is_ok() =>
+                {
+                    // Spools may be on a stacked file system themselves (a container's /tmp
+                    // on overlayfs).
+                    let _ = config.set_max_stack_depth(2);
+                    self.passthrough.store(true, Ordering::Relaxed);
+                }
+                None => tracing::info!(
+                    "this kernel cannot pass files through (FUSE passthrough, Linux 6.9): files are written through this process"
+                ),
+                Some(why) => tracing::info!("{why}: files are written through this process"),
+            }
+        }
         if self.s.page_cache {
             return Ok(());
         }
@@ -725,6 +926,7 @@ impl fuser::Filesystem for MountFs {
         };
         if let Some(sp) = spool {
             let mut sp = sp.lock().expect("spool lock");
+            sp.notice_kernel_writes();
             if let Some(m) = mode {
                 sp.mode = m & 0o7777;
                 sp.generation += 1;
@@ -987,7 +1189,17 @@ impl fuser::Filesystem for MountFs {
             Err(e) => return reply.error(e),
         };
         let writing = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
-        if let Some(sp) = self.pending(&path) {
+        // A reader is counted plain under the same lock as it finds no spool: a spool made
+        // meanwhile is not passed through.
+        let shared = {
+            let pending = self.pending.lock().expect("pending lock");
+            let sp = pending.get(&path).cloned();
+            if sp.is_none() && !writing {
+                self.count_plain(ino.0);
+            }
+            sp
+        };
+        if let Some(sp) = shared {
             // Written here and not closed by its writer (or not uploaded): share its spool,
             // unless its last handle closed it meanwhile.
             let mut g = sp.lock().expect("spool lock");
@@ -998,16 +1210,41 @@ impl fuser::Filesystem for MountFs {
                     return reply.error(errno::of_io(&e));
                 }
                 g.opens += 1;
-                drop(g);
-                return reply.opened(self.add_handle(Handle::Write(sp)), self.write_open_flags());
+                // Every handle of a passthrough spool is passed through (the kernel wants
+                // one backing file per inode).
+                return match g.backing.clone() {
+                    Some(b) => {
+                        drop(g);
+                        let fh = self.add_handle(Handle::Write(sp), None);
+                        reply.opened_passthrough(fh, FopenFlags::empty(), &b)
+                    }
+                    None => {
+                        drop(g);
+                        self.count_plain(ino.0);
+                        let fh = self.add_handle(Handle::Write(sp), Some(ino.0));
+                        reply.opened(fh, self.write_open_flags())
+                    }
+                };
+            }
+            drop(g);
+            if !writing {
+                self.count_plain(ino.0);
             }
         }
+        // Counted from here to the reply (or the release of the handle it opens).
+        let plain = (!writing).then_some(ino.0);
+        let fail = |e: Errno, reply: ReplyOpen| {
+            if let Some(ino) = plain {
+                self.uncount_plain(ino);
+            }
+            reply.error(e)
+        };
         let e = match self.entry("open", &path) {
             Ok(e) => e,
-            Err(e) => return reply.error(e),
+            Err(e) => return fail(e, reply),
         };
         if e.is_dir {
-            return reply.error(Errno::EISDIR);
+            return fail(Errno::EISDIR, reply);
         }
         if writing {
             let trunc = flags.0 & libc::O_TRUNC != 0;
@@ -1016,15 +1253,29 @@ impl fuser::Filesystem for MountFs {
                 Err(err) => return reply.error(err),
             };
             sp.dirty = trunc;
-            let sp = Arc::new(Mutex::new(sp));
-            self.pending
-                .lock()
-                .expect("pending lock")
-                .insert(path, sp.clone());
-            return reply.opened(self.add_handle(Handle::Write(sp)), self.write_open_flags());
+            let backing = {
+                let mut pending = self.pending.lock().expect("pending lock");
+                if !self.pass_through(&mut sp, ino.0, |f| reply.open_backing(f)) {
+                    self.count_plain(ino.0);
+                }
+                let backing = sp.backing.clone();
+                let sp = Arc::new(Mutex::new(sp));
+                pending.insert(path, sp.clone());
+                (backing, sp)
+            };
+            return match backing {
+                (Some(b), sp) => {
+                    let fh = self.add_handle(Handle::Write(sp), None);
+                    reply.opened_passthrough(fh, FopenFlags::empty(), &b)
+                }
+                (None, sp) => {
+                    let fh = self.add_handle(Handle::Write(sp), Some(ino.0));
+                    reply.opened(fh, self.write_open_flags())
+                }
+            };
         }
         if e.size == 0 {
-            return reply.opened(self.add_handle(Handle::Empty), FopenFlags::empty());
+            return reply.opened(self.add_handle(Handle::Empty, plain), FopenFlags::empty());
         }
         match self.f.rt.block_on(RemoteFile::open(&self.f, &path)) {
             Ok(rf) => {
@@ -1044,9 +1295,9 @@ impl fuser::Filesystem for MountFs {
                 } else {
                     FopenFlags::empty()
                 };
-                reply.opened(self.add_handle(Handle::Read(rf)), keep)
+                reply.opened(self.add_handle(Handle::Read(rf), plain), keep)
             }
-            Err(err) => reply.error(self.fail("open", &path, err)),
+            Err(err) => fail(self.fail("open", &path, err), reply),
         }
     }
 
@@ -1068,7 +1319,7 @@ impl fuser::Filesystem for MountFs {
         if let Err(e) = self.directory("create", &parent_of(&path)) {
             return reply.error(e);
         }
-        let sp = match self.new_spool(&path, mode & !umask & 0o7777, None) {
+        let mut sp = match self.new_spool(&path, mode & !umask & 0o7777, None) {
             Ok(s) => s,
             Err(e) => return reply.error(e),
         };
@@ -1077,20 +1328,28 @@ impl fuser::Filesystem for MountFs {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        let sp = Arc::new(Mutex::new(sp));
-        self.pending
-            .lock()
-            .expect("pending lock")
-            .insert(path.clone(), sp.clone());
+        let (backing, sp) = {
+            let mut pending = self.pending.lock().expect("pending lock");
+            if !self.pass_through(&mut sp, ino, |f| reply.open_backing(f)) {
+                self.count_plain(ino);
+            }
+            let backing = sp.backing.clone();
+            let sp = Arc::new(Mutex::new(sp));
+            pending.insert(path.clone(), sp.clone());
+            (backing, sp)
+        };
         self.forget_attr(&path);
-        let fh = self.add_handle(Handle::Write(sp));
-        reply.created(
-            &self.s.attr_ttl,
-            &attr,
-            Generation(0),
-            fh,
-            self.write_open_flags(),
-        );
+        let ttl = &self.s.attr_ttl;
+        match backing {
+            Some(b) => {
+                let fh = self.add_handle(Handle::Write(sp), None);
+                reply.created_passthrough(ttl, &attr, Generation(0), fh, FopenFlags::empty(), &b)
+            }
+            None => {
+                let fh = self.add_handle(Handle::Write(sp), Some(ino));
+                reply.created(ttl, &attr, Generation(0), fh, self.write_open_flags())
+            }
+        }
     }
 
     fn read(
@@ -1110,9 +1369,9 @@ impl fuser::Filesystem for MountFs {
             Empty,
         }
         let h = match self.handles.lock().expect("handles lock").get(&fh.0) {
-            Some(Handle::Read(r)) => H::R(r.clone()),
-            Some(Handle::Write(w)) => H::W(w.clone()),
-            Some(Handle::Empty) => H::Empty,
+            Some((Handle::Read(r), _)) => H::R(r.clone()),
+            Some((Handle::Write(w), _)) => H::W(w.clone()),
+            Some((Handle::Empty, _)) => H::Empty,
             _ => return reply.error(Errno::EBADF),
         };
         match h {
@@ -1208,12 +1467,16 @@ impl fuser::Filesystem for MountFs {
         reply: ReplyEmpty,
     ) {
         let h = self.handles.lock().expect("handles lock").remove(&fh.0);
-        if let Some(Handle::Write(sp)) = h {
+        if let Some((_, Some(ino))) = &h {
+            self.uncount_plain(*ino);
+        }
+        if let Some((Handle::Write(sp), _)) = h {
             // The last handle of the spool: whatever flush could not upload is dropped (its
             // error went to close).
             let mut g = sp.lock().expect("spool lock");
             g.opens = g.opens.saturating_sub(1);
             if g.opens == 0 {
+                g.notice_kernel_writes();
                 g.retired = true;
                 let mut pending = self.pending.lock().expect("pending lock");
                 if pending
@@ -1251,7 +1514,7 @@ impl fuser::Filesystem for MountFs {
             return reply.error(e);
         }
         reply.opened(
-            self.add_handle(Handle::Dir(Arc::new(Mutex::new(d)))),
+            self.add_handle(Handle::Dir(Arc::new(Mutex::new(d))), None),
             FopenFlags::empty(),
         );
     }
@@ -1265,7 +1528,7 @@ impl fuser::Filesystem for MountFs {
         mut reply: ReplyDirectory,
     ) {
         let d = match self.handles.lock().expect("handles lock").get(&fh.0) {
-            Some(Handle::Dir(d)) => d.clone(),
+            Some((Handle::Dir(d), _)) => d.clone(),
             _ => return reply.error(Errno::EBADF),
         };
         let mut d = d.lock().expect("dir lock");
@@ -1457,6 +1720,41 @@ impl fuser::Filesystem for MountFs {
             reply.ok()
         } else {
             reply.error(Errno::EACCES)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_are_read_from_their_release() {
+        assert_eq!(kernel_version("6.18.44-fc-v1300\n"), Some((6, 18)));
+        assert_eq!(kernel_version("6.13-rc1"), Some((6, 13)));
+        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(kernel_version("6"), None);
+        assert_eq!(kernel_version("x.y"), None);
+        assert_eq!(kernel_version(""), None);
+    }
+
+    #[test]
+    fn a_file_stamp_moves_with_every_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(dir.path().join("f"))
+            .unwrap();
+        f.write_all_at(b"0123456789", 0).unwrap();
+        let mut last = stamp(&f).unwrap();
+        // The same size each time: only the timestamps can tell.
+        for i in 0..200u8 {
+            f.write_all_at(&[i], u64::from(i % 10)).unwrap();
+            let now = stamp(&f).unwrap();
+            assert_ne!(now, last, "write {i} left the stamp as it was");
+            last = now;
         }
     }
 }

@@ -47,6 +47,9 @@ pub struct MountOptions {
     pub threads: usize,
     /// Every file through the kernel's page cache (no direct I/O).
     pub page_cache: bool,
+    /// Let the kernel write spools itself where it can (FUSE passthrough); `false`: every
+    /// write comes through this process.
+    pub passthrough: bool,
 }
 
 /// Mounts `opts.root` at `opts.mountpoint` and serves it until it is unmounted (`umount`,
@@ -168,6 +171,7 @@ pub async fn serve(
         meta_timeout: opts.meta_timeout,
         spool_dir: spool_dir.clone(),
         page_cache: opts.page_cache,
+        passthrough: opts.passthrough,
         grid: grid::copy::GridOptions {
             copy: grid_copy,
             site: opts.site.clone(),
