@@ -32,12 +32,13 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use transfer::TransferError;
 use transfer::client::Location;
+use wire::checksum::Algorithm;
 use wire::error::ErrorKind as K;
 use wire::known_crcs::{CrcRecorder, KnownCrcs};
 
@@ -426,6 +427,29 @@ impl MountFs {
         }
     }
 
+    /// Answers an open of spool `sp` (inode `ino`): passed through with its backing file, or
+    /// with a handle counted plain (the caller counted it).
+    fn reply_write_open(
+        &self,
+        sp: Arc<Mutex<Spool>>,
+        backing: Option<Arc<BackingId>>,
+        ino: u64,
+        reply: ReplyOpen,
+    ) {
+        match backing {
+            // Every handle of a passthrough spool is passed through with its one backing file
+            // (the kernel refuses any other open of the inode).
+            Some(b) => {
+                let fh = self.add_handle(Handle::Write(sp), None);
+                reply.opened_passthrough(fh, FopenFlags::empty(), &b)
+            }
+            None => {
+                let fh = self.add_handle(Handle::Write(sp), Some(ino));
+                reply.opened(fh, self.write_open_flags())
+            }
+        }
+    }
+
     /// `ino` is being opened without passthrough (call under the `pending` lock).
     fn count_plain(&self, ino: u64) {
         *self
@@ -474,10 +498,21 @@ impl MountFs {
                 sp.seen = stamp(&sp.file);
                 true
             }
-            Err(e) => {
+            // Not allowed (no CAP_SYS_ADMIN), or not for files there (a stacked file system too
+            // deep): never will be.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EPERM | libc::EBUSY | libc::EINVAL | libc::EOPNOTSUPP)
+                ) =>
+            {
                 if self.passthrough.swap(false, Ordering::Relaxed) {
                     tracing::info!(error = %e, "the kernel refused to pass a spool through (FUSE passthrough needs CAP_SYS_ADMIN and a spool directory on a file system it can stack on); files are written through this process");
                 }
+                false
+            }
+            Err(e) => {
+                tracing::warn!(path = %sp.grid_path, error = %e, "cannot pass the spool through; written through this process");
                 false
             }
         }
@@ -566,6 +601,19 @@ impl MountFs {
             let (out, generation) = {
                 let mut g = sp.lock().expect("spool lock");
                 g.notice_kernel_writes();
+                if !g.dirty && !g.unlinked && g.backing.is_some() {
+                    // Stores through a shared mapping of a passthrough spool move no
+                    // timestamp: one that looks unchanged is compared with the grid's file
+                    // (size and CRC32C, read without the spool's lock held).
+                    let path = g.grid_path.clone();
+                    let file = g.file.try_clone().map_err(|e| errno::of_io(&e))?;
+                    drop(g);
+                    let same = self.grid_holds(&path, &file);
+                    g = sp.lock().expect("spool lock");
+                    if !same {
+                        g.changed();
+                    }
+                }
                 if !g.dirty || g.unlinked {
                     return Ok(());
                 }
@@ -613,6 +661,36 @@ impl MountFs {
         // Still changing after three uploads: the close says its data may not be in the grid.
         tracing::warn!(path = %last, "the file kept changing while it was uploaded; the close reports EIO (close it again once the writers are done)");
         Err(Errno::EIO)
+    }
+
+    /// Whether the grid's file at `path` holds the bytes of `file`: the same size and CRC32C
+    /// (the catalog's). Anything not known (no such file, no CRC, a read error) is "no".
+    fn grid_holds(&self, path: &str, file: &File) -> bool {
+        self.forget_attr(path);
+        let Ok(e) = self.call(self.f.meta.stat(path)) else {
+            return false;
+        };
+        let Ok(len) = file.metadata().map(|m| m.len()) else {
+            return false;
+        };
+        let want = wire::checksum::parse_digests(&e.checksum)
+            .ok()
+            .and_then(|d| d.into_iter().find(|d| d.algorithm == Algorithm::Crc32c));
+        let Some(want) = want.filter(|_| !e.is_dir && e.size == len) else {
+            return false;
+        };
+        let mut buf = vec![0u8; 1 << 20];
+        let (mut crc, mut off) = (0u32, 0u64);
+        while off < len {
+            match file.read_at(&mut buf, off) {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    crc = wire::checksum::crc32c_append(crc, &buf[..n]);
+                    off += n as u64;
+                }
+            }
+        }
+        want.value == crc.to_be_bytes()
     }
 
     /// Puts the spool's mode and time on its local file (the upload carries them): its local
@@ -747,29 +825,23 @@ impl MountFs {
     }
 }
 
-/// Why this kernel's passthrough is not used even if offered: a passthrough spool's writes
-/// are noticed by its timestamps, which before Linux 6.13 may not move on a write made within
-/// the same clock tick as the last look (no multigrain timestamps).
-fn passthrough_refused() -> Option<String> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    match kernel_version(&release) {
-        Some(v) if v >= (6, 13) => None,
-        Some((major, minor)) => Some(format!(
-            "Linux {major}.{minor} has no multigrain timestamps"
-        )),
-        None => Some(format!(
-            "the kernel's version {:?} is not understood",
-            release.trim()
-        )),
+/// Whether a write to a file in `dir` always moves its status (size, mtime, ctime) as `fstat`
+/// sees it, even a write of the same bytes' length right after a look: Linux 6.13's
+/// multigrain timestamps on ext4, xfs, btrfs and tmpfs. A passthrough spool's writes are
+/// noticed that way only, so without it spools are not passed through.
+fn stamps_move_on_every_write(dir: &Path) -> std::io::Result<bool> {
+    let f = tempfile::tempfile_in(dir)?;
+    f.write_all_at(&[0; 64], 0)?;
+    let mut last = stamp(&f);
+    for i in 0..200u64 {
+        f.write_all_at(&[1], i % 64)?;
+        let now = stamp(&f);
+        if now.is_none() || now == last {
+            return Ok(false);
+        }
+        last = now;
     }
-}
-
-/// Major and minor of a kernel release such as `6.18.44-fc-v1300`.
-fn kernel_version(release: &str) -> Option<(u32, u32)> {
-    let mut parts = release.trim().split(['.', '-']);
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
+    Ok(true)
 }
 
 fn parent_of(path: &str) -> String {
@@ -814,7 +886,18 @@ impl fuser::Filesystem for MountFs {
             );
         }
         if self.s.passthrough {
-            match passthrough_refused() {
+            let refused = match stamps_move_on_every_write(&self.s.spool_dir) {
+                Ok(true) => None,
+                Ok(false) => Some(format!(
+                    "a write to a file in {} need not move its timestamps (Linux 6.13 on ext4, xfs, btrfs or tmpfs does)",
+                    self.s.spool_dir.display()
+                )),
+                Err(e) => Some(format!(
+                    "cannot try the spool directory {}: {e}",
+                    self.s.spool_dir.display()
+                )),
+            };
+            match refused {
                 None if config
                     .add_capabilities(fuser::InitFlags::FUSE_PASSTHROUGH)
                     .is_ok() =>
@@ -914,8 +997,7 @@ impl fuser::Filesystem for MountFs {
         // A file being written: its spool takes the change, its upload carries it. One
         // uploaded already takes only a new size (which its close uploads); the rest goes to
         // the grid.
-        // (The kernel truncates a file opened with O_TRUNC by a setattr without a handle,
-        // after the open: the spool of a handle still open takes it.)
+        // (A truncation without a handle of a file still open for writing goes to its spool.)
         let spool = if size.is_some() {
             fh.and_then(|fh| self.write_handle(fh)).or_else(|| {
                 self.pending(&path)
@@ -1188,55 +1270,93 @@ impl fuser::Filesystem for MountFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        let writing = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
-        // A reader is counted plain under the same lock as it finds no spool: a spool made
-        // meanwhile is not passed through.
-        let shared = {
-            let pending = self.pending.lock().expect("pending lock");
-            let sp = pending.get(&path).cloned();
-            if sp.is_none() && !writing {
-                self.count_plain(ino.0);
-            }
-            sp
-        };
-        if let Some(sp) = shared {
-            // Written here and not closed by its writer (or not uploaded): share its spool,
-            // unless its last handle closed it meanwhile.
-            let mut g = sp.lock().expect("spool lock");
-            if !g.retired {
-                if flags.0 & libc::O_TRUNC != 0
-                    && let Err(e) = g.set_len(0)
-                {
-                    return reply.error(errno::of_io(&e));
+        // Linux truncates a file opened read-only with O_TRUNC too.
+        let trunc = flags.0 & libc::O_TRUNC != 0;
+        let writing = trunc || !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
+        // A spool found retired (its last handle is closing) is taken out of `pending` and
+        // looked for again; a writer whose spool another writer beat into `pending` joins
+        // that one. A few rounds at most, unless something keeps racing.
+        let mut made: Option<Spool> = None;
+        for round in 0.. {
+            if round == 64 {
+                if let Some(m) = made.take() {
+                    let _ = std::fs::remove_file(&m.local);
                 }
-                g.opens += 1;
-                // Every handle of a passthrough spool is passed through (the kernel wants
-                // one backing file per inode).
-                return match g.backing.clone() {
-                    Some(b) => {
-                        drop(g);
-                        let fh = self.add_handle(Handle::Write(sp), None);
-                        reply.opened_passthrough(fh, FopenFlags::empty(), &b)
-                    }
-                    None => {
-                        drop(g);
-                        self.count_plain(ino.0);
-                        let fh = self.add_handle(Handle::Write(sp), Some(ino.0));
-                        reply.opened(fh, self.write_open_flags())
-                    }
-                };
+                tracing::warn!(path = %path, "open kept racing with other opens and closes");
+                return reply.error(Errno::EIO);
             }
+            let found = {
+                let mut pending = self.pending.lock().expect("pending lock");
+                match pending.get(&path).cloned() {
+                    Some(sp) => sp,
+                    None => match made.take() {
+                        // Passed through or not under the same lock as readers are counted
+                        // and spools are found.
+                        Some(mut sp) => {
+                            if !self.pass_through(&mut sp, ino.0, |f| reply.open_backing(f)) {
+                                self.count_plain(ino.0);
+                            }
+                            let backing = sp.backing.clone();
+                            let sp = Arc::new(Mutex::new(sp));
+                            pending.insert(path.clone(), sp.clone());
+                            drop(pending);
+                            return self.reply_write_open(sp, backing, ino.0, reply);
+                        }
+                        None if writing => {
+                            drop(pending);
+                            // A new spool, made without locks held (it may fetch the file).
+                            let e = match self.entry("open", &path) {
+                                Ok(e) => e,
+                                Err(e) => return reply.error(e),
+                            };
+                            if e.is_dir {
+                                return reply.error(Errno::EISDIR);
+                            }
+                            match self.new_spool(&path, e.mode & 0o7777, (!trunc).then_some(&e)) {
+                                Ok(mut sp) => {
+                                    sp.dirty = trunc;
+                                    made = Some(sp);
+                                }
+                                Err(err) => return reply.error(err),
+                            }
+                            continue;
+                        }
+                        None => {
+                            // A reader, counted plain before a spool can be made.
+                            self.count_plain(ino.0);
+                            break;
+                        }
+                    },
+                }
+            };
+            // Written here and not closed by its writer (or not uploaded): share its spool.
+            let mut g = found.lock().expect("spool lock");
+            if g.retired {
+                drop(g);
+                let mut pending = self.pending.lock().expect("pending lock");
+                if pending.get(&path).is_some_and(|p| Arc::ptr_eq(p, &found)) {
+                    pending.remove(&path);
+                }
+                continue;
+            }
+            if let Some(m) = made.take() {
+                let _ = std::fs::remove_file(&m.local);
+            }
+            if trunc && let Err(e) = g.set_len(0) {
+                return reply.error(errno::of_io(&e));
+            }
+            g.opens += 1;
+            let backing = g.backing.clone();
             drop(g);
-            if !writing {
+            if backing.is_none() {
                 self.count_plain(ino.0);
             }
+            return self.reply_write_open(found, backing, ino.0, reply);
         }
-        // Counted from here to the reply (or the release of the handle it opens).
-        let plain = (!writing).then_some(ino.0);
+        // A reader of the grid's file, counted plain until its release (or its failure here).
+        let plain = Some(ino.0);
         let fail = |e: Errno, reply: ReplyOpen| {
-            if let Some(ino) = plain {
-                self.uncount_plain(ino);
-            }
+            self.uncount_plain(ino.0);
             reply.error(e)
         };
         let e = match self.entry("open", &path) {
@@ -1245,34 +1365,6 @@ impl fuser::Filesystem for MountFs {
         };
         if e.is_dir {
             return fail(Errno::EISDIR, reply);
-        }
-        if writing {
-            let trunc = flags.0 & libc::O_TRUNC != 0;
-            let mut sp = match self.new_spool(&path, e.mode & 0o7777, (!trunc).then_some(&e)) {
-                Ok(s) => s,
-                Err(err) => return reply.error(err),
-            };
-            sp.dirty = trunc;
-            let backing = {
-                let mut pending = self.pending.lock().expect("pending lock");
-                if !self.pass_through(&mut sp, ino.0, |f| reply.open_backing(f)) {
-                    self.count_plain(ino.0);
-                }
-                let backing = sp.backing.clone();
-                let sp = Arc::new(Mutex::new(sp));
-                pending.insert(path, sp.clone());
-                (backing, sp)
-            };
-            return match backing {
-                (Some(b), sp) => {
-                    let fh = self.add_handle(Handle::Write(sp), None);
-                    reply.opened_passthrough(fh, FopenFlags::empty(), &b)
-                }
-                (None, sp) => {
-                    let fh = self.add_handle(Handle::Write(sp), Some(ino.0));
-                    reply.opened(fh, self.write_open_flags())
-                }
-            };
         }
         if e.size == 0 {
             return reply.opened(self.add_handle(Handle::Empty, plain), FopenFlags::empty());
@@ -1720,41 +1812,6 @@ impl fuser::Filesystem for MountFs {
             reply.ok()
         } else {
             reply.error(Errno::EACCES)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernel_versions_are_read_from_their_release() {
-        assert_eq!(kernel_version("6.18.44-fc-v1300\n"), Some((6, 18)));
-        assert_eq!(kernel_version("6.13-rc1"), Some((6, 13)));
-        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
-        assert_eq!(kernel_version("6"), None);
-        assert_eq!(kernel_version("x.y"), None);
-        assert_eq!(kernel_version(""), None);
-    }
-
-    #[test]
-    fn a_file_stamp_moves_with_every_write() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(dir.path().join("f"))
-            .unwrap();
-        f.write_all_at(b"0123456789", 0).unwrap();
-        let mut last = stamp(&f).unwrap();
-        // The same size each time: only the timestamps can tell.
-        for i in 0..200u8 {
-            f.write_all_at(&[i], u64::from(i % 10)).unwrap();
-            let now = stamp(&f).unwrap();
-            assert_ne!(now, last, "write {i} left the stamp as it was");
-            last = now;
         }
     }
 }
