@@ -1375,24 +1375,27 @@ fdatasync = 1
         "fsx on a local file: {}",
         stderr(&out)
     );
-    let m = Mounted::start(&g, "alice", &g.url("/alice"), &[]);
-    let out = run_fsx(&fsx, &config, &m.p("fsx.bin"), ops);
-    assert!(
-        out.status.success(),
-        "fsx on the mount: {}{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        stderr(&out),
-        std::fs::read_to_string(&m.log).unwrap_or_default()
-    );
-    drop(m);
-    let m = Mounted::start(&g, "alice", &g.url("/alice"), &[]);
-    let want = std::fs::read(&local).unwrap();
-    let got = std::fs::read(m.p("fsx.bin")).unwrap();
-    assert_eq!(got.len(), want.len(), "the size after fsx");
-    assert!(
-        got == want,
-        "the bytes after fsx differ from a local file's"
-    );
+    // Spools passed through the kernel (where it can) and written through the mount.
+    for (name, args) in [("fsx.bin", &[][..]), ("fsx-nopt.bin", &["--no-passthrough"][..])] {
+        let m = Mounted::start(&g, "alice", &g.url("/alice"), args);
+        let out = run_fsx(&fsx, &config, &m.p(name), ops);
+        assert!(
+            out.status.success(),
+            "fsx on the mount {args:?}: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(&out),
+            std::fs::read_to_string(&m.log).unwrap_or_default()
+        );
+        drop(m);
+        let m = Mounted::start(&g, "alice", &g.url("/alice"), &[]);
+        let want = std::fs::read(&local).unwrap();
+        let got = std::fs::read(m.p(name)).unwrap();
+        assert_eq!(got.len(), want.len(), "the size after fsx {args:?}");
+        assert!(
+            got == want,
+            "the bytes after fsx {args:?} differ from a local file's"
+        );
+    }
 }
 
 /// Passthrough (the kernel writes the spool itself; root on Linux 6.13): files written,
