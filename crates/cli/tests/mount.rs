@@ -1376,7 +1376,10 @@ fdatasync = 1
         stderr(&out)
     );
     // Spools passed through the kernel (where it can) and written through the mount.
-    for (name, args) in [("fsx.bin", &[][..]), ("fsx-nopt.bin", &["--no-passthrough"][..])] {
+    for (name, args) in [
+        ("fsx.bin", &[][..]),
+        ("fsx-nopt.bin", &["--no-passthrough"][..]),
+    ] {
         let m = Mounted::start(&g, "alice", &g.url("/alice"), args);
         let out = run_fsx(&fsx, &config, &m.p(name), ops);
         assert!(
