@@ -1470,6 +1470,35 @@ fn writes_passed_through_the_kernel_reach_the_grid_whole() {
     want[10..30].fill(b'B');
     assert!(in_grid("synced.bin") == want, "synced.bin: {}", log());
 
+    // Written, synced (uploaded) and closed unchanged: one upload, not two (the close
+    // compares the spool with what was uploaded).
+    let py = python(&format!(
+        "import os\nf=open('{0}','wb'); f.write(b'S'*7000); f.flush(); os.fsync(f.fileno()); f.close()",
+        m.p("once.bin").display()
+    ));
+    assert!(py.status.success(), "{}", stderr(&py));
+    assert_eq!(uploads("once.bin").len(), 1, "{}", log());
+    assert_eq!(in_grid("once.bin"), vec![b'S'; 7000]);
+
+    // Opened for writing and left unwritten while another client writes a new version: the
+    // close does not put the old bytes back.
+    let mut idle = Prompted::start(
+        "import sys\nf = open(sys.argv[1], 'r+b'); f.read(3); print('ready', flush=True)\n\
+         sys.stdin.readline()\nf.close(); print('closed', flush=True)\n",
+        &m.p("once.bin"),
+    );
+    assert_eq!(idle.line(Duration::from_secs(60)).unwrap(), "ready");
+    let newer = g.path().join("newer.local");
+    std::fs::write(&newer, b"from another client\n").unwrap();
+    assert_ok(&g.cp(
+        "alice",
+        &[newer.to_str().unwrap(), &g.url("/alice/once.bin")],
+    ));
+    idle.go();
+    assert_eq!(idle.line(Duration::from_secs(60)).unwrap(), "closed");
+    assert_eq!(uploads("once.bin").len(), 1, "{}", log());
+    assert_eq!(in_grid("once.bin"), b"from another client\n");
+
     // Opened for writing and closed unwritten: no new version.
     let before = uploads("a.bin").len();
     let py = python(&format!(

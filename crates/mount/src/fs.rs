@@ -92,6 +92,26 @@ struct Spool {
     /// The spool file's status when last looked at (passthrough spools: a change of it is a
     /// write this process did not see).
     seen: Option<FileStamp>,
+    /// The size and CRC32C of its bytes when it was last clean (fetched from the grid, or
+    /// uploaded): a passthrough spool that looks unchanged at a close is compared with them.
+    clean: Option<(u64, u32)>,
+}
+
+/// The size and CRC32C of `file`'s bytes (`None` if it cannot be read).
+fn file_crc(file: &File) -> Option<(u64, u32)> {
+    let len = file.metadata().ok()?.len();
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut crc, mut off) = (0u32, 0u64);
+    while off < len {
+        match file.read_at(&mut buf, off) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => {
+                crc = wire::checksum::crc32c_append(crc, &buf[..n]);
+                off += n as u64;
+            }
+        }
+    }
+    Some((len, crc))
 }
 
 /// What tells that a file changed without seeing the change: its size, mtime and ctime in
@@ -532,27 +552,38 @@ impl MountFs {
                 errno::of_io(&e)
             })?;
         let mut crcs = CrcRecorder::new(self.s.grid.copy.session.block_len());
-        if from.is_some_and(|e| e.size > 0) {
-            let rf = self
-                .f
-                .rt
-                .block_on(RemoteFile::open(&self.f, grid_path))
-                .map_err(|err| self.fail("open", grid_path, err))?;
-            let mut off = 0;
-            // To the size of the version opened (the cached entry may be older).
-            while off < rf.size {
-                let chunk = rf
-                    .read(&self.f, off, 16 << 20)
+        let mut copy = || -> Res<(u64, u32)> {
+            let (mut off, mut crc) = (0, 0);
+            if from.is_some_and(|e| e.size > 0) {
+                let rf = self
+                    .f
+                    .rt
+                    .block_on(RemoteFile::open(&self.f, grid_path))
                     .map_err(|err| self.fail("open", grid_path, err))?;
-                if chunk.is_empty() {
-                    break;
+                // To the size of the version opened (the cached entry may be older).
+                while off < rf.size {
+                    let chunk = rf
+                        .read(&self.f, off, 16 << 20)
+                        .map_err(|err| self.fail("open", grid_path, err))?;
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    file.write_all_at(&chunk, off)
+                        .map_err(|err| errno::of_io(&err))?;
+                    crcs.write(off, &chunk);
+                    crc = wire::checksum::crc32c_append(crc, &chunk);
+                    off += chunk.len() as u64;
                 }
-                file.write_all_at(&chunk, off)
-                    .map_err(|err| errno::of_io(&err))?;
-                crcs.write(off, &chunk);
-                off += chunk.len() as u64;
             }
-        }
+            Ok((off, crc))
+        };
+        let clean = match copy() {
+            Ok(c) => from.is_some().then_some(c),
+            Err(e) => {
+                let _ = std::fs::remove_file(&local);
+                return Err(e);
+            }
+        };
         Ok(Spool {
             file,
             local,
@@ -569,6 +600,7 @@ impl MountFs {
             crcs,
             backing: None,
             seen: None,
+            clean,
         })
     }
 
@@ -581,9 +613,13 @@ impl MountFs {
         }
         let out = Self::ready_to_upload(sp);
         let path = out.path.clone();
+        let passthrough = out.passthrough;
         self.send_spool(out)?;
         sp.dirty = false;
         self.forget_attr(&path);
+        if passthrough {
+            sp.clean = self.grid_crc(&path);
+        }
         Ok(())
     }
 
@@ -603,13 +639,14 @@ impl MountFs {
                 g.notice_kernel_writes();
                 if !g.dirty && !g.unlinked && g.backing.is_some() {
                     // Stores through a shared mapping of a passthrough spool move no
-                    // timestamp: one that looks unchanged is compared with the grid's file
-                    // (size and CRC32C, read without the spool's lock held).
-                    let path = g.grid_path.clone();
+                    // timestamp: one that looks unchanged is compared with its bytes when it
+                    // was last clean (size and CRC32C, read without the spool's lock held).
+                    let clean = g.clean;
                     let file = g.file.try_clone().map_err(|e| errno::of_io(&e))?;
                     drop(g);
-                    let same = self.grid_holds(&path, &file);
+                    let same = clean.is_some() && file_crc(&file) == clean;
                     g = sp.lock().expect("spool lock");
+                    g.notice_kernel_writes();
                     if !same {
                         g.changed();
                     }
@@ -620,8 +657,14 @@ impl MountFs {
                 (Self::ready_to_upload(&mut g), g.generation)
             };
             let path = out.path.clone();
+            let passthrough = out.passthrough;
             let r = self.send_spool(out);
             self.forget_attr(&path);
+            // What was uploaded, for the comparison above (of our version: asked at once).
+            let uploaded = match &r {
+                Ok(()) if passthrough => self.grid_crc(&path),
+                _ => None,
+            };
             let mut g = sp.lock().expect("spool lock");
             // Written by the kernel while it was sent: its generation moves.
             g.notice_kernel_writes();
@@ -653,6 +696,7 @@ impl MountFs {
                 Ok(()) if moved => {}
                 Ok(()) => {
                     g.dirty = false;
+                    g.clean = uploaded;
                     return Ok(());
                 }
             }
@@ -663,34 +707,15 @@ impl MountFs {
         Err(Errno::EIO)
     }
 
-    /// Whether the grid's file at `path` holds the bytes of `file`: the same size and CRC32C
-    /// (the catalog's). Anything not known (no such file, no CRC, a read error) is "no".
-    fn grid_holds(&self, path: &str, file: &File) -> bool {
-        self.forget_attr(path);
-        let Ok(e) = self.call(self.f.meta.stat(path)) else {
-            return false;
-        };
-        let Ok(len) = file.metadata().map(|m| m.len()) else {
-            return false;
-        };
-        let want = wire::checksum::parse_digests(&e.checksum)
-            .ok()
-            .and_then(|d| d.into_iter().find(|d| d.algorithm == Algorithm::Crc32c));
-        let Some(want) = want.filter(|_| !e.is_dir && e.size == len) else {
-            return false;
-        };
-        let mut buf = vec![0u8; 1 << 20];
-        let (mut crc, mut off) = (0u32, 0u64);
-        while off < len {
-            match file.read_at(&mut buf, off) {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => {
-                    crc = wire::checksum::crc32c_append(crc, &buf[..n]);
-                    off += n as u64;
-                }
-            }
-        }
-        want.value == crc.to_be_bytes()
+    /// The size and CRC32C the catalog has for the file at `path` (`None` if not known).
+    fn grid_crc(&self, path: &str) -> Option<(u64, u32)> {
+        let e = self.call(self.f.meta.stat(path)).ok()?;
+        let crc = wire::checksum::parse_digests(&e.checksum)
+            .ok()?
+            .into_iter()
+            .find(|d| d.algorithm == Algorithm::Crc32c)?;
+        let crc = u32::from_be_bytes(crc.value.as_slice().try_into().ok()?);
+        (!e.is_dir).then_some((e.size, crc))
     }
 
     /// Puts the spool's mode and time on its local file (the upload carries them): its local
