@@ -203,6 +203,14 @@ impl Drop for Prompted {
     }
 }
 
+/// The bytes of the grid file `path` (alice's), downloaded with `haul cp`.
+fn grid_bytes(g: &Grid, path: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir_in(g.path()).unwrap();
+    let back = dir.path().join("back");
+    assert_ok(&g.cp("alice", &[&g.url(path), back.to_str().unwrap()]));
+    std::fs::read(&back).unwrap()
+}
+
 fn can_mount() -> bool {
     if !testkit::is_root() {
         testkit::skip("mounting with FUSE needs root");
@@ -322,12 +330,7 @@ fn programs_read_and_write_the_grid_through_the_mount() {
         f.display()
     ));
     assert!(py.status.success(), "{}", stderr(&py));
-    let dl = g.path().join("small-after");
-    assert_ok(&g.cp(
-        "alice",
-        &[&g.url("/alice/copied/small.txt"), dl.to_str().unwrap()],
-    ));
-    assert_eq!(std::fs::read(&dl).unwrap(), b"version TWO\n");
+    assert_eq!(grid_bytes(&g, "/alice/copied/small.txt"), b"version TWO\n");
     // Append and truncate.
     sh_ok(&format!("echo more >> {}", f.display()));
     assert_eq!(std::fs::read(&f).unwrap(), b"version TWO\nmore\n");
@@ -346,9 +349,7 @@ fn programs_read_and_write_the_grid_through_the_mount() {
         "mkdir {0}/od && exec 3>{0}/od/f && echo data >&3 && mv {0}/od {0}/nd && exec 3>&-",
         m.at.display()
     ));
-    let dl = g.path().join("moved-open");
-    assert_ok(&g.cp("alice", &[&g.url("/alice/nd/f"), dl.to_str().unwrap()]));
-    assert_eq!(std::fs::read(&dl).unwrap(), b"data\n");
+    assert_eq!(grid_bytes(&g, "/alice/nd/f"), b"data\n");
 
     // Metadata: mkdir, rename, chmod, rmdir, unlink, xattrs.
     std::fs::create_dir(m.p("d1")).unwrap();
@@ -618,12 +619,7 @@ fn a_mount_killed_with_sigkill_loses_only_the_file_not_yet_closed() {
     // The grid: the open file never appeared; the closed one is whole.
     let out = g.run("alice", &["stat", &g.url("/alice/open.bin")]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    let back = g.path().join("closed.back");
-    assert_ok(&g.cp(
-        "alice",
-        &[&g.url("/alice/closed.bin"), back.to_str().unwrap()],
-    ));
-    assert!(std::fs::read(&back).unwrap() == closed);
+    assert!(grid_bytes(&g, "/alice/closed.bin") == closed);
 
     // The dead mount point is unmounted; a new mount reads both files, and removed the dead
     // mount's private directory (the spool of the file never closed).
@@ -707,9 +703,7 @@ fn a_file_unlinked_or_renamed_while_its_close_uploads_is_not_left_at_the_old_nam
         assert_eq!(stat_code(&format!("/alice/{name}")), Some(3), "{log}");
         assert!(!m.p(name).exists(), "{log}");
         if renamed {
-            let back = g.path().join("c.back");
-            assert_ok(&g.cp("alice", &[&g.url("/alice/c.nc"), back.to_str().unwrap()]));
-            assert!(std::fs::read(&back).unwrap() == body, "{log}");
+            assert!(grid_bytes(&g, "/alice/c.nc") == body, "{log}");
         }
     }
 }
@@ -771,12 +765,10 @@ fn a_file_written_in_order_is_sent_with_the_crcs_recorded_as_it_was_written() {
         "{line}"
     );
     for (name, want) in [("ordered.bin", &body), ("headed.bin", &headed)] {
-        let back = g.path().join(format!("{name}.back"));
-        assert_ok(&g.cp(
-            "alice",
-            &[&g.url(&format!("/alice/{name}")), back.to_str().unwrap()],
-        ));
-        assert!(std::fs::read(&back).unwrap() == *want, "{name} differs");
+        assert!(
+            grid_bytes(&g, &format!("/alice/{name}")) == *want,
+            "{name} differs"
+        );
     }
 }
 
@@ -1429,15 +1421,7 @@ fn writes_passed_through_the_kernel_reach_the_grid_whole() {
             .map(str::to_string)
             .collect()
     };
-    let in_grid = |name: &str| -> Vec<u8> {
-        let back = g.path().join(format!("{name}.back"));
-        let _ = std::fs::remove_file(&back);
-        assert_ok(&g.cp(
-            "alice",
-            &[&g.url(&format!("/alice/{name}")), back.to_str().unwrap()],
-        ));
-        std::fs::read(&back).unwrap()
-    };
+    let in_grid = |name: &str| grid_bytes(&g, &format!("/alice/{name}"));
 
     // Written by dd: passed through.
     let body = data(81, (3 << 20) + 77);
@@ -1656,14 +1640,8 @@ fn writers_opening_one_file_at_once_share_its_spool() {
         }
         want[a_at as usize..a_at as usize + 10].fill(b'Z');
         want[b_at as usize..b_at as usize + 10].fill(b'Z');
-        let back = g.path().join("shared.back");
-        let _ = std::fs::remove_file(&back);
-        assert_ok(&g.cp(
-            "alice",
-            &[&g.url("/alice/shared.bin"), back.to_str().unwrap()],
-        ));
         assert!(
-            std::fs::read(&back).unwrap() == want,
+            grid_bytes(&g, "/alice/shared.bin") == want,
             "round {round}: a write is missing"
         );
     }

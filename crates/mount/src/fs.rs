@@ -168,8 +168,6 @@ impl Spool {
     fn set_len(&mut self, size: u64) -> std::io::Result<()> {
         let r = self.file.set_len(size);
         match &r {
-            // A passthrough spool keeps no record (its writes are not seen).
-            Ok(()) if self.backing.is_some() => self.changed(),
             Ok(()) => {
                 self.crcs.set_len(size);
                 self.changed();
@@ -490,6 +488,26 @@ impl MountFs {
         }
     }
 
+    /// Adds the new spool `sp` of inode `ino` to `pending` (its guard) under `path`, passed
+    /// through if it may be (`pass_through`), else with its first handle counted plain.
+    /// Returns it, and its backing file if passed through.
+    fn add_pending(
+        &self,
+        pending: &mut HashMap<String, Arc<Mutex<Spool>>>,
+        path: &str,
+        mut sp: Spool,
+        ino: u64,
+        open_backing: impl FnOnce(&File) -> std::io::Result<BackingId>,
+    ) -> (Arc<Mutex<Spool>>, Option<Arc<BackingId>>) {
+        if !self.pass_through(&mut sp, ino, open_backing) {
+            self.count_plain(ino);
+        }
+        let backing = sp.backing.clone();
+        let sp = Arc::new(Mutex::new(sp));
+        pending.insert(path.to_string(), sp.clone());
+        (sp, backing)
+    }
+
     /// Makes the new spool `sp` of inode `ino` a passthrough spool if the kernel may write it
     /// itself: passthrough is on and `ino` is not open in another mode. Call under the
     /// `pending` lock, before `sp` is added there; `open_backing` is the reply's. Returns
@@ -613,13 +631,9 @@ impl MountFs {
         }
         let out = Self::ready_to_upload(sp);
         let path = out.path.clone();
-        let passthrough = out.passthrough;
-        self.send_spool(out)?;
+        sp.clean = self.send_spool(out)?;
         sp.dirty = false;
         self.forget_attr(&path);
-        if passthrough {
-            sp.clean = self.grid_crc(&path);
-        }
         Ok(())
     }
 
@@ -657,14 +671,8 @@ impl MountFs {
                 (Self::ready_to_upload(&mut g), g.generation)
             };
             let path = out.path.clone();
-            let passthrough = out.passthrough;
             let r = self.send_spool(out);
             self.forget_attr(&path);
-            // What was uploaded, for the comparison above (of our version: asked at once).
-            let uploaded = match &r {
-                Ok(()) if passthrough => self.grid_crc(&path),
-                _ => None,
-            };
             let mut g = sp.lock().expect("spool lock");
             // Written by the kernel while it was sent: its generation moves.
             g.notice_kernel_writes();
@@ -693,8 +701,8 @@ impl MountFs {
                 // it): sent again.
                 Err(_) if moved => {}
                 Err(e) => return Err(e),
-                Ok(()) if moved => {}
-                Ok(()) => {
+                Ok(_) if moved => {}
+                Ok(uploaded) => {
                     g.dirty = false;
                     g.clean = uploaded;
                     return Ok(());
@@ -733,6 +741,8 @@ impl MountFs {
         Outgoing {
             local: sp.local.clone(),
             path: sp.grid_path.clone(),
+            // A passthrough spool's record misses the kernel's writes (a truncation to 0
+            // starts it again): none is sent.
             crcs: match sp.backing {
                 Some(_) => None,
                 None => sp.crcs.snapshot().map(Arc::new),
@@ -742,8 +752,10 @@ impl MountFs {
     }
 
     /// Uploads a spool's local file to its grid path (see [`Self::upload`]), with the block
-    /// CRCs recorded as it was written.
-    fn send_spool(&self, out: Outgoing) -> Res<()> {
+    /// CRCs recorded as it was written. Returns, for a passthrough spool, the size and CRC32C
+    /// the catalog then has for the file (the version just uploaded: asked at once), which a
+    /// close that finds it unchanged compares it with.
+    fn send_spool(&self, out: Outgoing) -> Res<Option<(u64, u32)>> {
         let Outgoing {
             local,
             path,
@@ -785,7 +797,11 @@ impl MountFs {
                         written_by_kernel = passthrough,
                         "uploaded"
                     );
-                    Ok(())
+                    Ok(if passthrough {
+                        self.grid_crc(&path)
+                    } else {
+                        None
+                    })
                 }
             },
             Err(e) => Err(e),
@@ -1317,13 +1333,11 @@ impl fuser::Filesystem for MountFs {
                     None => match made.take() {
                         // Passed through or not under the same lock as readers are counted
                         // and spools are found.
-                        Some(mut sp) => {
-                            if !self.pass_through(&mut sp, ino.0, |f| reply.open_backing(f)) {
-                                self.count_plain(ino.0);
-                            }
-                            let backing = sp.backing.clone();
-                            let sp = Arc::new(Mutex::new(sp));
-                            pending.insert(path.clone(), sp.clone());
+                        Some(sp) => {
+                            let (sp, backing) =
+                                self.add_pending(&mut pending, &path, sp, ino.0, |f| {
+                                    reply.open_backing(f)
+                                });
                             drop(pending);
                             return self.reply_write_open(sp, backing, ino.0, reply);
                         }
@@ -1436,7 +1450,7 @@ impl fuser::Filesystem for MountFs {
         if let Err(e) = self.directory("create", &parent_of(&path)) {
             return reply.error(e);
         }
-        let mut sp = match self.new_spool(&path, mode & !umask & 0o7777, None) {
+        let sp = match self.new_spool(&path, mode & !umask & 0o7777, None) {
             Ok(s) => s,
             Err(e) => return reply.error(e),
         };
@@ -1445,15 +1459,9 @@ impl fuser::Filesystem for MountFs {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        let (backing, sp) = {
+        let (sp, backing) = {
             let mut pending = self.pending.lock().expect("pending lock");
-            if !self.pass_through(&mut sp, ino, |f| reply.open_backing(f)) {
-                self.count_plain(ino);
-            }
-            let backing = sp.backing.clone();
-            let sp = Arc::new(Mutex::new(sp));
-            pending.insert(path.clone(), sp.clone());
-            (backing, sp)
+            self.add_pending(&mut pending, &path, sp, ino, |f| reply.open_backing(f))
         };
         self.forget_attr(&path);
         let ttl = &self.s.attr_ttl;
